@@ -1,0 +1,37 @@
+# Two entry points: `make demo` and `make test`. Both create .venv when it is
+# missing and install what they need into it.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+VPY := $(VENV)/bin/python
+
+.PHONY: demo test lint bench clean
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet -e ".[test]"
+	touch $(VENV)/.installed $@
+
+demo: $(VENV)/.installed
+	$(VPY) -m numpyro_pvi.demo
+
+test: $(VENV)/.installed-test
+	$(VPY) -m ruff check numpyro_pvi tests benchmarks
+	$(VPY) -m pytest -q
+	JAX_ENABLE_X64=1 $(VPY) -m pytest -q -m numerics
+
+lint: $(VENV)/.installed-test
+	$(VPY) -m ruff check numpyro_pvi tests benchmarks
+	$(VPY) -m ruff format --check numpyro_pvi tests benchmarks
+
+bench: $(VENV)/.installed
+	$(VPY) benchmarks/step_time.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

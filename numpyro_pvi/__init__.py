@@ -1,0 +1,21 @@
+"""Predictive and calibrated variational inference for NumPyro.
+
+Objectives that plug into :class:`numpyro.infer.SVI` as ``loss=...`` with any
+autoguide, held-out scoring, and diagnostics returned as ArviZ
+``InferenceData``.
+"""
+
+from numpyro_pvi import scores
+from numpyro_pvi.evaluation import predictive_score
+from numpyro_pvi.pacm import PACmELBO
+from numpyro_pvi.predictive import PredictiveELBO
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "PACmELBO",
+    "PredictiveELBO",
+    "__version__",
+    "predictive_score",
+    "scores",
+]

@@ -1,0 +1,454 @@
+"""The particle machinery shared by every objective in :mod:`numpyro_pvi`.
+
+One function, :func:`particle_terms`, draws ``M`` particles from the guide,
+replays the model against each of them and returns, as arrays with a leading
+particle axis, everything an objective needs:
+
+- per-particle latent log densities ``log p(θ)`` and ``log q(θ)`` (site
+  ``scale`` from NumPyro handlers honoured, as in :class:`~numpyro.infer.Trace_ELBO`);
+- the ``(M, b)`` per-observation log-likelihood ``log p(y_i | θ_j)`` over the
+  *data plate* (several observed sites at one index form one observation);
+- the per-observation weight (the subsample scale ``N / b`` times any handler
+  scale) so that ``Σ_i w_i s_i`` estimates a sum over the whole data set;
+- on request: reparameterised draws ``y_sim ~ p(y_i | θ_j)`` of the observed
+  sites (CRPS, energy score), the log pmf over a finite support (quadratic
+  score), and ``log q_φ`` evaluated at the draws with their gradient stopped
+  (score-function estimators, SoftCVI).
+
+Every objective goes through this module: there is no second particle loop.
+All work is vectorised over particles with the objective's
+``vectorize_particles_fn`` and over observations as arrays along the data
+plate, so it runs under ``jit`` and shards with :mod:`jax.sharding`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import random
+from jax.lax import stop_gradient
+from numpyro.distributions import Delta
+from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.infer.util import _without_rsample_stop_gradient, is_identically_one
+from numpyro.util import check_model_guide_match
+
+__all__ = [
+    "LOG_LIK",
+    "LOG_PMF",
+    "LOG_Q_FIXED",
+    "Y_SIM",
+    "ParticleTerms",
+    "log_mean_exp",
+    "particle_terms",
+    "require_reparam_guide",
+]
+
+#: Names of the optional quantities that an objective or score can request.
+LOG_LIK = "log_lik"
+Y_SIM = "y_sim"
+LOG_PMF = "log_pmf"
+LOG_Q_FIXED = "log_q_fixed"
+_KNOWN_REQUESTS = frozenset({LOG_LIK, Y_SIM, LOG_PMF, LOG_Q_FIXED})
+
+
+class ParticleTerms(NamedTuple):
+    """What one vectorised pass over ``M`` particles returns.
+
+    Shapes use ``M`` for particles, ``b`` for the observations of the data
+    plate in this (sub)sample, ``d`` for the flattened size of one
+    observation and ``c``, ``K`` for the components of one observation and
+    the size of their common finite support.
+
+    :ivar log_prior: ``(M,)`` log density of the latent sites under the model
+        (scaled as NumPyro scales them).
+    :ivar log_q: ``(M,)`` log density of the guide at its draws (scaled).
+    :ivar log_lik: ``(M, b)`` log-likelihood of each observation (unscaled).
+    :ivar weight: ``(b,)`` weight of each observation in a data-set sum: the
+        subsample scale ``N / b`` times any handler scale.
+    :ivar subsample_scale: scalar ``N / b`` of the data plate (1 without
+        subsampling).
+    :ivar y_obs: ``(b, d)`` the observed values, one flattened row per
+        observation (requested together with ``y_sim``), else ``None``.
+    :ivar y_sim: ``(M, b, d)`` reparameterised draws from ``p(y_i | θ_j)``.
+    :ivar log_pmf: ``(M, b, c, K)`` log pmf of each scalar component of each
+        observation over its finite support (``-inf`` pads shorter supports).
+    :ivar log_q_fixed: ``(M,)`` ``log q_φ`` at the draws with their gradient
+        stopped: its gradient is the score function ``∇_φ log q_φ(θ)``.
+    """
+
+    log_prior: jax.Array
+    log_q: jax.Array
+    log_lik: jax.Array | None
+    weight: jax.Array
+    subsample_scale: jax.Array
+    y_obs: jax.Array | None = None
+    y_sim: jax.Array | None = None
+    log_pmf: jax.Array | None = None
+    log_q_fixed: jax.Array | None = None
+
+
+# --------------------------------------------------------------------------
+# trace helpers
+# --------------------------------------------------------------------------
+
+
+def _scaled_sum(site: dict[str, Any]) -> jax.Array:
+    """Sum of a site's log density with its handler scale applied."""
+    fn, value = site["fn"], site["value"]
+    if site.get("intermediates"):
+        log_prob = fn.log_prob(value, site["intermediates"])
+    else:
+        log_prob = fn.log_prob(value)
+    scale = site["scale"]
+    if scale is not None and not is_identically_one(scale):
+        log_prob = scale * log_prob
+    return jnp.sum(log_prob)
+
+
+def _latent_sites(tr: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    return (s for s in tr.values() if s["type"] == "sample" and not s["is_observed"])
+
+
+def _observed_sites(tr: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
+
+
+def _sum_log_density(sites: Iterable[dict[str, Any]]) -> jax.Array:
+    return sum((_scaled_sum(s) for s in sites), start=jnp.zeros(()))
+
+
+def require_reparam_guide(guide_trace: dict[str, Any], objective: str) -> None:
+    """Raise if a latent site of the guide has no reparameterised sampler.
+
+    :param guide_trace: a trace of the guide.
+    :param objective: the objective's name, for the message.
+    """
+    for site in _latent_sites(guide_trace):
+        if not site["fn"].has_rsample:
+            raise ValueError(
+                f"{objective}: the guide's latent site '{site['name']}' "
+                f"({type(site['fn']).__name__}) has no reparameterised sampler, "
+                "and this estimator differentiates through the draws. Use a "
+                "continuous guide for that site, or an objective that does not "
+                "need reparameterisation (SoftCVIELBO, SNISForwardKL, or "
+                "PredictiveELBO(log_score_estimator='rejection'))."
+            )
+
+
+# --------------------------------------------------------------------------
+# the data plate
+# --------------------------------------------------------------------------
+
+
+class _DataPlate(NamedTuple):
+    name: str | None  # None: no data plate, the data form one observation
+    dim: int  # negative batch dim of the plate
+    size: int  # full size N
+    subsample_size: int  # b
+
+
+def _find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> _DataPlate:
+    observed = _observed_sites(model_trace)
+    if not observed:
+        raise ValueError(
+            "The model has no observed site: predictive objectives score "
+            "observations, so pass the data to a sample statement with obs=..."
+        )
+    plates = {
+        name: site for name, site in model_trace.items() if site["type"] == "plate"
+    }
+    if data_plate is not None:
+        if data_plate not in plates:
+            raise ValueError(
+                f"data_plate='{data_plate}' is not a plate of the model; its plates "
+                f"are {sorted(plates) or 'none'}."
+            )
+        for site in observed:
+            if data_plate not in {f.name for f in site["cond_indep_stack"]}:
+                raise ValueError(
+                    f"Observed site '{site['name']}' is not inside "
+                    f"data_plate='{data_plate}': every observed site must be "
+                    "indexed by the data plate."
+                )
+        frame = next(
+            f for f in observed[0]["cond_indep_stack"] if f.name == data_plate
+        )
+    else:
+        frames = [{f for f in s["cond_indep_stack"]} for s in observed]
+        shared = set.intersection(*frames)
+        if not shared:
+            warnings.warn(
+                "No plate is shared by all observed sites "
+                f"({[s['name'] for s in observed]}), so the data are treated as "
+                "one observation. Put the observations in a plate, or name it "
+                "with data_plate=..., to score them one by one.",
+                UserWarning,
+                stacklevel=4,
+            )
+            return _DataPlate(None, 0, 1, 1)
+        if len(shared) > 1:
+            subsampled = [
+                f for f in shared if plates[f.name]["args"][0] > f.size
+            ]
+            if len(subsampled) != 1:
+                raise ValueError(
+                    "The observed sites share several plates "
+                    f"{sorted(f.name for f in shared)}; pass data_plate=... to "
+                    "say which one indexes the observations."
+                )
+            shared = set(subsampled)
+        (frame,) = shared
+    full_size = int(plates[frame.name]["args"][0])
+    return _DataPlate(frame.name, frame.dim, full_size, int(frame.size))
+
+
+def _plate_axis_first(x: jax.Array, plate: _DataPlate, event_ndim: int) -> jax.Array:
+    """Move the data-plate axis of ``x`` (batch + event dims) to the front and
+    broadcast it to the subsample size; returns shape ``(b, rest...)``."""
+    x = jnp.asarray(x)
+    axis = plate.dim - event_ndim  # negative axis in the full shape
+    if x.ndim < -axis:
+        x = jnp.reshape(x, (1,) * (-axis - x.ndim) + x.shape)
+    x = jnp.moveaxis(x, axis, 0)
+    return jnp.broadcast_to(x, (plate.subsample_size,) + x.shape[1:])
+
+
+def _per_observation(x: jax.Array, plate: _DataPlate, event_ndim: int) -> jax.Array:
+    """``(b, d)``: one flattened row per observation."""
+    x = _plate_axis_first(x, plate, event_ndim)
+    return jnp.reshape(x, (plate.subsample_size, -1))
+
+
+# --------------------------------------------------------------------------
+# per-site extraction
+# --------------------------------------------------------------------------
+
+
+def _site_log_lik(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
+    fn, value = site["fn"], site["value"]
+    if site.get("intermediates"):
+        log_prob = fn.log_prob(value, site["intermediates"])
+    else:
+        log_prob = fn.log_prob(value)
+    if plate.name is None:
+        scale = site["scale"]
+        if scale is not None and not is_identically_one(scale):
+            log_prob = scale * log_prob
+        return jnp.sum(log_prob)[None]
+    return jnp.sum(_per_observation(log_prob, plate, 0), axis=1)
+
+
+def _site_weight(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
+    scale = site["scale"]
+    if plate.name is None:
+        return jnp.ones((1,))
+    if scale is None:
+        return jnp.ones((plate.subsample_size,))
+    batch_shape = jnp.shape(site["fn"].log_prob(site["value"]))
+    scale = jnp.broadcast_to(jnp.asarray(scale, dtype=float), batch_shape)
+    return jnp.mean(_per_observation(scale, plate, 0), axis=1)
+
+
+def _site_draw(site: dict[str, Any], plate: _DataPlate, key: jax.Array) -> jax.Array:
+    fn = site["fn"]
+    if not fn.has_rsample:
+        raise ValueError(
+            f"Observed site '{site['name']}' ({type(fn).__name__}) has no "
+            "reparameterised sampler, which this score needs to differentiate "
+            "simulated observations. Use a reparameterisable likelihood (or "
+            "numpyro_pvi.distributions.Simulator), or score='log'."
+        )
+    draw = fn.sample(key)
+    draw = jnp.broadcast_to(draw, jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"])))
+    return _per_observation(draw, plate, fn.event_dim)
+
+
+def _site_log_pmf(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
+    fn = site["fn"]
+    if not getattr(fn, "has_enumerate_support", False):
+        raise ValueError(
+            f"Observed site '{site['name']}' ({type(fn).__name__}) has no finite "
+            "support to enumerate, which the quadratic (Brier) score needs. Use "
+            "score='log', 'crps' or 'energy' for this likelihood."
+        )
+    support = fn.enumerate_support(expand=False)  # (K, 1, ..., 1[, event])
+    log_pmf = fn.log_prob(support)  # (K, *batch)
+    batch_shape = jnp.broadcast_shapes(log_pmf.shape[1:], fn.batch_shape)
+    log_pmf = jnp.broadcast_to(log_pmf, (log_pmf.shape[0],) + batch_shape)
+    log_pmf = jnp.moveaxis(log_pmf, 0, -1)  # (*batch, K) ; K acts as an event dim
+    rows = _plate_axis_first(log_pmf, plate, 1)  # (b, ..., K)
+    return jnp.reshape(rows, (plate.subsample_size, -1, rows.shape[-1]))
+
+
+def _pad_support(arrays: list[jax.Array]) -> jax.Array:
+    k = max(a.shape[-1] for a in arrays)
+    padded = [
+        jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, k - a.shape[-1])],
+                constant_values=-jnp.inf)
+        for a in arrays
+    ]
+    return jnp.concatenate(padded, axis=1)
+
+
+# --------------------------------------------------------------------------
+# the machinery
+# --------------------------------------------------------------------------
+
+
+def _is_deterministic_transform(site: dict[str, Any]) -> bool:
+    """Delta sites of a guide (e.g. the constrained sites of AutoContinuous
+    guides) are functions of earlier draws, not draws of their own."""
+    fn = site["fn"]
+    while hasattr(fn, "base_dist") and not isinstance(fn, Delta):
+        fn = fn.base_dist
+    return isinstance(fn, Delta)
+
+
+def _guide_log_density_at(
+    guide: Callable,
+    param_map: dict[str, jax.Array],
+    guide_trace: dict[str, Any],
+    key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+) -> jax.Array:
+    """``log q_φ`` at the draws of ``guide_trace`` with their gradient stopped."""
+    fixed = {
+        name: stop_gradient(site["value"])
+        for name, site in guide_trace.items()
+        if site["type"] == "sample"
+        and not site["is_observed"]
+        and not _is_deterministic_transform(site)
+    }
+    rerun = substitute(substitute(seed(guide, key), data=fixed), data=param_map)
+    try:
+        tr = trace(rerun).get_trace(*args, **kwargs)
+    except NotImplementedError as err:
+        raise ValueError(
+            f"The guide ({type(guide).__name__}) cannot evaluate its log density "
+            "at given points (it has no inverse transform), which this objective "
+            "needs. Use AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
+            "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide."
+        ) from err
+    return _sum_log_density(_latent_sites(tr))
+
+
+def particle_terms(
+    rng_key: jax.Array,
+    param_map: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    args: tuple,
+    kwargs: dict,
+    *,
+    num_particles: int,
+    vectorize_particles_fn: Callable,
+    requests: Iterable[str] = (LOG_LIK,),
+    data_plate: str | None = None,
+    objective: str = "objective",
+    require_reparam: bool = True,
+) -> ParticleTerms:
+    """Run ``num_particles`` particles through guide and model.
+
+    All particles see the same subsample of every subsampled plate (the plate
+    indices are drawn once per call), so the per-observation arrays line up.
+
+    :param rng_key: random key.
+    :param param_map: current parameter values, as passed to ``ELBO.loss``.
+    :param model: the NumPyro model.
+    :param guide: the guide.
+    :param args: positional arguments of model and guide.
+    :param kwargs: keyword arguments of model and guide.
+    :param num_particles: ``M``, the number of draws from the guide.
+    :param vectorize_particles_fn: how to map over particles (``vmap`` or
+        ``lax.map``), the objective's ``vectorize_particles_fn``.
+    :param requests: optional quantities wanted besides the latent log
+        densities: any of ``"log_lik"``, ``"y_sim"``, ``"log_pmf"``,
+        ``"log_q_fixed"``.
+    :param data_plate: name of the plate that indexes observations, or
+        ``None`` to use the plate shared by all observed sites.
+    :param objective: the calling objective's name, for error messages.
+    :param require_reparam: raise when a latent site of the guide has no
+        reparameterised sampler.
+    :return: :class:`ParticleTerms` with a leading particle axis of size
+        ``num_particles``.
+    """
+    requests = frozenset(requests)
+    unknown = requests - _KNOWN_REQUESTS
+    if unknown:
+        raise ValueError(f"Unknown particle requests {sorted(unknown)}.")
+    plate_key, rng_key = random.split(rng_key)
+    # Subsampled plates draw their indices from plate_key, identically for
+    # every particle; sample sites get per-particle keys below.
+    hide = ["sample", "prng_key", "control_flow"]
+    model = seed(model, plate_key, hide_types=hide)
+    guide = seed(guide, plate_key, hide_types=hide)
+
+    def one_particle(key: jax.Array) -> dict[str, jax.Array]:
+        model_key, guide_key, sim_key, rerun_key = random.split(key, 4)
+        seeded_guide = substitute(seed(guide, guide_key), data=param_map)
+        with _without_rsample_stop_gradient():
+            guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
+        if require_reparam:
+            require_reparam_guide(guide_trace, objective)
+        seeded_model = substitute(
+            replay(seed(model, model_key), guide_trace), data=param_map
+        )
+        model_trace = trace(seeded_model).get_trace(*args, **kwargs)
+        check_model_guide_match(model_trace, guide_trace)
+        plate = _find_data_plate(model_trace, data_plate)
+        observed = _observed_sites(model_trace)
+
+        out = {
+            "log_prior": _sum_log_density(_latent_sites(model_trace)),
+            "log_q": _sum_log_density(_latent_sites(guide_trace)),
+            "weight": _site_weight(observed[0], plate),
+            "subsample_scale": jnp.asarray(plate.size / plate.subsample_size),
+        }
+        if LOG_LIK in requests:
+            out["log_lik"] = sum(_site_log_lik(s, plate) for s in observed)
+        if Y_SIM in requests:
+            keys = random.split(sim_key, len(observed))
+            out["y_sim"] = jnp.concatenate(
+                [_site_draw(s, plate, k) for s, k in zip(observed, keys)], axis=1
+            )
+            out["y_obs"] = jnp.concatenate(
+                [_per_observation(s["value"], plate, s["fn"].event_dim)
+                 for s in observed],
+                axis=1,
+            )
+        if LOG_PMF in requests:
+            out["log_pmf"] = _pad_support([_site_log_pmf(s, plate) for s in observed])
+        if LOG_Q_FIXED in requests:
+            out["log_q_fixed"] = _guide_log_density_at(
+                guide, param_map, guide_trace, rerun_key, args, kwargs
+            )
+        return out
+
+    keys = random.split(rng_key, num_particles)
+    out = vectorize_particles_fn(one_particle, keys)
+    return ParticleTerms(
+        log_prior=out["log_prior"],
+        log_q=out["log_q"],
+        log_lik=out.get("log_lik"),
+        weight=out["weight"][0],
+        subsample_scale=out["subsample_scale"][0],
+        y_obs=out["y_obs"][0] if "y_obs" in out else None,
+        y_sim=out.get("y_sim"),
+        log_pmf=out.get("log_pmf"),
+        log_q_fixed=out.get("log_q_fixed"),
+    )
+
+
+def log_mean_exp(x: jax.Array, axis: int = 0) -> jax.Array:
+    """``log((1/M) Σ_j exp(x_j))`` along ``axis``, stable for ``-inf`` entries.
+
+    An all ``-inf`` slice gives ``-inf`` (not NaN).
+    """
+    m = x.shape[axis]
+    return jax.nn.logsumexp(x, axis=axis) - math.log(m)
