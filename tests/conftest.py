@@ -17,7 +17,9 @@ numpyro.set_platform("cpu")
 if os.environ.get("JAX_ENABLE_X64", "0") not in ("", "0", "false", "False"):
     numpyro.enable_x64()
 
-X64 = numpyro.util.jax.config.jax_enable_x64
+import jax  # noqa: E402
+
+X64 = bool(jax.config.jax_enable_x64)
 
 
 @pytest.fixture(autouse=True)
