@@ -34,16 +34,21 @@ from jax import random
 from jax.lax import stop_gradient
 from numpyro.distributions import Delta
 from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.primitives import Messenger
 from numpyro.infer.util import _without_rsample_stop_gradient, is_identically_one
 from numpyro.util import check_model_guide_match
 
 __all__ = [
+    "LATENTS",
     "LOG_LIK",
     "LOG_PMF",
     "LOG_Q_FIXED",
+    "WHOLE_DATA",
     "Y_SIM",
     "ParticleTerms",
     "log_mean_exp",
+    "particle_log_weights",
+    "particle_weights",
     "particle_terms",
     "require_reparam_guide",
 ]
@@ -53,7 +58,13 @@ LOG_LIK = "log_lik"
 Y_SIM = "y_sim"
 LOG_PMF = "log_pmf"
 LOG_Q_FIXED = "log_q_fixed"
-_KNOWN_REQUESTS = frozenset({LOG_LIK, Y_SIM, LOG_PMF, LOG_Q_FIXED})
+LATENTS = "latents"
+_KNOWN_REQUESTS = frozenset({LOG_LIK, Y_SIM, LOG_PMF, LOG_Q_FIXED, LATENTS})
+
+#: ``data_plate=WHOLE_DATA`` treats all observed sites as one observation,
+#: without looking for a data plate (objectives that need only the total
+#: log-likelihood: ``log_lik`` is then ``(M, 1)`` with every site scale applied).
+WHOLE_DATA = "<whole data set>"
 
 
 class ParticleTerms(NamedTuple):
@@ -79,6 +90,18 @@ class ParticleTerms(NamedTuple):
         observation over its finite support (``-inf`` pads shorter supports).
     :ivar log_q_fixed: ``(M,)`` ``log q_φ`` at the draws with their gradient
         stopped: its gradient is the score function ``∇_φ log q_φ(θ)``.
+    :ivar latents: ``{site: (M, *shape)}`` the values of the model's latent
+        sample sites at each particle (constrained space, as the model sees
+        them).
+    :ivar log_w: ``(M, b)`` log weight of particle ``j`` in the predictive of
+        observation ``i`` under *stratified* sampling (mixture guides, see
+        :func:`particle_terms`), ``None`` for ``M`` i.i.d. draws (weights
+        ``1/M``); scores use :func:`particle_log_weights`.
+    :ivar particle_weight: ``(M,)`` weight of each particle in expectations
+        over the guide (sums to one; ``None`` for i.i.d. draws); see
+        :func:`particle_weights`.
+    :ivar num_strata: number ``K`` of strata; the particles are ordered
+        stratum-major, ``M / K`` consecutive draws per stratum.
     """
 
     log_prior: jax.Array
@@ -90,6 +113,10 @@ class ParticleTerms(NamedTuple):
     y_sim: jax.Array | None = None
     log_pmf: jax.Array | None = None
     log_q_fixed: jax.Array | None = None
+    latents: dict[str, jax.Array] | None = None
+    log_w: jax.Array | None = None
+    particle_weight: jax.Array | None = None
+    num_strata: int = 1
 
 
 # --------------------------------------------------------------------------
@@ -159,6 +186,8 @@ def _find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> _Da
             "The model has no observed site: predictive objectives score "
             "observations, so pass the data to a sample statement with obs=..."
         )
+    if data_plate == WHOLE_DATA:
+        return _DataPlate(None, 0, 1, 1)
     plates = {
         name: site for name, site in model_trace.items() if site["type"] == "plate"
     }
@@ -249,14 +278,20 @@ def _site_weight(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
         return jnp.ones((1,))
     if scale is None:
         return jnp.ones((plate.subsample_size,))
-    batch_shape = jnp.shape(site["fn"].log_prob(site["value"]))
+    # the batch shape from shapes alone: a likelihood-free site has no log_prob
+    fn, value = site["fn"], site["value"]
+    batch_shape = jnp.broadcast_shapes(
+        fn.batch_shape, jnp.shape(value)[: max(jnp.ndim(value) - fn.event_dim, 0)]
+    )
     scale = jnp.broadcast_to(jnp.asarray(scale, dtype=float), batch_shape)
     return jnp.mean(_per_observation(scale, plate, 0), axis=1)
 
 
-def _site_draw(site: dict[str, Any], plate: _DataPlate, key: jax.Array) -> jax.Array:
+def _site_draw(
+    site: dict[str, Any], plate: _DataPlate, key: jax.Array, reparam: bool = True
+) -> jax.Array:
     fn = site["fn"]
-    if not fn.has_rsample:
+    if reparam and not fn.has_rsample:
         raise ValueError(
             f"Observed site '{site['name']}' ({type(fn).__name__}) has no "
             "reparameterised sampler, which this score needs to differentiate "
@@ -325,6 +360,14 @@ def _guide_log_density_at(
         and not site["is_observed"]
         and not _is_deterministic_transform(site)
     }
+    if not fixed and any(True for _ in _latent_sites(guide_trace)):
+        raise ValueError(
+            f"The guide ({type(guide).__name__}) has only point-mass (Delta) latent "
+            "sites, so it has no log density to evaluate, which this objective "
+            "needs. Use AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
+            "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide "
+            "whose latent sites have densities."
+        )
     rerun = substitute(substitute(seed(guide, key), data=fixed), data=param_map)
     try:
         tr = trace(rerun).get_trace(*args, **kwargs)
@@ -352,6 +395,8 @@ def particle_terms(
     data_plate: str | None = None,
     objective: str = "objective",
     require_reparam: bool = True,
+    require_observed: bool = True,
+    stratify: bool = False,
 ) -> ParticleTerms:
     """Run ``num_particles`` particles through guide and model.
 
@@ -369,19 +414,37 @@ def particle_terms(
         ``lax.map``), the objective's ``vectorize_particles_fn``.
     :param requests: optional quantities wanted besides the latent log
         densities: any of ``"log_lik"``, ``"y_sim"``, ``"log_pmf"``,
-        ``"log_q_fixed"``.
+        ``"log_q_fixed"``, ``"latents"``.
     :param data_plate: name of the plate that indexes observations, or
         ``None`` to use the plate shared by all observed sites.
     :param objective: the calling objective's name, for error messages.
-    :param require_reparam: raise when a latent site of the guide has no
-        reparameterised sampler.
+    :param require_reparam: raise when a latent site of the guide, or an
+        observed site whose draws ``"y_sim"`` are requested, has no
+        reparameterised sampler (``False`` when no gradient flows through the
+        draws, e.g. held-out evaluation).
+    :param require_observed: raise when the model has no observed site. With
+        ``False`` such a model has no observation: ``log_lik`` is ``(M, 0)``
+        and ``weight`` is ``(0,)`` (``"y_sim"`` and ``"log_pmf"`` still need
+        observations).
+    :param stratify: if the guide is stratifiable (it has an integer
+        ``num_strata`` attribute ``K``, e.g.
+        :class:`~numpyro_pvi.guides.AutoGaussianMixture`), draw
+        ``num_particles`` particles from *each* of its ``K`` components and
+        return the weights ``log_w`` and ``particle_weight`` with which they
+        enter: the predictive of observation ``i`` is
+        :math:`\sum_k \omega_k(x_i) \frac{1}{M}\sum_m p(y_i \mid
+        \theta_{k,m})` and expectations over the guide are
+        :math:`\sum_k \bar\omega_k \frac{1}{M}\sum_m f(\theta_{k,m})`.
+        Callers must consume the weights (:func:`particle_log_weights`);
+        other guides ignore the flag.
     :return: :class:`ParticleTerms` with a leading particle axis of size
-        ``num_particles``.
+        ``num_particles`` (``K * num_particles`` when stratified).
     """
     requests = frozenset(requests)
     unknown = requests - _KNOWN_REQUESTS
     if unknown:
         raise ValueError(f"Unknown particle requests {sorted(unknown)}.")
+    guide_fn = guide  # before seeding: stratification is read from it
     plate_key, rng_key = random.split(rng_key)
     # Subsampled plates draw their indices from plate_key, identically for
     # every particle; sample sites get per-particle keys below.
@@ -389,9 +452,13 @@ def particle_terms(
     model = seed(model, plate_key, hide_types=hide)
     guide = seed(guide, plate_key, hide_types=hide)
 
-    def one_particle(key: jax.Array) -> dict[str, jax.Array]:
+    def one_particle(
+        key: jax.Array, component: jax.Array | None = None
+    ) -> dict[str, jax.Array]:
         model_key, guide_key, sim_key, rerun_key = random.split(key, 4)
         seeded_guide = substitute(seed(guide, guide_key), data=param_map)
+        if component is not None:
+            seeded_guide = _draw_from_component(seeded_guide, component)
         with _without_rsample_stop_gradient():
             guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
         if require_reparam:
@@ -401,21 +468,32 @@ def particle_terms(
         )
         model_trace = trace(seeded_model).get_trace(*args, **kwargs)
         check_model_guide_match(model_trace, guide_trace)
-        plate = _find_data_plate(model_trace, data_plate)
         observed = _observed_sites(model_trace)
+        if observed or require_observed:
+            plate = _find_data_plate(model_trace, data_plate)
+            weight = _site_weight(observed[0], plate)
+        else:  # a model without data: no observation to score
+            plate, weight = _DataPlate(None, 0, 1, 0), jnp.ones((0,))
 
         out = {
             "log_prior": _sum_log_density(_latent_sites(model_trace)),
             "log_q": _sum_log_density(_latent_sites(guide_trace)),
-            "weight": _site_weight(observed[0], plate),
-            "subsample_scale": jnp.asarray(plate.size / plate.subsample_size),
+            "weight": weight,
+            "subsample_scale": jnp.asarray(plate.size / max(plate.subsample_size, 1)),
         }
         if LOG_LIK in requests:
-            out["log_lik"] = sum(_site_log_lik(s, plate) for s in observed)
+            out["log_lik"] = sum(
+                (_site_log_lik(s, plate) for s in observed),
+                start=jnp.zeros((plate.subsample_size,)),
+            )
         if Y_SIM in requests:
             keys = random.split(sim_key, len(observed))
             out["y_sim"] = jnp.concatenate(
-                [_site_draw(s, plate, k) for s, k in zip(observed, keys)], axis=1
+                [
+                    _site_draw(s, plate, k, require_reparam)
+                    for s, k in zip(observed, keys)
+                ],
+                axis=1,
             )
             out["y_obs"] = jnp.concatenate(
                 [_per_observation(s["value"], plate, s["fn"].event_dim)
@@ -428,10 +506,29 @@ def particle_terms(
             out["log_q_fixed"] = _guide_log_density_at(
                 guide, param_map, guide_trace, rerun_key, args, kwargs
             )
+        if component is not None:
+            out.update(_stratum_log_weights(guide_trace, model_trace, plate))
+        if LATENTS in requests:
+            out["latents"] = {s["name"]: s["value"] for s in _latent_sites(model_trace)}
         return out
 
-    keys = random.split(rng_key, num_particles)
-    out = vectorize_particles_fn(one_particle, keys)
+    num_strata = getattr(guide_fn, "num_strata", None) if stratify else None
+    if isinstance(num_strata, int) and num_strata >= 1:
+        keys = random.split(rng_key, num_strata * num_particles)
+        components = jnp.repeat(jnp.arange(num_strata), num_particles)
+        out = vectorize_particles_fn(lambda kc: one_particle(*kc), (keys, components))
+        log_omega = out.pop("log_omega")[0]  # (b, K)
+        log_w = log_omega.T[components] - math.log(num_particles)  # (K M, b)
+        particle_weight = jnp.exp(out.pop("log_omega_bar")[0][components])
+        strata = {
+            "log_w": log_w,
+            "particle_weight": particle_weight / num_particles,
+            "num_strata": num_strata,
+        }
+    else:
+        keys = random.split(rng_key, num_particles)
+        out = vectorize_particles_fn(one_particle, keys)
+        strata = {}
     return ParticleTerms(
         log_prior=out["log_prior"],
         log_q=out["log_q"],
@@ -442,7 +539,91 @@ def particle_terms(
         y_sim=out.get("y_sim"),
         log_pmf=out.get("log_pmf"),
         log_q_fixed=out.get("log_q_fixed"),
+        latents=out.get("latents"),
+        **strata,
     )
+
+
+class _draw_from_component(Messenger):
+    """Makes a stratifiable latent site (one whose distribution has a
+    ``stratum(k)`` method) draw from its component ``k``."""
+
+    def __init__(self, fn: Callable, component: jax.Array) -> None:
+        self.component = component
+        super().__init__(fn)
+
+    def process_message(self, msg: dict[str, Any]) -> None:
+        if (
+            msg["type"] == "sample"
+            and not msg["is_observed"]
+            and hasattr(msg["fn"], "stratum")
+        ):
+            msg["fn"] = msg["fn"].stratum(self.component)
+
+
+def _stratum_log_weights(
+    guide_trace: dict[str, Any], model_trace: dict[str, Any], plate: _DataPlate
+) -> dict[str, jax.Array]:
+    """Log weights of the strata: averaged ``(K,)`` and per observation of
+    this (sub)sample ``(b, K)``."""
+    sites = [
+        s for s in _latent_sites(guide_trace) if hasattr(s["fn"], "stratum_log_weights")
+    ]
+    if len(sites) != 1:
+        raise ValueError(
+            "Stratified expectations need exactly one stratified latent site in "
+            f"the guide, found {len(sites)}."
+        )
+    fn = sites[0]["fn"]
+    mean_log_w = fn.stratum_log_weights  # (K,)
+    per_obs = fn.observation_log_weights  # (n, K) or None
+    if per_obs is None:
+        b = max(plate.subsample_size, 1)
+        return {
+            "log_omega_bar": mean_log_w,
+            "log_omega": jnp.broadcast_to(mean_log_w, (b,) + mean_log_w.shape),
+        }
+    if plate.name is None:
+        raise ValueError(
+            "The guide's mixture weights depend on covariates of the "
+            "observations (gating_covariates), but the model has no data plate "
+            "to align them with. Put the observations in a plate."
+        )
+    if per_obs.shape[0] != plate.size:
+        raise ValueError(
+            f"The guide's gating_covariates have {per_obs.shape[0]} rows but the "
+            f"data plate '{plate.name}' has {plate.size} observations: pass one "
+            "covariate row per observation, in the order of the plate."
+        )
+    indices = model_trace[plate.name]["value"]
+    return {"log_omega_bar": mean_log_w, "log_omega": per_obs[indices]}
+
+
+def particle_log_weights(terms: ParticleTerms) -> jax.Array:
+    """``(M, b)`` log weight of each particle in each observation's predictive:
+    ``terms.log_w`` when stratified, else ``-log M``.
+
+    :param terms: particle terms with ``log_lik``, ``y_sim`` or ``log_pmf``.
+    """
+    if terms.log_w is not None:
+        return terms.log_w
+    ref = next(
+        x for x in (terms.log_lik, terms.y_sim, terms.log_pmf) if x is not None
+    )
+    m, b = ref.shape[0], ref.shape[1]
+    return jnp.full((m, b), -math.log(m), dtype=jnp.result_type(float))
+
+
+def particle_weights(terms: ParticleTerms) -> jax.Array:
+    """``(M,)`` weight of each particle in expectations over the guide:
+    ``terms.particle_weight`` when stratified, else ``1/M``.
+
+    :param terms: particle terms.
+    """
+    if terms.particle_weight is not None:
+        return terms.particle_weight
+    m = terms.log_q.shape[0]
+    return jnp.full((m,), 1.0 / m, dtype=terms.log_q.dtype)
 
 
 def log_mean_exp(x: jax.Array, axis: int = 0) -> jax.Array:
