@@ -1,0 +1,73 @@
+"""Execute every tutorial notebook in smoke mode; a cell error fails the test.
+
+The notebooks read ``NUMPYRO_PVI_SMOKE=1`` to cut optimisation steps and
+replications. The committed notebooks carry the outputs of a full run, which
+is checked too (every code cell executed, in order, without an error output).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+TUTORIALS = Path(__file__).resolve().parent.parent / "tutorials"
+NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
+
+pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+
+def _runner():
+    spec = importlib.util.spec_from_file_location(
+        "_tutorials_execute", TUTORIALS / "execute.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _code_cells(path: Path) -> list[dict]:
+    cells = json.loads(path.read_text())["cells"]
+    return [cell for cell in cells if cell["cell_type"] == "code"]
+
+
+def test_tutorials_exist():
+    assert NOTEBOOKS, f"no notebooks found in {TUTORIALS}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_is_self_contained_and_committed_with_outputs(path):
+    source = "\n".join("".join(c["source"]) for c in _code_cells(path))
+    assert "NUMPYRO_PVI_SMOKE" in source, f"{path.name} does not read the smoke flag"
+    assert "../shared" not in source, f"{path.name} reads data outside the repo"
+    counts = [c["execution_count"] for c in _code_cells(path)]
+    assert all(n is not None for n in counts), (
+        f"{path.name} is committed without outputs; run "
+        "`python tutorials/execute.py` on it"
+    )
+    assert counts == sorted(counts), f"{path.name} cells were run out of order"
+    errors = [
+        o
+        for c in _code_cells(path)
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
+    assert not errors, f"{path.name} is committed with an error output"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes_in_smoke_mode(path):
+    runner = _runner()
+    nb, seconds = runner.execute_notebook(path, smoke=True, timeout=600)
+    errors = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]
+    assert not errors
+    print(f"{path.name}: smoke run {seconds:.1f} s")
