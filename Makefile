@@ -30,8 +30,13 @@ lint: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks
 	$(VPY) -m ruff format --check numpyro_pvi tests benchmarks
 
+# POSTERIORDB: directory of the posteriordb JSON data (default: the shared
+# data directory beside the repository).
+POSTERIORDB ?= ../shared/data/posteriordb
+
 bench: $(VENV)/.installed
 	$(VPY) benchmarks/step_time.py
+	$(VPY) benchmarks/posteriordb.py $(POSTERIORDB)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
