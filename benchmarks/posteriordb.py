@@ -423,7 +423,7 @@ def run_benchmark(
     guides: Mapping[str, Callable[[Callable], Callable]],
     *,
     scores: Sequence[str] = ("log",),
-    num_steps: int = 4000,
+    num_steps: int = 2000,
     learning_rate: float = 1e-2,
     num_draws: int = 1000,
     seed: int = 0,
@@ -797,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="kidscore,earnings,nes,glmm",
         help="comma-separated subset of the models",
     )
-    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--num-particles", type=int, default=100)
     parser.add_argument("--num-draws", type=int, default=1000)
