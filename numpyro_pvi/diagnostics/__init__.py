@@ -5,4 +5,24 @@ variational simulation-based calibration (VSBC), plus the InferenceData export
 of any fitted guide and the PVI heterogeneity check of Lai & Yao (2024).
 """
 
-__all__: list[str] = []
+from numpyro_pvi.diagnostics.export import to_inference_data
+from numpyro_pvi.diagnostics.heterogeneity import heterogeneity, plot_heterogeneity
+from numpyro_pvi.diagnostics.psis import (
+    pareto_smooth,
+    plot_psis,
+    psis,
+    psis_summary,
+)
+from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
+
+__all__: list[str] = [
+    "heterogeneity",
+    "pareto_smooth",
+    "plot_heterogeneity",
+    "plot_psis",
+    "plot_vsbc",
+    "psis",
+    "psis_summary",
+    "to_inference_data",
+    "vsbc",
+]

@@ -1,0 +1,177 @@
+"""Which parameters vary in the population? (Lai & Yao 2024, §2.5)
+
+Under a misspecified model, the VI (Bayesian) posterior of every parameter
+concentrates at rate ``1/√n``, while the PVI posterior of a parameter that
+actually varies across observations stays wide: PVI spreads it so that the
+posterior predictive covers the spread of the data. Parameters whose PVI
+posterior sd is much larger than the VI one point to where the model should be
+expanded (e.g. a fixed effect that should be random).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+
+from numpyro_pvi._particles import LATENTS
+from numpyro_pvi.diagnostics._idata import check_num_draws, guide_draws, guide_name
+
+__all__ = ["heterogeneity", "plot_heterogeneity"]
+
+
+def _component_sd(latents: dict[str, jax.Array]) -> tuple[list[str], np.ndarray]:
+    labels, columns = [], []
+    for name in sorted(latents):
+        values = np.asarray(latents[name], dtype=float)
+        shape = values.shape[1:]
+        flat = values.reshape(values.shape[0], -1)
+        if shape:
+            labels += [f"{name}[{', '.join(map(str, i))}]" for i in np.ndindex(*shape)]
+        else:
+            labels.append(name)
+        columns.append(flat)
+    return labels, np.concatenate(columns, axis=1)
+
+
+def heterogeneity(
+    rng_key: jax.Array,
+    model: Callable,
+    pvi_guide: Callable,
+    pvi_params: dict[str, jax.Array],
+    vi_guide: Callable,
+    vi_params: dict[str, jax.Array],
+    *args: Any,
+    num_draws: int = 2000,
+    threshold: float = 5.0,
+    **kwargs: Any,
+) -> xr.Dataset:
+    r"""Flag the parameters whose PVI posterior stays wider than the VI one.
+
+    For every scalar component :math:`\theta_k` of every latent site, the
+    posterior sd under the PVI fit and the VI fit (from ``num_draws`` draws
+    of each guide) and their ratio
+    :math:`\rho_k = \mathrm{sd}_{PVI}(\theta_k) / \mathrm{sd}_{VI}(\theta_k)`;
+    :math:`\rho_k >` ``threshold`` flags :math:`\theta_k` as varying in the
+    population (Lai & Yao 2024, §2.5): the model treats it as fixed but the
+    data call for a distribution over it.
+
+    :param rng_key: random key.
+    :param model: the NumPyro model both guides were fitted to.
+    :param pvi_guide: the guide fitted with a predictive objective (e.g.
+        :class:`~numpyro_pvi.PredictiveELBO`).
+    :param pvi_params: its fitted parameters.
+    :param vi_guide: the guide fitted with the ELBO (e.g.
+        :class:`~numpyro.infer.Trace_ELBO`).
+    :param vi_params: its fitted parameters.
+    :param args: positional arguments of model and guides.
+    :param num_draws: draws per guide (at least 2).
+    :param threshold: sd ratio above which a component is flagged (> 1). The
+        ratio of a varying parameter grows like :math:`\sqrt{n}`; that of a
+        fixed one stays of order one (scale parameters of a misspecified
+        likelihood can reach about 3), hence the default 5.
+    :param kwargs: keyword arguments of model and guides.
+    :return: an ``xarray.Dataset`` over dim ``parameter`` (labels like
+        ``beta[1]``) with ``vi_mean``, ``pvi_mean``, ``vi_sd``, ``pvi_sd``,
+        ``ratio`` and the boolean ``flagged``; attrs hold the threshold.
+
+    **References**
+
+    1. *Predictive variational inference: Learn the predictively optimal
+       posterior distribution*, Jinlin Lai, Yuling Yao (2024).
+    """
+    num_draws = check_num_draws(num_draws, 2, "heterogeneity")
+    if isinstance(threshold, bool) or not (
+        isinstance(threshold, int | float)
+        and math.isfinite(threshold)
+        and threshold > 1
+    ):
+        raise ValueError(
+            f"heterogeneity: threshold must be a finite number > 1 (a ratio of "
+            f"posterior sds), got {threshold!r}."
+        )
+    pvi_key, vi_key = jax.random.split(rng_key)
+    stats = {}
+    for tag, key, guide, params in (
+        ("pvi", pvi_key, pvi_guide, pvi_params),
+        ("vi", vi_key, vi_guide, vi_params),
+    ):
+        with warnings.catch_warnings():  # only the latents are needed
+            warnings.filterwarnings("ignore", message="No plate is shared")
+            terms = guide_draws(
+                key,
+                params,
+                model,
+                guide,
+                args,
+                kwargs,
+                num_draws=num_draws,
+                requests=(LATENTS,),
+                require_observed=False,
+                function="heterogeneity",
+            )
+        labels, flat = _component_sd(terms.latents)
+        stats[tag] = (labels, flat.mean(axis=0), flat.std(axis=0, ddof=1))
+    labels = stats["vi"][0]
+    if stats["pvi"][0] != labels:
+        raise ValueError(
+            "heterogeneity: the two guides give different latent components "
+            f"({stats['pvi'][0]} vs {labels}); fit both to the same model."
+        )
+    ratio = stats["pvi"][2] / stats["vi"][2]
+    dim = ("parameter",)
+    return xr.Dataset(
+        {
+            "vi_mean": (dim, stats["vi"][1]),
+            "pvi_mean": (dim, stats["pvi"][1]),
+            "vi_sd": (dim, stats["vi"][2]),
+            "pvi_sd": (dim, stats["pvi"][2]),
+            "ratio": (dim, ratio),
+            "flagged": (dim, ratio > threshold),
+        },
+        coords={"parameter": labels},
+        attrs={
+            "threshold": float(threshold),
+            "num_draws": num_draws,
+            "pvi_guide": guide_name(pvi_guide),
+            "vi_guide": guide_name(vi_guide),
+            "reference": "Lai & Yao (2024), section 2.5",
+        },
+    )
+
+
+def plot_heterogeneity(ds: xr.Dataset, *, ax: Any = None) -> Any:
+    """Bar chart of the PVI/VI sd ratio per parameter, flagged ones highlighted.
+
+    :param ds: the result of :func:`heterogeneity`.
+    :param ax: a matplotlib axis; a new one when ``None``.
+    :return: the axis.
+    """
+    import matplotlib.pyplot as plt
+
+    missing = {"ratio", "flagged"} - set(getattr(ds, "data_vars", ()))
+    if missing or "threshold" not in getattr(ds, "attrs", {}):
+        raise TypeError(
+            "plot_heterogeneity: expected the Dataset returned by "
+            "numpyro_pvi.diagnostics.heterogeneity."
+        )
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 0.35 * ds.sizes["parameter"] + 1.5))
+    labels = [str(p) for p in ds["parameter"].values]
+    ratio = np.asarray(ds["ratio"].values)
+    flagged = np.asarray(ds["flagged"].values)
+    colors = np.where(flagged, "tab:red", "tab:blue")
+    ax.barh(np.arange(len(labels)), ratio, color=colors)
+    ax.axvline(1.0, color="0.4", lw=1, ls=":")
+    ax.axvline(ds.attrs["threshold"], color="tab:red", lw=1, ls="--")
+    ax.set_yticks(np.arange(len(labels)), labels)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("posterior sd ratio PVI / VI")
+    ax.set_title(f"flagged (ratio > {ds.attrs['threshold']:g}): {int(flagged.sum())}")
+    return ax

@@ -1,0 +1,388 @@
+"""PSIS k̂ of a fitted guide as ArviZ ``InferenceData`` (Yao et al. 2018).
+
+The guide's draws θ_s ~ q, their log ratios log p(θ_s, y) − log q(θ_s), the
+Pareto-smoothed importance weights and the k̂ diagnostic in one object that
+ArviZ can summarise, plot and save.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import arviz as az
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import xarray as xr
+from scipy.special import logsumexp
+
+from numpyro_pvi._particles import LATENTS, LOG_LIK
+from numpyro_pvi.diagnostics._idata import (
+    check_full_data,
+    check_num_draws,
+    draws_dataset,
+    guide_draws,
+    replay_trace,
+    root_attrs,
+    site_dims,
+)
+
+__all__ = ["pareto_smooth", "plot_psis", "psis", "psis_summary"]
+
+#: k̂ above which importance sampling is unreliable at any sample size.
+K_THRESHOLD = 0.7
+#: k̂ below which the variational approximation itself is reliable
+#: (Yao et al. 2018, Algorithm 1).
+K_RELIABLE = 0.5
+CONSTANT_WEIGHTS = "constant weights"
+
+
+class ParetoSmoothing(NamedTuple):
+    """The result of Pareto smoothing one vector of ``S`` log ratios.
+
+    :ivar log_weight: ``(S,)`` smoothed, normalised log weights.
+    :ivar pareto_k: the shape estimate k̂ (``-inf`` for constant weights).
+    :ivar good_k: ``min(1 - 1/log10(S), 0.7)``, the sample-size dependent
+        threshold of Vehtari et al. (2024).
+    :ivar ess_is: importance sampling effective sample size ``1/Σ w̃²``.
+    :ivar min_ss: the minimum sample size for a reliable estimate at this k̂,
+        ``10^(1/(1-max(0, k̂)))`` (``inf`` for k̂ ≥ 1).
+    :ivar tail_length: number of draws in the fitted tail,
+        ``ceil(min(S/5, 3√S))``.
+    :ivar note: ``"constant weights"`` when the ratios are constant (an exact
+        guide), otherwise ``""``.
+    """
+
+    log_weight: np.ndarray
+    pareto_k: float
+    good_k: float
+    ess_is: float
+    min_ss: float
+    tail_length: int
+    note: str
+
+
+def pareto_smooth(
+    log_ratio: Any, *, constant_rtol: float | None = None
+) -> ParetoSmoothing:
+    r"""Pareto-smooth importance log ratios with :func:`arviz.psislw`.
+
+    Ratios whose spread is below ``constant_rtol * max(1, max|log r|)`` are
+    *constant* (the guide is exact up to rounding): the generalized Pareto
+    fit is undefined there (it returns ``+inf``), so the outcome reported is
+    k̂ = ``-inf``, uniform weights, ``ess_is = S`` and the note
+    ``"constant weights"``.
+
+    :param log_ratio: ``(S,)`` log importance ratios
+        :math:`\log p(\theta_s, y) - \log q(\theta_s)`.
+    :param constant_rtol: relative spread below which the ratios count as
+        constant; default ``sqrt`` of the float64 machine epsilon.
+    :return: :class:`ParetoSmoothing`.
+
+    **References**
+
+    1. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
+       Gabry (JMLR 2024).
+    """
+    lr = np.asarray(log_ratio, dtype=np.float64).reshape(-1)
+    num = lr.size
+    if num < 2 or not np.all(np.isfinite(lr) | (lr == -np.inf)):
+        raise ValueError(
+            "pareto_smooth: need at least 2 log ratios, none NaN or +inf; got "
+            f"{num} with {int(np.sum(~np.isfinite(lr) & (lr != -np.inf)))} invalid."
+        )
+    if constant_rtol is None:
+        constant_rtol = math.sqrt(np.finfo(np.float64).eps)
+    tail_length = math.ceil(min(0.2 * num, 3 * math.sqrt(num)))
+    good_k = min(1 - 1 / math.log10(num), K_THRESHOLD)
+    finite = lr[np.isfinite(lr)]
+    spread = np.ptp(lr) if finite.size == num else np.inf
+    if spread <= constant_rtol * max(1.0, float(np.max(np.abs(lr)))):
+        log_weight = np.full(num, -math.log(num))
+        return ParetoSmoothing(
+            log_weight,
+            -math.inf,
+            good_k,
+            float(num),
+            10.0,
+            tail_length,
+            CONSTANT_WEIGHTS,
+        )
+    log_weight, k = az.psislw(lr.copy(), reff=1.0, normalize=True)
+    k = float(k)
+    ess_is = float(np.exp(-logsumexp(2 * log_weight)))
+    min_ss = 10 ** (1 / (1 - max(0.0, k))) if k < 1 else math.inf
+    return ParetoSmoothing(
+        np.asarray(log_weight), k, good_k, ess_is, min_ss, tail_length, ""
+    )
+
+
+def psis(
+    rng_key: jax.Array,
+    param_map: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    *args: Any,
+    num_draws: int = 4000,
+    chunk_size: int | None = None,
+    **kwargs: Any,
+) -> az.InferenceData:
+    r"""PSIS k̂ diagnostic of a fitted guide, as ArviZ ``InferenceData``.
+
+    Draws :math:`\theta_s \sim q` (:math:`s = 1..S`), evaluates the log ratios
+    :math:`\log r_s = \log p(\theta_s, y) - \log q(\theta_s)` in one
+    vectorised pass and Pareto-smooths them with :func:`arviz.psislw`
+    (Yao et al. 2018). k̂ < 0.5: the guide is reliable; k̂ < ``good_k``: use
+    the PSIS-adjusted estimates; otherwise neither can be trusted.
+
+    Groups (dims ``(chain=1, draw=S)``):
+
+    - ``posterior``: the guide draws of every latent site (constrained), the
+      same draws whose weights are reported;
+    - ``sample_stats``: ``lp`` (:math:`\log p(\theta, y)`), ``log_q``,
+      ``log_ratio`` and ``log_weight`` (smoothed, normalised);
+    - ``psis``: scalars ``pareto_k``, ``good_k``, ``ess_is``, ``min_ss``,
+      ``tail_length``; attrs name the method, the thresholds and a ``note``
+      (``"constant weights"`` for an exact guide, reported as k̂ = −inf with
+      ``ess_is = S``).
+
+    :param rng_key: random key.
+    :param param_map: the fitted parameters (e.g. ``svi_result.params``).
+    :param model: the NumPyro model.
+    :param guide: the fitted guide.
+    :param args: positional arguments of model and guide.
+    :param num_draws: ``S``, the number of draws (at least 2).
+    :param chunk_size: evaluate the draws in chunks of this size with
+        ``lax.map`` to bound memory; ``None`` evaluates all at once.
+    :param kwargs: keyword arguments of model and guide.
+    :return: ``arviz.InferenceData``.
+
+    **References**
+
+    1. *Yes, but Did It Work?: Evaluating Variational Inference*, Yuling Yao,
+       Aki Vehtari, Daniel Simpson, Andrew Gelman (ICML 2018).
+    2. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
+       Gabry (JMLR 2024).
+    """
+    num_draws = check_num_draws(num_draws, 2, "psis")
+    draw_key, trace_key = jax.random.split(rng_key)
+    tr = replay_trace(trace_key, param_map, model, guide, args, kwargs)
+    check_full_data(tr, "psis")
+    dims = site_dims(tr)
+    with warnings.catch_warnings():
+        # log p(θ, y) sums over all observations: the data plate is irrelevant
+        warnings.filterwarnings("ignore", message="No plate is shared")
+        terms = guide_draws(
+            draw_key,
+            param_map,
+            model,
+            guide,
+            args,
+            kwargs,
+            num_draws=num_draws,
+            requests=(LOG_LIK, LATENTS),
+            chunk_size=chunk_size,
+            require_observed=False,
+            function="psis",
+        )
+    lp = terms.log_prior + terms.log_lik @ terms.weight
+    log_ratio = lp - terms.log_q
+    eps = jnp.finfo(jnp.result_type(log_ratio)).eps
+    smooth = pareto_smooth(log_ratio, constant_rtol=math.sqrt(float(eps)))
+
+    posterior = draws_dataset(
+        terms.latents, dims={name: dims[name] for name in terms.latents}
+    )
+    sample_stats = draws_dataset(
+        {
+            "lp": lp,
+            "log_q": terms.log_q,
+            "log_ratio": log_ratio,
+            "log_weight": smooth.log_weight,
+        }
+    )
+    thresholds = {"k_threshold": K_THRESHOLD, "k_reliable": K_RELIABLE}
+    group = xr.Dataset(
+        {
+            "pareto_k": smooth.pareto_k,
+            "good_k": smooth.good_k,
+            "ess_is": smooth.ess_is,
+            "min_ss": smooth.min_ss,
+            "tail_length": smooth.tail_length,
+        },
+        attrs={
+            "method": "Pareto smoothed importance sampling (arviz.psislw)",
+            "reference": "Yao et al. (2018); Vehtari et al. (2024)",
+            "good_k": smooth.good_k,
+            "num_draws": num_draws,
+            "note": smooth.note,
+            **thresholds,
+        },
+    )
+    return az.InferenceData(
+        posterior=posterior,
+        sample_stats=sample_stats,
+        psis=group,
+        attrs=root_attrs(guide, diagnostic="psis"),
+    )
+
+
+def _components(da: xr.DataArray) -> tuple[list[str], np.ndarray]:
+    """Labels ``name[i, j]`` and a ``(chain*draw, K)`` matrix of one variable."""
+    values = np.asarray(da.values, dtype=float)
+    shape = values.shape[2:]
+    flat = values.reshape(values.shape[0] * values.shape[1], -1)
+    if not shape:
+        return [str(da.name)], flat
+    labels = [f"{da.name}[{', '.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+    return labels, flat
+
+
+def verdict(pareto_k: float, good_k: float, note: str = "") -> str:
+    """One line following Yao et al. (2018), Algorithm 1.
+
+    ``"reliable"`` for k̂ < 0.5 (use the guide as is), ``"usable with PSIS"``
+    for 0.5 ≤ k̂ < ``good_k`` (use the PSIS-adjusted estimates),
+    ``"unreliable"`` otherwise (improve the guide or the model, or use MCMC).
+    """
+    if note == CONSTANT_WEIGHTS:
+        return (
+            "reliable: constant weights, the guide equals the posterior up to rounding."
+        )
+    if pareto_k < K_RELIABLE:
+        return f"reliable: k̂ = {pareto_k:.2f} < {K_RELIABLE}, use the guide as is."
+    if pareto_k < good_k:
+        return (
+            f"usable with PSIS: {K_RELIABLE} ≤ k̂ = {pareto_k:.2f} < good_k = "
+            f"{good_k:.2f}, use the PSIS-adjusted estimates."
+        )
+    return (
+        f"unreliable: k̂ = {pareto_k:.2f} ≥ good_k = {good_k:.2f}; neither the "
+        "guide nor PSIS can be trusted, improve the guide or use MCMC."
+    )
+
+
+def _check_psis_idata(idata: Any, function: str) -> None:
+    if not isinstance(idata, az.InferenceData) or "psis" not in idata.groups():
+        raise TypeError(
+            f"{function}: expected the InferenceData returned by "
+            "numpyro_pvi.diagnostics.psis (with a 'psis' group), got "
+            f"{type(idata).__name__}."
+        )
+
+
+def psis_summary(idata: az.InferenceData) -> pd.DataFrame:
+    r"""Plain-VI and PSIS-adjusted posterior mean and sd of every component.
+
+    The PSIS-adjusted moments weight the draws with the smoothed importance
+    weights :math:`\tilde w_s`: mean :math:`\sum_s \tilde w_s \theta_s`, sd
+    :math:`(\sum_s \tilde w_s (\theta_s - \bar\theta)^2)^{1/2}`.
+
+    :param idata: the result of :func:`psis`.
+    :return: a ``pandas.DataFrame`` indexed by component (``theta[0]``, ...)
+        with columns ``vi_mean``, ``vi_sd``, ``psis_mean``, ``psis_sd``; its
+        ``attrs`` hold ``pareto_k``, ``good_k`` and the one-line ``verdict``
+        (Yao et al. 2018, Algorithm 1).
+    """
+    _check_psis_idata(idata, "psis_summary")
+    weight = np.exp(np.asarray(idata.sample_stats["log_weight"].values).reshape(-1))
+    weight = weight / weight.sum()
+    rows, labels = [], []
+    for name in idata.posterior.data_vars:
+        names, flat = _components(idata.posterior[name])
+        vi_mean = flat.mean(axis=0)
+        psis_mean = weight @ flat
+        rows.append(
+            np.stack(
+                [
+                    vi_mean,
+                    flat.std(axis=0),
+                    psis_mean,
+                    np.sqrt(weight @ (flat - psis_mean) ** 2),
+                ],
+                axis=1,
+            )
+        )
+        labels += names
+    table = pd.DataFrame(
+        np.concatenate(rows) if rows else np.zeros((0, 4)),
+        index=labels,
+        columns=["vi_mean", "vi_sd", "psis_mean", "psis_sd"],
+    )
+    group = idata["psis"]
+    pareto_k, good_k = float(group["pareto_k"]), float(group["good_k"])
+    table.attrs.update(
+        pareto_k=pareto_k,
+        good_k=good_k,
+        verdict=verdict(pareto_k, good_k, group.attrs.get("note", "")),
+    )
+    return table
+
+
+def plot_psis(idata: az.InferenceData, *, axes: Any = None) -> np.ndarray:
+    """Plot the Pareto tail fit and k̂ against its thresholds.
+
+    Left: the largest log ratios (the fitted tail, points) with the fitted
+    generalized Pareto quantiles (line, the smoothed values :func:`arviz.psislw`
+    put in their place) and the tail cutoff. Right: k̂ on the k scale with
+    0.5, ``good_k`` and 0.7 marked.
+
+    :param idata: the result of :func:`psis`.
+    :param axes: two matplotlib axes to draw on; new ones when ``None``.
+    :return: the array of the two axes.
+    """
+    import matplotlib.pyplot as plt
+
+    _check_psis_idata(idata, "plot_psis")
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(10, 3.5), width_ratios=(2, 1))
+    axes = np.asarray(axes).reshape(-1)
+    if axes.size != 2:
+        raise ValueError(f"plot_psis: axes must hold 2 axes, got {axes.size}.")
+    group = idata["psis"]
+    k = float(group["pareto_k"])
+    good_k = float(group["good_k"])
+    note = group.attrs.get("note", "")
+    log_ratio = np.asarray(idata.sample_stats["log_ratio"].values).reshape(-1)
+    log_weight = np.asarray(idata.sample_stats["log_weight"].values).reshape(-1)
+    order = np.argsort(log_ratio)
+    tail = int(group["tail_length"])
+    ax = axes[0]
+    if note == CONSTANT_WEIGHTS:
+        ax.plot(np.arange(log_ratio.size), log_ratio[order], ".", ms=2)
+        ax.set_title("log ratios: constant weights (no tail to fit)")
+        ax.set_xlabel("draw (sorted)")
+    else:
+        # body draws are not smoothed: their offset maps weights to log ratios
+        offset = log_ratio[order[0]] - log_weight[order[0]]
+        rank = np.arange(log_ratio.size - tail, log_ratio.size)
+        tail_idx = order[-tail:]
+        cutoff = log_ratio[order[-tail - 1]]
+        ax.plot(rank, log_ratio[tail_idx], ".", ms=3, label="log ratio (tail)")
+        fitted = np.sort(log_weight[tail_idx]) + offset
+        ax.plot(rank, fitted, "-", lw=1.5, label=f"generalized Pareto, k̂ = {k:.2f}")
+        ax.axhline(cutoff, color="0.5", ls=":", lw=1, label="tail cutoff")
+        ax.set_title("Pareto tail of the importance ratios")
+        ax.set_xlabel("draw rank (sorted log ratio)")
+        ax.legend(loc="upper left", fontsize="small")
+    ax.set_ylabel("log p(θ, y) − log q(θ)")
+
+    ax = axes[1]
+    lo, hi = (min(-0.5, k - 0.1), max(1.2, k + 0.1)) if np.isfinite(k) else (-0.5, 1.2)
+    ax.axvline(K_RELIABLE, color="tab:green", ls="--", lw=1, label="0.5")
+    ax.axvline(
+        good_k, color="tab:orange", ls="--", lw=1, label=f"good_k = {good_k:.2f}"
+    )
+    ax.axvline(K_THRESHOLD, color="tab:red", ls="-", lw=1, label="0.7")
+    shown = k if np.isfinite(k) else lo
+    ax.plot([shown], [0.0], "ko", ms=8, label=f"k̂ = {k:.2f}")
+    ax.set_xlim(lo, hi)
+    ax.set_yticks([])
+    ax.set_xlabel("Pareto k")
+    ax.set_title(note or "k̂")
+    ax.legend(loc="upper right", fontsize="small")
+    return axes
