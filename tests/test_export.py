@@ -1,0 +1,229 @@
+"""InferenceData export of a fitted guide; PVI heterogeneity detection."""
+
+import math
+
+import arviz as az
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from jax import random
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+from scipy import stats
+
+from numpyro_pvi import PredictiveELBO
+from numpyro_pvi.diagnostics import (
+    heterogeneity,
+    plot_heterogeneity,
+    to_inference_data,
+)
+
+matplotlib.use("Agg")
+
+# conjugate normal model: y_i ~ N(mu, SIGMA^2), mu ~ N(0, TAU0^2)
+Y = np.array([1.2, 0.3, -0.4, 2.1, 0.8, 1.5, -0.2, 0.9, 1.1, 0.4, 0.0, 4.5])
+SIGMA, TAU0 = 1.0, 2.0
+
+
+def _posterior(y):
+    var = 1 / (1 / TAU0**2 + len(y) / SIGMA**2)
+    return var * y.sum() / SIGMA**2, var
+
+
+def conjugate_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, TAU0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, SIGMA), obs=y)
+
+
+def exact_guide(y):
+    mean, var = _posterior(Y)
+    numpyro.sample("mu", dist.Normal(mean, math.sqrt(var)))
+
+
+@pytest.fixture(scope="module")
+def exported():
+    return to_inference_data(
+        random.PRNGKey(0),
+        {},
+        conjugate_model,
+        exact_guide,
+        jnp.asarray(Y),
+        num_draws=4000,
+    )
+
+
+def test_layout_and_pointwise_log_likelihood(exported):
+    idata = exported
+    assert set(idata.groups()) == {"posterior", "log_likelihood", "observed_data"}
+    assert idata.log_likelihood["y"].dims == ("chain", "draw", "data")
+    assert dict(idata.log_likelihood.sizes) == {"chain": 1, "draw": 4000, "data": 12}
+    np.testing.assert_allclose(idata.observed_data["y"].values, Y, rtol=1e-6)
+    assert idata.observed_data["y"].dims == ("data",)
+    mu = idata.posterior["mu"].values.reshape(-1).astype(float)
+    np.testing.assert_allclose(
+        idata.log_likelihood["y"].values.reshape(4000, 12),
+        stats.norm(mu[:, None], SIGMA).logpdf(Y),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+    assert idata.attrs["guide"] == "exact_guide"
+
+
+def test_loo_matches_exact_leave_one_out(exported):
+    loo = az.loo(exported, pointwise=True)
+    exact = 0.0
+    for i in range(len(Y)):
+        rest = np.delete(Y, i)
+        mean, var = _posterior(rest)
+        exact += stats.norm(mean, math.sqrt(var + SIGMA**2)).logpdf(Y[i])
+    # Monte Carlo error of the importance sampling estimate of each
+    # log p(y_i | y_-i) = -log E_post[1 / p(y_i | mu)] (delta method)
+    log_lik = exported.log_likelihood["y"].values.reshape(-1, len(Y)).astype(float)
+    num = log_lik.shape[0]
+    inv = np.exp(-log_lik - (-log_lik).max(axis=0))
+    rel_var = inv.var(axis=0) / inv.mean(axis=0) ** 2 / num
+    mc_se = math.sqrt(rel_var.sum())
+    assert abs(loo.elpd_loo - exact) < 5 * mc_se + 1e-3
+    assert mc_se < 0.1  # the check is sharp
+    # all observations but the outlier are well within PSIS's range
+    assert np.all(loo.pareto_k.values[:-1] < 0.5)
+
+
+def test_arviz_functions_run(exported):
+    import matplotlib.pyplot as plt
+
+    waic = az.waic(exported)
+    assert np.isfinite(waic.elpd_waic)
+    shifted = exported.copy()
+    shifted.log_likelihood["y"] = shifted.log_likelihood["y"] - 0.5
+    table = az.compare({"exact": exported, "shifted": shifted})
+    assert list(table.index) == ["exact", "shifted"]
+    axes = az.plot_posterior(exported)
+    assert np.size(axes) == 1
+    plt.close("all")
+
+
+def test_several_observed_sites_form_one_observation(tmp_path):
+    y1, y2 = jnp.array([0.1, -0.3, 0.8]), jnp.array([0.5, 0.2, 1.9])
+
+    def model(y1, y2):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("unit", 3):
+            numpyro.sample("a", dist.Normal(mu, 1.0), obs=y1)
+            numpyro.sample("b", dist.Normal(2 * mu, 0.5), obs=y2)
+
+    def guide(y1, y2):
+        numpyro.sample("mu", dist.Normal(0.3, 0.2))
+
+    idata = to_inference_data(random.PRNGKey(1), {}, model, guide, y1, y2, num_draws=50)
+    mu = idata.posterior["mu"].values.reshape(-1, 1).astype(float)
+    expected = stats.norm(mu, 1.0).logpdf(np.asarray(y1)) + stats.norm(
+        2 * mu, 0.5
+    ).logpdf(np.asarray(y2))
+    np.testing.assert_allclose(
+        idata.log_likelihood["a__b"].values.reshape(50, 3), expected, rtol=1e-5
+    )
+    assert set(idata.observed_data.data_vars) == {"a", "b"}
+    assert idata.observed_data["b"].dims == ("unit",)
+    # netCDF round trip
+    path = str(tmp_path / "export.nc")
+    idata.to_netcdf(path)
+    back = az.from_netcdf(path)
+    assert set(back.groups()) == set(idata.groups())
+    for group in idata.groups():
+        for name in idata[group].data_vars:
+            np.testing.assert_array_equal(
+                idata[group][name].values, back[group][name].values
+            )
+    assert back.attrs["guide"] == "guide"
+
+
+def test_export_bad_input():
+    def subsampled(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, TAU0))
+        with numpyro.plate("data", y.shape[0], subsample_size=4) as idx:
+            numpyro.sample("y", dist.Normal(mu, SIGMA), obs=y[idx])
+
+    with pytest.raises(ValueError, match="'data' is subsampled"):
+        to_inference_data(
+            random.PRNGKey(0), {}, subsampled, exact_guide, jnp.asarray(Y)
+        )
+    with pytest.raises(ValueError, match="num_draws"):
+        to_inference_data(
+            random.PRNGKey(0), {}, conjugate_model, exact_guide, Y, num_draws=0
+        )
+
+
+# --------------------------------------------------------------------------
+# heterogeneity (Lai & Yao 2024, sections 2.5 and 4.1, small synthetic version):
+# the coefficient of x_1 varies across observations, the model treats it as
+# fixed; PVI keeps its posterior wide, VI concentrates it.
+# --------------------------------------------------------------------------
+
+
+def regression(x, y=None):
+    alpha = numpyro.sample("alpha", dist.Normal(0.0, 5.0))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 5.0).expand([2]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(5.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Normal(alpha + x @ beta, sigma), obs=y)
+
+
+@pytest.fixture(scope="module")
+def heterogeneity_result():
+    rng = np.random.default_rng(1)
+    n = 100
+    x = rng.normal(size=(n, 2))
+    varying = 1.0 + 1.5 * rng.normal(size=n)
+    y = 0.5 + 1.0 * x[:, 0] + varying * x[:, 1] + 0.5 * rng.normal(size=n)
+    x, y = jnp.asarray(x, jnp.float32), jnp.asarray(y, jnp.float32)
+    guide = AutoNormal(regression)  # one guide, two sets of parameters
+    params = {}
+    for name, loss in [("pvi", PredictiveELBO(num_particles=8)), ("vi", Trace_ELBO())]:
+        svi = SVI(regression, guide, numpyro.optim.Adam(0.05), loss)
+        params[name] = svi.run(random.PRNGKey(0), 600, x, y, progress_bar=False).params
+    return heterogeneity(
+        random.PRNGKey(2),
+        regression,
+        guide,
+        params["pvi"],
+        guide,
+        params["vi"],
+        x,
+        y,
+        num_draws=1000,
+    )
+
+
+def test_heterogeneity_flags_the_varying_coefficient(heterogeneity_result):
+    ds = heterogeneity_result
+    assert list(ds["parameter"].values) == ["alpha", "beta[0]", "beta[1]", "sigma"]
+    flagged = list(ds["parameter"].values[ds["flagged"].values])
+    assert flagged == ["beta[1]"]
+    np.testing.assert_allclose(ds["ratio"], ds["pvi_sd"] / ds["vi_sd"])
+    # PVI's spread of the varying coefficient approaches its population sd 1.5
+    assert 0.7 < float(ds["pvi_sd"].sel(parameter="beta[1]")) < 2.5
+
+
+def test_plot_heterogeneity(heterogeneity_result):
+    import matplotlib.pyplot as plt
+
+    ax = plot_heterogeneity(heterogeneity_result)
+    assert len(ax.patches) == 4
+    colors = [patch.get_facecolor() for patch in ax.patches]
+    red = matplotlib.colors.to_rgba("tab:red")
+    assert sum(np.allclose(c, red) for c in colors) == 1
+    assert len(ax.lines) == 2  # ratio 1 and the threshold
+    plt.close("all")
+
+
+def test_heterogeneity_bad_input():
+    guide = AutoNormal(regression)
+    with pytest.raises(ValueError, match="threshold must be a finite number > 1"):
+        heterogeneity(
+            random.PRNGKey(0), regression, guide, {}, guide, {}, None, threshold=0.5
+        )
