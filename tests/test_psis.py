@@ -316,12 +316,14 @@ def test_bad_input():
     guide = _normal_guide(0.0, 1.0)
     with pytest.raises(ValueError, match="num_draws must be an integer >= 2"):
         psis(random.PRNGKey(0), {}, conjugate_model, guide, Y, num_draws=1)
-    with pytest.raises(ValueError, match="chunk_size"):
+    with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
         psis(random.PRNGKey(0), {}, conjugate_model, guide, Y, chunk_size=0)
     with pytest.raises(TypeError, match="'psis' group"):
         psis_summary(az.from_dict(posterior={"a": np.zeros((1, 5))}))
     with pytest.raises(ValueError, match="NaN"):
         pareto_smooth(np.array([0.0, np.nan, 1.0]))
+    with pytest.raises(ValueError, match="every log ratio is -inf"):
+        pareto_smooth(np.full(10, -np.inf))
 
     def subsampled(y):
         mu = numpyro.sample("mu", dist.Normal(0.0, TAU0))

@@ -39,7 +39,9 @@ __all__ = [
 ]
 
 
-def check_num_draws(num_draws: Any, minimum: int, function: str) -> int:
+def check_num_draws(
+    num_draws: Any, minimum: int, function: str, name: str = "num_draws"
+) -> int:
     """Validate a number of draws (an ``int`` of at least ``minimum``)."""
     if (
         isinstance(num_draws, bool)
@@ -47,7 +49,7 @@ def check_num_draws(num_draws: Any, minimum: int, function: str) -> int:
         or num_draws < minimum
     ):
         raise ValueError(
-            f"{function}: num_draws must be an integer >= {minimum}, got {num_draws!r}."
+            f"{function}: {name} must be an integer >= {minimum}, got {num_draws!r}."
         )
     return int(num_draws)
 
@@ -105,7 +107,7 @@ def guide_draws(
     inputs of the program, every other argument is a compile-time constant.
     """
     if chunk_size is not None:
-        chunk_size = check_num_draws(chunk_size, 1, f"{function} (chunk_size)")
+        chunk_size = check_num_draws(chunk_size, 1, function, "chunk_size")
         if chunk_size >= num_draws:
             chunk_size = None
     options = dict(

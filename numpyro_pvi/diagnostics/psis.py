@@ -100,6 +100,11 @@ def pareto_smooth(
     tail_length = math.ceil(min(0.2 * num, 3 * math.sqrt(num)))
     good_k = min(1 - 1 / math.log10(num), K_THRESHOLD)
     finite = lr[np.isfinite(lr)]
+    if finite.size == 0:
+        raise ValueError(
+            "pareto_smooth: every log ratio is -inf: the model gives the guide's "
+            "draws zero density; check the guide's support against the model's."
+        )
     spread = np.ptp(lr) if finite.size == num else np.inf
     if spread <= constant_rtol * max(1.0, float(np.max(np.abs(lr)))):
         log_weight = np.full(num, -math.log(num))
