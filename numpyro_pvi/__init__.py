@@ -9,12 +9,16 @@ from numpyro_pvi import scores
 from numpyro_pvi.evaluation import predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
+from numpyro_pvi.snis import SNISForwardKL
+from numpyro_pvi.softcvi import SoftCVIELBO
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "PACmELBO",
     "PredictiveELBO",
+    "SNISForwardKL",
+    "SoftCVIELBO",
     "__version__",
     "predictive_score",
     "scores",
