@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import random
 from jax.lax import stop_gradient
-from numpyro.distributions import Delta
+from numpyro.distributions import Delta, ExpandedDistribution, Independent
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.primitives import Messenger
 from numpyro.infer.util import _without_rsample_stop_gradient, is_identically_one
@@ -287,19 +287,31 @@ def _site_weight(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
     return jnp.mean(_per_observation(scale, plate, 0), axis=1)
 
 
+def _dist_name(fn: Any) -> str:
+    """The name of a distribution under its Expanded/Independent/Masked wrappers."""
+    while hasattr(fn, "base_dist") and type(fn).__name__ in (
+        "ExpandedDistribution",
+        "Independent",
+        "MaskedDistribution",
+    ):
+        fn = fn.base_dist
+    return type(fn).__name__
+
+
 def _site_draw(
     site: dict[str, Any], plate: _DataPlate, key: jax.Array, reparam: bool = True
 ) -> jax.Array:
     fn = site["fn"]
     if reparam and not fn.has_rsample:
         raise ValueError(
-            f"Observed site '{site['name']}' ({type(fn).__name__}) has no "
+            f"Observed site '{site['name']}' ({_dist_name(fn)}) has no "
             "reparameterised sampler, which this score needs to differentiate "
             "simulated observations. Use a reparameterisable likelihood (or "
             "numpyro_pvi.distributions.Simulator), or score='log'."
         )
     draw = fn.sample(key)
-    draw = jnp.broadcast_to(draw, jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"])))
+    shape = jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"]))
+    draw = jnp.broadcast_to(draw, shape)
     return _per_observation(draw, plate, fn.event_dim)
 
 
@@ -307,16 +319,30 @@ def _site_log_pmf(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
     fn = site["fn"]
     if not getattr(fn, "has_enumerate_support", False):
         raise ValueError(
-            f"Observed site '{site['name']}' ({type(fn).__name__}) has no finite "
+            f"Observed site '{site['name']}' ({_dist_name(fn)}) has no finite "
             "support to enumerate, which the quadratic (Brier) score needs. Use "
             "score='log', 'crps' or 'energy' for this likelihood."
         )
-    support = fn.enumerate_support(expand=False)  # (K, 1, ..., 1[, event])
-    log_pmf = fn.log_prob(support)  # (K, *batch)
-    batch_shape = jnp.broadcast_shapes(log_pmf.shape[1:], fn.batch_shape)
-    log_pmf = jnp.broadcast_to(log_pmf, (log_pmf.shape[0],) + batch_shape)
-    log_pmf = jnp.moveaxis(log_pmf, 0, -1)  # (*batch, K) ; K acts as an event dim
-    rows = _plate_axis_first(log_pmf, plate, 1)  # (b, ..., K)
+    # Independent (.to_event) and Expanded wrappers: enumerate the innermost
+    # distribution; reinterpreted batch dims become components of the observation
+    base = fn
+    while isinstance(base, (Independent, ExpandedDistribution)):
+        base = base.base_dist
+    try:
+        support = base.enumerate_support(expand=False)  # (K, 1, ..., 1[, event])
+    except NotImplementedError:
+        raise ValueError(
+            f"Observed site '{site['name']}' ({_dist_name(fn)}) cannot "
+            "enumerate its support, which the quadratic (Brier) score needs. Use "
+            "score='log', 'crps' or 'energy' for this likelihood."
+        ) from None
+    log_pmf = base.log_prob(support)  # (K, *base batch)
+    component_ndim = len(fn.event_shape) - base.event_dim
+    shape = fn.batch_shape + fn.event_shape[:component_ndim]
+    log_pmf = jnp.moveaxis(log_pmf, 0, -1)  # (*base batch, K)
+    shape = jnp.broadcast_shapes(log_pmf.shape[:-1], shape)
+    log_pmf = jnp.broadcast_to(log_pmf, shape + log_pmf.shape[-1:])
+    rows = _plate_axis_first(log_pmf, plate, 1 + component_ndim)  # (b, ..., K)
     return jnp.reshape(rows, (plate.subsample_size, -1, rows.shape[-1]))
 
 
@@ -491,7 +517,7 @@ def particle_terms(
             out["y_sim"] = jnp.concatenate(
                 [
                     _site_draw(s, plate, k, require_reparam)
-                    for s, k in zip(observed, keys)
+                    for s, k in zip(observed, keys, strict=True)
                 ],
                 axis=1,
             )

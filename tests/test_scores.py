@@ -1,0 +1,531 @@
+"""Scoring rules: CRPS, energy and quadratic (Brier) scores, user-defined scores.
+
+Closed forms (Gneiting & Raftery 2007), unbiasedness of the fair estimators,
+properness, the PVI normal toy (Lai & Yao 2024) and bad input.
+"""
+
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from conftest import X64
+from jax import random
+from jax.scipy.stats import norm
+from numpyro.infer import SVI
+from numpyro.infer.autoguide import AutoDelta
+
+from numpyro_pvi import PredictiveELBO, predictive_score, scores
+from numpyro_pvi._particles import ParticleTerms, particle_terms
+from numpyro_pvi.scores import CRPS, EnergyScore, LogScore, QuadraticScore, Score
+
+RTOL = 1e-10 if X64 else 2e-5
+
+
+def _terms(**fields):
+    m = next(v.shape[0] for v in fields.values() if v is not None and v.ndim > 1)
+    b = next(v.shape[1] for v in fields.values() if v is not None and v.ndim > 1)
+    base = dict(
+        log_prior=jnp.zeros(m),
+        log_q=jnp.zeros(m),
+        log_lik=None,
+        weight=jnp.ones(b),
+        subsample_scale=jnp.asarray(1.0),
+    )
+    return ParticleTerms(**{**base, **fields})
+
+
+def _vmap(f, keys):
+    return jax.vmap(f)(keys)
+
+
+def _crps_normal(mu, sigma, y):
+    """Gneiting & Raftery (2007) eq. 5: CRPS of N(mu, sigma^2) at y."""
+    z = (y - mu) / sigma
+    return sigma * (
+        z * (2 * norm.cdf(z) - 1) + 2 * norm.pdf(z) - 1 / math.sqrt(math.pi)
+    )
+
+
+# --------------------------------------------------------------------------
+# the estimators against their definitions
+# --------------------------------------------------------------------------
+
+
+def _naive_energy(x, y, beta):
+    """Fair energy score (negatively oriented) by explicit loops in numpy."""
+    x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    m, b, _ = x.shape
+    out = np.zeros(b)
+    for i in range(b):
+        obs = np.mean([np.linalg.norm(x[j, i] - y[i]) ** beta for j in range(m)])
+        pairs = sum(
+            np.linalg.norm(x[j, i] - x[k, i]) ** beta
+            for j in range(m)
+            for k in range(m)
+            if j != k
+        )
+        out[i] = obs - pairs / (2 * m * (m - 1))
+    return out
+
+
+@pytest.mark.numerics
+def test_crps_sorted_pair_sum_matches_all_pairs_definition():
+    x = random.normal(random.PRNGKey(0), (9, 6, 1))
+    y = random.normal(random.PRNGKey(1), (6, 1))
+    got = CRPS().estimate(_terms(y_sim=x, y_obs=y))
+    np.testing.assert_allclose(-got, _naive_energy(x, y, 1.0), rtol=RTOL)
+
+
+@pytest.mark.numerics
+def test_energy_beta_one_in_one_dimension_equals_crps():
+    x = random.normal(random.PRNGKey(2), (33, 7, 1)) * 3.0
+    y = random.normal(random.PRNGKey(3), (7, 1))
+    terms = _terms(y_sim=x, y_obs=y)
+    np.testing.assert_allclose(
+        EnergyScore(1.0).estimate(terms), CRPS().estimate(terms), rtol=RTOL, atol=0
+    )
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("beta", [0.5, 1.0, 1.7])
+def test_energy_score_matches_definition_in_several_dimensions(beta):
+    x = random.normal(random.PRNGKey(4), (8, 5, 3))
+    y = random.normal(random.PRNGKey(5), (5, 3))
+    x = x.at[1].set(x[0])  # a tie: |x_0 - x_1| = 0 must not give NaN
+    terms = _terms(y_sim=x, y_obs=y)
+    got = EnergyScore(beta).estimate(terms)
+    np.testing.assert_allclose(-got, _naive_energy(x, y, beta), rtol=RTOL)
+    grad = jax.grad(lambda x: EnergyScore(beta).estimate(terms._replace(y_sim=x)).sum())
+    assert np.all(np.isfinite(grad(x)))
+
+
+# --------------------------------------------------------------------------
+# CRPS closed form and unbiasedness through the objective
+# --------------------------------------------------------------------------
+
+MU0, SIGMA = 0.3, 1.5
+Y_CRPS = jnp.array([-2.0, -0.4, 0.3, 1.1, 3.5])
+
+
+def normal_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, SIGMA), obs=y)
+
+
+def normal_guide(y):
+    loc = numpyro.param("loc", 0.0)
+    scale = numpyro.param("scale", 1.0, constraint=dist.constraints.positive)
+    numpyro.sample("mu", dist.Normal(loc, scale))
+
+
+NORMAL_PARAMS = {"loc": jnp.asarray(0.2), "scale": jnp.asarray(0.8)}
+DELTA_GUIDE = AutoDelta(normal_model)  # set up once, shared by the tests
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("num_particles", [2, 16])
+def test_crps_of_normal_predictive_is_unbiased_for_closed_form(num_particles):
+    # AutoDelta: every particle is mu = MU0, so the predictive is N(MU0, SIGMA^2)
+    guide = DELTA_GUIDE
+    params = {"mu_auto_loc": jnp.asarray(MU0)}
+    loss = PredictiveELBO("crps", num_particles=num_particles, regularizer=None)
+    keys = random.split(random.PRNGKey(6), 4000 if num_particles == 2 else 500)
+    losses = jax.jit(
+        jax.vmap(lambda k: loss.loss(k, params, normal_model, guide, Y_CRPS))
+    )(keys)
+    exact = float(jnp.sum(_crps_normal(MU0, SIGMA, Y_CRPS)))  # loss = +sum CRPS
+    se = float(jnp.std(losses)) / math.sqrt(keys.shape[0])
+    assert abs(float(jnp.mean(losses)) - exact) < 4.5 * se, (losses.mean(), exact, se)
+
+
+def test_crps_properness_over_a_location_and_scale_grid():
+    # truth y ~ N(0, 1); forecasts N(mu, s^2); the expected score (over y and
+    # over the ensemble) must be highest at mu = 0, s = 1.
+    n, m = 20000, 8
+    y = random.normal(random.PRNGKey(7), (n, 1))
+    z = random.normal(random.PRNGKey(8), (m, n, 1))  # common random numbers
+    crps = CRPS()
+
+    def expected(mu, s):
+        return jnp.mean(crps.estimate(_terms(y_sim=mu + s * z, y_obs=y)))
+
+    locs = jnp.array([-0.5, -0.25, 0.0, 0.25, 0.5])
+    by_loc = jax.vmap(lambda mu: expected(mu, 1.0))(locs)
+    assert int(jnp.argmax(by_loc)) == 2, by_loc
+    scales = jnp.array([0.6, 0.8, 1.0, 1.25, 1.6])
+    by_scale = jax.vmap(lambda s: expected(0.0, s))(scales)
+    assert int(jnp.argmax(by_scale)) == 2, by_scale
+
+
+# --------------------------------------------------------------------------
+# quadratic (Brier) score
+# --------------------------------------------------------------------------
+
+
+def bernoulli_model(y):
+    p = numpyro.sample("p", dist.Beta(1.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(p), obs=y)
+
+
+@pytest.mark.numerics
+def test_quadratic_score_of_a_bernoulli_closed_form():
+    y = jnp.array([0.0, 1.0, 1.0, 0.0])
+    p = 0.3
+    guide = AutoDelta(bernoulli_model)
+    for name in ("quadratic", "brier"):
+        got = predictive_score(
+            random.PRNGKey(0),
+            bernoulli_model,
+            guide,
+            {"p_auto_loc": jnp.asarray(p)},
+            y,
+            score=name,
+            num_draws=3,
+        )
+        q_y = jnp.where(y == 1, p, 1 - p)
+        np.testing.assert_allclose(got, 2 * q_y - p**2 - (1 - p) ** 2, rtol=1e-5)
+
+
+def test_quadratic_score_unbiased_for_mixture_predictive():
+    # guide p ~ Beta(a, b): q(1) = a / (a + b); with M = 2 the unbiased pair
+    # estimate has mean 2 q(y) - q(0)^2 - q(1)^2, the plug-in square has a bias
+    # Var[p] = ab / ((a+b)^2 (a+b+1)) (= 1/12 here) per support point pair.
+    a, b = 1.0, 1.0
+
+    def guide(y):
+        numpyro.sample("p", dist.Beta(a, b))
+
+    y = jnp.array([1.0, 0.0, 1.0])
+    loss = PredictiveELBO("quadratic", num_particles=2, regularizer=None)
+    keys = random.split(random.PRNGKey(9), 5000)
+    losses = jax.jit(jax.vmap(lambda k: loss.loss(k, {}, bernoulli_model, guide, y)))(
+        keys
+    )
+    q1 = a / (a + b)
+    exact = -float(jnp.sum(2 * jnp.where(y == 1, q1, 1 - q1) - q1**2 - (1 - q1) ** 2))
+    se = float(jnp.std(losses)) / math.sqrt(keys.shape[0])
+    assert abs(float(jnp.mean(losses)) - exact) < 4.5 * se, (losses.mean(), exact, se)
+
+
+def _two_point_expected_score(pmf_lo, pmf_hi, truth):
+    """Expected quadratic-score estimate with M = 2 particles drawn from the
+    two-point guide {pmf_lo, pmf_hi} (prob 1/2 each), exactly: averaged over
+    the four ordered particle pairs and over y ~ truth."""
+    k = truth.shape[0]
+    pairs = jnp.array(
+        [[pmf_lo, pmf_lo], [pmf_lo, pmf_hi], [pmf_hi, pmf_lo], [pmf_hi, pmf_hi]]
+    )  # (4, M=2, K)
+    y = jnp.arange(k)
+
+    def one_pair(pmfs):  # pmfs (2, K): observations are the K support points
+        log_pmf = jnp.broadcast_to(jnp.log(pmfs)[:, None, None, :], (2, k, 1, k))
+        log_lik = jnp.log(pmfs[:, y])  # (2, K)
+        return QuadraticScore().estimate(_terms(log_lik=log_lik, log_pmf=log_pmf))
+
+    per_y = jnp.mean(jax.vmap(one_pair)(pairs), axis=0)  # (K,)
+    return jnp.sum(truth * per_y)
+
+
+def test_quadratic_properness_bernoulli_grid_with_spread_predictive():
+    # The particles' spread grows with min(q, 1-q): the plug-in square of the
+    # predictive pmf would then favour forecasts near 0 or 1 (argmax 0.2 here).
+    truth = jnp.array([0.7, 0.3])
+    grid = jnp.linspace(0.05, 0.95, 19)
+
+    def score(q):
+        delta = 0.9 * jnp.minimum(q, 1 - q)
+        lo, hi = q - delta, q + delta
+        return _two_point_expected_score(
+            jnp.stack([1 - lo, lo]), jnp.stack([1 - hi, hi]), truth
+        )
+
+    values = jax.vmap(score)(grid)
+    assert float(grid[jnp.argmax(values)]) == pytest.approx(0.3)
+    # and the expected estimate is the exact score of the forecast
+    exact = 2 * (truth[1] * grid + truth[0] * (1 - grid)) - grid**2 - (1 - grid) ** 2
+    np.testing.assert_allclose(values, exact, rtol=1e-4, atol=1e-6)
+
+
+def test_quadratic_properness_categorical_simplex_grid():
+    truth = jnp.array([0.2, 0.5, 0.3])
+    grid = jnp.array(
+        [[i / 10, j / 10, (10 - i - j) / 10] for i in range(11) for j in range(11 - i)]
+    )
+    grid = grid[jnp.all(grid > 0, axis=1)]
+    shift = jnp.array([1.0, -1.0, 0.0])
+
+    def score(q):
+        delta = 0.9 * jnp.minimum(q[0], q[1])
+        return _two_point_expected_score(q - delta * shift, q + delta * shift, truth)
+
+    values = jax.vmap(score)(grid)
+    np.testing.assert_allclose(grid[jnp.argmax(values)], truth, atol=1e-6)
+
+
+def multi_component_model(y_pair, y_cat):
+    # one observation = 2 Bernoulli outcomes + 1 Categorical outcome (c = 3)
+    p = numpyro.sample("p", dist.Beta(2.0, 2.0))
+    logits = numpyro.sample("logits", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    with numpyro.plate("data", y_cat.shape[0]):
+        numpyro.sample("y_pair", dist.Bernoulli(p).expand([2]).to_event(1), obs=y_pair)
+        numpyro.sample("y_cat", dist.Categorical(logits=logits), obs=y_cat)
+
+
+@pytest.mark.numerics
+def test_quadratic_several_components_match_product_support_enumeration():
+    y_pair = jnp.array([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    y_cat = jnp.array([2, 0, 1])
+
+    def guide(y_pair, y_cat):  # draws spread out the particles' pmfs
+        numpyro.sample("p", dist.Beta(2.0, 2.0))
+        numpyro.sample("logits", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+
+    terms = jax.jit(
+        lambda key: particle_terms(
+            key,
+            {},
+            multi_component_model,
+            guide,
+            (y_pair, y_cat),
+            {},
+            num_particles=5,
+            vectorize_particles_fn=_vmap,
+            requests=QuadraticScore.requires,
+        )
+    )(random.PRNGKey(1))
+    assert terms.log_pmf.shape == (5, 3, 3, 3)
+    got = QuadraticScore().estimate(terms)
+
+    f = np.exp(np.asarray(terms.log_pmf, np.float64))  # (M, b, c, K)
+    m = f.shape[0]
+    sum_sq = np.zeros(3)
+    for i in range(3):
+        for j in np.ndindex(2, 2, 3):  # the product support of one observation
+            fj = f[:, i, 0, j[0]] * f[:, i, 1, j[1]] * f[:, i, 2, j[2]]  # (M,)
+            sum_sq[i] += (fj.sum() ** 2 - (fj**2).sum()) / (m * (m - 1))
+    q_obs = np.exp(np.asarray(terms.log_lik, np.float64)).mean(0)
+    np.testing.assert_allclose(got, 2 * q_obs - sum_sq, rtol=1e-9 if X64 else 1e-4)
+
+
+# --------------------------------------------------------------------------
+# known answer from the paper: the PVI normal toy
+# --------------------------------------------------------------------------
+
+
+def toy_model(y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+
+def toy_guide(y):
+    loc = numpyro.param("loc", 0.5)
+    scale = numpyro.param("scale", 1.0, constraint=dist.constraints.positive)
+    numpyro.sample("theta", dist.Normal(loc, scale))
+
+
+def test_pvi_normal_toy_with_crps_gives_sqrt3():
+    # y ~ N(0, 2^2) (as evenly spaced quantiles), model N(theta, 1), Gaussian
+    # guide, no regularizer: the predictive N(m, 1 + s^2) matches N(0, 4), so
+    # s -> sqrt(3) (Lai & Yao 2024: the same limit for every proper score)
+    n, steps = 100, 500
+    y = 2.0 * norm.ppf((jnp.arange(n) + 0.5) / n)
+    optim = optax.adam(optax.exponential_decay(0.05, steps, 0.05))
+    loss = PredictiveELBO("crps", num_particles=16, regularizer=None)
+    result = SVI(toy_model, toy_guide, optim, loss).run(
+        random.PRNGKey(0), steps, y, progress_bar=False
+    )
+    sd = float(result.params["scale"])
+    assert abs(sd - math.sqrt(3)) < 0.1 * math.sqrt(3), sd
+    assert abs(float(result.params["loc"])) < 0.2
+
+
+# --------------------------------------------------------------------------
+# the objective: requirements, regularizer, held-out scores
+# --------------------------------------------------------------------------
+
+
+def test_crps_objective_with_prior_regularizer_matches_its_terms():
+    guide, params = normal_guide, NORMAL_PARAMS
+    elbo = PredictiveELBO("crps", num_particles=4, regularizer="prior", lam=0.7)
+    key = random.PRNGKey(3)
+
+    @jax.jit
+    def run(params):
+        loss, grads = jax.value_and_grad(elbo.loss, argnums=1)(
+            key, params, normal_model, guide, Y_CRPS
+        )
+        terms = elbo.particle_terms(
+            random.split(key)[0], params, normal_model, guide, Y_CRPS
+        )
+        return loss, grads, terms
+
+    loss, grads, terms = run(params)
+    assert terms.y_sim.shape == (4, 5, 1) and terms.log_lik is None
+    expected = -jnp.sum(CRPS().estimate(terms)) + 0.7 * jnp.mean(
+        terms.log_q - terms.log_prior
+    )
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    assert all(np.isfinite(g).all() and np.any(g != 0) for g in grads.values())
+
+
+def poisson_model(y):
+    rate = numpyro.sample("rate", dist.Gamma(2.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("counts", dist.Poisson(rate), obs=y)
+
+
+def poisson_guide(y):
+    numpyro.sample("rate", dist.LogNormal(0.0, 1.0))
+
+
+def _interval_score_class():
+    """The user-defined score of the Score docstring, executed as written."""
+    code = re.search(
+        r"\.\. code-block:: python\n\n(.*?)\n\n\s+loss =", Score.__doc__, re.S
+    ).group(1)
+    namespace = {}
+    exec(compile(_dedent(code), "Score-docstring", "exec"), namespace)
+    return namespace["IntervalScore"]
+
+
+def _dedent(code):
+    import textwrap
+
+    return textwrap.dedent(code)
+
+
+def test_user_defined_interval_score_from_the_docstring():
+    interval = _interval_score_class()(alpha=0.2)
+    x = random.normal(random.PRNGKey(10), (101, 4, 1))
+    y = jnp.array([[-3.0], [0.0], [0.5], [2.0]])
+    got = interval.estimate(_terms(y_sim=x, y_obs=y))
+    xs = np.asarray(x[..., 0])
+    lo, hi = np.quantile(xs, 0.1, axis=0), np.quantile(xs, 0.9, axis=0)
+    yy = np.asarray(y[:, 0])
+    want = -(hi - lo) - 10 * (np.maximum(lo - yy, 0) + np.maximum(yy - hi, 0))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    # it plugs into the objective
+    elbo = PredictiveELBO(interval, num_particles=8)
+    loss, grads = jax.jit(
+        jax.value_and_grad(
+            lambda p: elbo.loss(
+                random.PRNGKey(0), p, normal_model, normal_guide, Y_CRPS
+            )
+        )
+    )(NORMAL_PARAMS)
+    assert np.isfinite(loss) and all(np.isfinite(g) for g in grads.values())
+
+
+def test_predictive_score_supports_every_score():
+    y = jnp.array([0.0, 1.0, 4.0, 2.0])
+    guide = AutoDelta(poisson_model)
+    rate = 1.7
+    params = {"rate_auto_loc": jnp.asarray(rate)}
+    # CRPS of a Poisson forecast by enumeration (held-out evaluation needs no
+    # reparameterised sampler)
+    support = np.arange(60)
+    pmf = np.exp(np.asarray(dist.Poisson(rate).log_prob(support), np.float64))
+    pair = 0.5 * np.sum(pmf[:, None] * pmf[None] * np.abs(support[:, None] - support))
+    crps = np.array([np.sum(pmf * np.abs(support - v)) - pair for v in y])
+    got = predictive_score(
+        random.PRNGKey(2), poisson_model, guide, params, y, score="crps", num_draws=4000
+    )
+    # 5 standard errors of a mean of 4000 draws of |X - y| (sd < 2.5 here)
+    np.testing.assert_allclose(-got, crps, atol=5 * 2.5 / math.sqrt(4000))
+    log = predictive_score(
+        random.PRNGKey(2),
+        poisson_model,
+        guide,
+        params,
+        y,
+        score=LogScore(),
+        num_draws=2,
+    )
+    np.testing.assert_allclose(log, dist.Poisson(rate).log_prob(y), rtol=1e-5)
+    bern = predictive_score(
+        random.PRNGKey(2),
+        bernoulli_model,
+        AutoDelta(bernoulli_model),
+        {"p_auto_loc": jnp.array(0.5)},
+        jnp.array([0.0, 1.0]),
+        score="brier",
+        num_draws=2,
+    )
+    np.testing.assert_allclose(bern, [0.5, 0.5], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------
+# bad input
+# --------------------------------------------------------------------------
+
+
+def test_registry_and_aliases():
+    assert isinstance(scores.get_score("CRPS"), CRPS)
+    assert isinstance(scores.get_score("brier"), QuadraticScore)
+    assert isinstance(scores.get_score("quadratic"), QuadraticScore)
+    energy = scores.get_score("energy")
+    assert isinstance(energy, EnergyScore) and energy.beta == 1.0
+    with pytest.raises(ValueError, match="Unknown score 'logg'.*crps"):
+        scores.get_score("logg")
+
+
+@pytest.mark.parametrize("beta", [0.0, 2.0, -1.0, float("nan")])
+def test_energy_beta_outside_open_interval_is_rejected(beta):
+    with pytest.raises(ValueError, match=r"beta must lie in \(0, 2\)"):
+        EnergyScore(beta)
+    with pytest.raises(TypeError, match="beta must be a number"):
+        EnergyScore("one")
+
+
+@pytest.mark.parametrize("score", ["crps", "energy", "quadratic"])
+def test_pair_estimators_need_two_particles(score):
+    with pytest.raises(ValueError, match="num_particles must be an integer >= 2"):
+        PredictiveELBO(score, num_particles=1)
+    with pytest.raises(ValueError, match="num_draws.*>= 2"):
+        predictive_score(
+            random.PRNGKey(0),
+            normal_model,
+            DELTA_GUIDE,
+            {},
+            Y_CRPS,
+            score=score,
+            num_draws=1,
+        )
+
+
+@pytest.mark.parametrize("score", ["crps", "energy"])
+def test_simulation_scores_reject_observed_site_without_reparameterised_sampler(
+    score,
+):
+    loss = PredictiveELBO(score, num_particles=4)
+    with pytest.raises(
+        ValueError, match="site 'counts' \\(Poisson\\) has no reparameterised sampler"
+    ):
+        loss.loss(
+            random.PRNGKey(0), {}, poisson_model, poisson_guide, jnp.array([1.0, 3.0])
+        )
+
+
+def test_quadratic_score_rejects_infinite_support():
+    loss = PredictiveELBO("brier", num_particles=4)
+    with pytest.raises(
+        ValueError, match="site 'counts' \\(Poisson\\) has no finite support"
+    ):
+        loss.loss(
+            random.PRNGKey(0), {}, poisson_model, poisson_guide, jnp.array([1.0, 3.0])
+        )
+
+
+def test_crps_rejects_vector_observations_and_points_to_energy():
+    x = jnp.zeros((4, 3, 2))
+    with pytest.raises(ValueError, match="use score='energy'"):
+        CRPS().estimate(_terms(y_sim=x, y_obs=jnp.zeros((3, 2))))
