@@ -1,0 +1,365 @@
+"""VSBC (Yao et al. 2018, Algorithm 2): symmetry test, known answers, layout."""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from numpyro.infer import Trace_ELBO
+from scipy import stats
+
+from numpyro_pvi import diagnostics
+from numpyro_pvi.diagnostics.vsbc import (
+    _adjust,
+    _reflection_tail,
+    _reflection_walk,
+    _symmetry,
+    plot_vsbc,
+    vsbc,
+)
+
+# --------------------------------------------------------------------------
+# the symmetry test
+# --------------------------------------------------------------------------
+
+
+def test_statistic_is_the_two_sample_ks_of_p_against_one_minus_p():
+    rng = np.random.default_rng(1)
+    grid = 8  # p = k / 8 is exact in binary, so ties between p and 1-p are exact
+    for _ in range(100):
+        below = rng.integers(0, grid + 1, size=15)
+        p = below / grid
+        walk, _ = _reflection_walk(below, grid)
+        for alternative, stat in (
+            ("two-sided", np.abs(walk).max()),
+            ("greater", max(0.0, -walk.min())),
+            ("less", max(0.0, walk.max())),
+        ):
+            ks = stats.ks_2samp(p, 1 - p, alternative, method="asymp").statistic
+            assert stat / p.size == pytest.approx(ks, abs=1e-12)
+
+
+def test_reflection_p_values_are_exact_by_enumeration():
+    # Under symmetry the signs of p - 1/2 are fair coins given |p - 1/2|: the
+    # p-value is the fraction of the 2^n sign patterns at least as extreme.
+    grid, n = 6, 10
+    below = np.array([0, 1, 1, 2, 3, 3, 4, 5, 6, 6])  # ties and one p = 1/2
+    centred = np.abs(2 * below - grid)
+    walk, sizes = _reflection_walk(below, grid)
+    two, over = int(np.abs(walk).max()), int(max(0, -walk.min()))
+    hits_two = hits_over = 0
+    for signs in itertools.product((-1, 1), repeat=n):
+        w, _ = _reflection_walk((np.array(signs) * centred + grid) // 2, grid)
+        hits_two += np.abs(w).max() >= two
+        hits_over += max(0, -w.min()) >= over
+    assert _reflection_tail(sizes, two, two_sided=True) == pytest.approx(
+        hits_two / 2**n, abs=1e-12
+    )
+    assert _reflection_tail(sizes, over, two_sided=False) == pytest.approx(
+        hits_over / 2**n, abs=1e-12
+    )
+
+
+def test_symmetry_test_holds_its_level_where_two_sample_ks_does_not():
+    rng = np.random.default_rng(2)
+    reps, num, draws = 400, 40, 1000
+    below = rng.integers(0, draws + 1, size=(num, reps))
+    ours = _symmetry(below, draws, None, 0.05)["p_value"]
+    asymptotic = np.array(
+        [
+            stats.ks_2samp(b / draws, 1 - b / draws, method="asymp").pvalue
+            for b in below.T
+        ]
+    )
+    se = np.sqrt(0.05 * 0.95 / reps)
+    assert np.mean(ours < 0.05) <= 0.05 + 3 * se
+    # the independent-samples KS p-value rejects a symmetric p about 13% of
+    # the time at level 5%: it is not a valid test here
+    assert np.mean(asymptotic < 0.05) > 0.05 + 3 * se
+
+
+@pytest.mark.parametrize(
+    "a, b, expected", [(1.0, 3.0, "over"), (3.0, 1.0, "under"), (0.3, 0.3, "ok")]
+)
+def test_direction_from_the_one_sided_tests(a, b, expected):
+    # p piling up near 0 means θ* sits low in q: q overestimates θ.
+    rng = np.random.default_rng(3)
+    draws = 1000
+    below = np.round(rng.beta(a, b, size=(60, 1)) * draws).astype(int)
+    result = _symmetry(below, draws, "holm", 0.05)
+    assert result["direction"][0] == expected
+
+
+def test_holm_and_bh_corrections():
+    p = np.array([0.01, 0.04, 0.03, 0.005])
+    # Holm: sorted p times (m, m-1, ...), running maximum, capped at 1
+    np.testing.assert_allclose(_adjust(p, "holm"), [0.03, 0.06, 0.06, 0.02])
+    # BH: sorted p times m / rank, running minimum from the largest
+    np.testing.assert_allclose(_adjust(p, "bh"), [0.02, 0.04, 0.04, 0.02])
+    np.testing.assert_allclose(
+        _adjust(p, "bh"), stats.false_discovery_control(p, method="bh")
+    )
+    np.testing.assert_allclose(_adjust(p, None), p)
+    np.testing.assert_allclose(_adjust(np.array([0.5, 0.6]), "holm"), [1.0, 1.0])
+
+
+# --------------------------------------------------------------------------
+# known answers: Bayesian linear regression with a biased guide for σ
+# --------------------------------------------------------------------------
+
+N, K = 100, 3
+X = jax.random.normal(jax.random.PRNGKey(1), (N, K))
+
+
+def regression(X, y=None):
+    beta = numpyro.sample("beta", dist.Normal(0.0, 1.0).expand([K]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.LogNormal(0.0, 0.5))
+    with numpyro.plate("data", X.shape[0]):
+        numpyro.sample("y", dist.Normal(X @ beta, sigma), obs=y)
+
+
+def fixed_scale_guide(log_sigma_scale):
+    """Mean-field guide whose scale for log σ is fixed, not learned."""
+
+    def guide(X, y=None):
+        loc = numpyro.param("beta_loc", jnp.zeros(K))
+        scale = numpyro.param(
+            "beta_scale", 0.1 * jnp.ones(K), constraint=dist.constraints.positive
+        )
+        numpyro.sample("beta", dist.Normal(loc, scale).to_event(1))
+        log_sigma = numpyro.param("log_sigma_loc", 0.0)
+        numpyro.sample("sigma", dist.LogNormal(log_sigma, log_sigma_scale))
+
+    return guide
+
+
+def _regression_vsbc(log_sigma_scale, num_simulations):
+    return vsbc(
+        jax.random.PRNGKey(0),
+        regression,
+        fixed_scale_guide(log_sigma_scale),
+        optax.adam(0.05),
+        Trace_ELBO(),
+        X,
+        num_simulations=num_simulations,
+        num_svi_steps=300,
+        num_draws=500,
+        observed_sites=["y"],
+        progress_bar=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def wide():
+    # q(log σ) = N(m, 1) while the posterior sd of log σ is about 0.07: the
+    # ELBO optimum is m = log σ̂ + 1, so q overestimates σ (p ≈ Φ(-1) ≈ 0.16
+    # in every replication; 20 replications give a p-value near 2e-9).
+    return _regression_vsbc(1.0, 20)
+
+
+@pytest.fixture(scope="module")
+def narrow():
+    # q(log σ) = N(m, 0.005): unbiased (m ≈ posterior mode) but far too
+    # narrow, so p ≈ Φ((log σ* - m) / 0.005) is near 0 or 1 symmetrically.
+    return _regression_vsbc(0.005, 40)
+
+
+def test_biased_sigma_is_flagged_over_and_coefficients_are_not(wide):
+    sym = wide.vsbc_symmetry
+    assert sym["direction"].sel(component="sigma").item() == "over"
+    assert float(sym["p_value_adjusted"].sel(component="sigma")) < 1e-4
+    betas = sym.where(sym["variable"] == "beta", drop=True)
+    assert list(betas["direction"].values) == ["ok"] * K
+    assert float(np.median(wide.vsbc["sigma"])) < 0.5
+
+
+def test_narrow_unbiased_guide_passes_symmetry_with_u_shaped_histogram(narrow):
+    sym = narrow.vsbc_symmetry
+    assert sym["direction"].sel(component="sigma").item() == "ok"
+    counts = narrow.vsbc_histogram["count"].sel(component="sigma").values
+    # a uniform p puts 2/num_bins = 2/7 of the replications in the outer bins
+    assert (counts[0] + counts[-1]) / counts.sum() > 0.75
+    # the coefficients are fitted well: their p is uniform, which also proves
+    # that each θ* is paired with the data simulated from it
+    for j in range(K):
+        p = narrow.vsbc["beta"].values[0, :, j]
+        assert stats.kstest(p, "uniform").pvalue > 1e-3
+
+
+def test_layout_and_netcdf_round_trip(narrow, tmp_path):
+    idata = narrow
+    assert set(idata.groups()) == {
+        "prior",
+        "vsbc",
+        "vsbc_symmetry",
+        "vsbc_fit_stats",
+        "vsbc_histogram",
+    }
+    for group in ("prior", "vsbc"):
+        ds = idata[group]
+        assert set(ds.data_vars) == {"beta", "sigma"}
+        assert ds["beta"].dims == ("chain", "draw", "beta_dim_0")
+        assert ds["beta"].shape == (1, 40, K)
+    p = idata.vsbc["sigma"].values
+    np.testing.assert_allclose(p * 500, np.round(p * 500), atol=1e-9)
+    assert np.all((p >= 0) & (p <= 1))
+    assert np.all(idata.prior["sigma"].values > 0)
+    assert np.all(np.isfinite(idata.vsbc_fit_stats["loss"].values))
+    assert idata.vsbc_fit_stats["loss"].shape == (1, 40)
+    sym = idata.vsbc_symmetry
+    assert list(sym["component"].values) == ["beta[0]", "beta[1]", "beta[2]", "sigma"]
+    hist = idata.vsbc_histogram
+    np.testing.assert_array_equal(hist["count"].sum("bin").values, 40)
+    np.testing.assert_allclose(hist["bin_left"].values[1:], hist["bin_right"][:-1])
+    assert hist["bin_left"][0] == 0.0 and hist["bin_right"][-1] == 1.0
+    assert idata.attrs["guide"] == "guide" and idata.attrs["loss"] == "Trace_ELBO"
+
+    path = tmp_path / "vsbc.nc"
+    idata.to_netcdf(str(path), engine="h5netcdf")
+    back = type(idata).from_netcdf(str(path), engine="h5netcdf")
+    for group in idata.groups():
+        assert back[group].equals(idata[group]), group
+    assert list(back.vsbc_symmetry["direction"].values) == list(sym["direction"].values)
+
+
+@pytest.mark.parametrize("kind", ["hist", "ecdf"])
+def test_plot_vsbc_panels(narrow, kind):
+    before = narrow.vsbc["beta"].values.copy()
+    axes = plot_vsbc(narrow, kind=kind)
+    assert len(axes) == K + 1 and len(axes[0].figure.axes) == K + 1
+    assert "p = " in axes[-1].get_title() and "ok" in axes[-1].get_title()
+    plt.close("all")
+    axes = plot_vsbc(narrow, kind=kind, var_names="sigma")
+    assert len(axes) == 1 and len(axes[0].figure.axes) == 1
+    plt.close("all")
+    np.testing.assert_array_equal(narrow.vsbc["beta"].values, before)
+
+
+def test_public_names():
+    assert diagnostics.vsbc is vsbc and diagnostics.plot_vsbc is plot_vsbc
+
+
+# --------------------------------------------------------------------------
+# dispatch: sequential / vectorized / sharded / chunked give the same answer
+# --------------------------------------------------------------------------
+
+_DISPATCH_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist, optax
+    from numpyro.infer import Trace_ELBO
+    from numpyro.infer.autoguide import AutoNormal
+    from numpyro_pvi.diagnostics import vsbc
+
+    def model(n, y=None):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        log_s = numpyro.sample("log_s", dist.Normal(0.0, 0.5))
+        with numpyro.plate("data", n):
+            numpyro.sample("y", dist.Normal(mu, jnp.exp(log_s)), obs=y)
+
+    out = {"devices": jax.local_device_count()}
+    for name, method, chunk in [
+        ("vectorized", "vectorized", None),
+        ("sequential", "sequential", None),
+        ("sharded", "sharded", None),
+        ("sharded_chunked", "sharded", 6),
+    ]:
+        idata = vsbc(jax.random.PRNGKey(7), model, AutoNormal(model),
+                     optax.adam(0.05), Trace_ELBO(), 10, num_simulations=10,
+                     num_svi_steps=60, num_draws=200, observed_sites=["y"],
+                     chain_method=method, chunk_size=chunk, progress_bar=False)
+        out[name] = {v: idata.vsbc[v].values.ravel().tolist() for v in ("mu", "log_s")}
+        out[name]["loss"] = idata.vsbc_fit_stats["loss"].values.ravel().tolist()
+    print("RESULT" + json.dumps(out))
+    """
+)
+
+
+def test_sharded_matches_vectorized_on_four_devices():
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    )
+    env["JAX_PLATFORMS"] = "cpu"
+    proc = subprocess.run(
+        [sys.executable, "-c", _DISPATCH_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    out = json.loads(line[len("RESULT") :])
+    assert out["devices"] == 4
+    reference = out["vectorized"]
+    # 10 replications on 4 devices: padded to 12 (one chunk) or to 2 chunks of
+    # 8 (chunk_size=6 is rounded up to a multiple of the device count)
+    for name in ("sequential", "sharded", "sharded_chunked"):
+        for var in ("mu", "log_s"):
+            # p lies on a grid of 1/200; batching may reassociate floating
+            # point sums, which can move a draw across θ* but no further
+            np.testing.assert_allclose(
+                out[name][var], reference[var], atol=1.5 / 200, err_msg=name
+            )
+        np.testing.assert_allclose(
+            out[name]["loss"], reference["loss"], rtol=1e-4, err_msg=name
+        )
+
+
+# --------------------------------------------------------------------------
+# bad input
+# --------------------------------------------------------------------------
+
+
+def _call(**overrides):
+    kwargs = dict(
+        num_simulations=4, num_svi_steps=2, num_draws=10, observed_sites=["y"]
+    )
+    kwargs.update(overrides)
+    return vsbc(
+        jax.random.PRNGKey(0),
+        regression,
+        fixed_scale_guide(1.0),
+        optax.adam(0.05),
+        Trace_ELBO(),
+        X,
+        progress_bar=False,
+        **kwargs,
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"num_simulations": 1}, "num_simulations"),
+        ({"num_svi_steps": 0}, "num_svi_steps"),
+        ({"num_draws": 2.5}, "num_draws"),
+        ({"chain_method": "parallel"}, "chain_method"),
+        ({"correction": "bonferroni"}, "correction"),
+        ({"alpha": 1.0}, "alpha"),
+        ({"chunk_size": 0}, "chunk_size"),
+        ({"observed_sites": ["z"]}, "z"),
+        ({"observed_sites": None}, "observed_sites"),
+    ],
+)
+def test_bad_input(overrides, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        _call(**overrides)
+
+
+def test_plot_vsbc_bad_input(narrow):
+    with pytest.raises(ValueError, match="kind"):
+        plot_vsbc(narrow, kind="rank")
+    with pytest.raises(ValueError, match="var_names"):
+        plot_vsbc(narrow, var_names=["tau"])
