@@ -5,7 +5,7 @@ autoguide, held-out scoring, and diagnostics returned as ArviZ
 ``InferenceData``.
 """
 
-from numpyro_pvi import scores
+from numpyro_pvi import guides, scores
 from numpyro_pvi.evaluation import predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
@@ -20,6 +20,7 @@ __all__ = [
     "SNISForwardKL",
     "SoftCVIELBO",
     "__version__",
+    "guides",
     "predictive_score",
     "scores",
 ]

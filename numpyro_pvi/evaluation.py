@@ -42,7 +42,10 @@ def predictive_score(
     :param args: model arguments holding the data to score.
     :param score: a score name (``"log"``, ...) or a
         :class:`~numpyro_pvi.scores.Score`.
-    :param int num_draws: number of posterior draws.
+    :param int num_draws: number of posterior draws (per component for a
+        mixture guide such as
+        :class:`~numpyro_pvi.guides.AutoGaussianMixture`, whose predictive is
+        estimated by stratified draws).
     :param data_plate: name of the plate that indexes observations.
     :param kwargs: model keyword arguments.
     :return: array of shape ``(n,)`` of positively oriented scores.
@@ -53,6 +56,13 @@ def predictive_score(
        predictively optimal posterior distribution*. §4.3.
     """
     score = get_score(score)
+    stratify = isinstance(getattr(guide, "num_strata", None), int)
+    if stratify and not score.supports_stratified:
+        raise NotImplementedError(
+            f"predictive_score: score={score!r} does not support the stratified "
+            f"expectations of the mixture guide {type(guide).__name__}; use "
+            "score='log'."
+        )
     num_draws = _check_num_particles(
         num_draws, score.min_particles, "predictive_score: num_draws"
     )
@@ -73,6 +83,7 @@ def predictive_score(
             data_plate=data_plate,
             objective="predictive_score",
             require_reparam=False,
+            stratify=stratify,
         )
         return jax.lax.stop_gradient(score.estimate(terms))
 

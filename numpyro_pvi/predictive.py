@@ -12,7 +12,13 @@ from jax import random
 from jax.lax import stop_gradient
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._particles import LOG_LIK, LOG_Q_FIXED, ParticleTerms, particle_terms
+from numpyro_pvi._particles import (
+    LOG_LIK,
+    LOG_Q_FIXED,
+    ParticleTerms,
+    particle_terms,
+    particle_weights,
+)
 from numpyro_pvi.scores import LogScore, Score, get_score
 
 __all__ = ["PredictiveELBO"]
@@ -213,6 +219,19 @@ class PredictiveELBO(ELBO):
         rejection = self.log_score_estimator == "rejection"
         if rejection:
             requests.add(LOG_Q_FIXED)
+        stratify = isinstance(getattr(guide, "num_strata", None), int)
+        if stratify and (rejection or not self.score.supports_stratified):
+            what = (
+                "log_score_estimator='rejection'"
+                if rejection
+                else f"score={self.score!r}"
+            )
+            raise NotImplementedError(
+                f"{type(self).__name__}: {what} does not support the stratified "
+                f"expectations of the mixture guide {type(guide).__name__}; use "
+                "score='log' with log_score_estimator='reparam', or a guide "
+                "without components."
+            )
         return particle_terms(
             rng_key,
             param_map,
@@ -226,6 +245,7 @@ class PredictiveELBO(ELBO):
             data_plate=self.data_plate,
             objective=type(self).__name__,
             require_reparam=not rejection or self._uses_regularizer,
+            stratify=stratify,
         )
 
     def _rejection_log_score(
@@ -264,8 +284,14 @@ class PredictiveELBO(ELBO):
             data_score = jnp.sum(terms.weight * self.score.estimate(terms))
         objective = data_score
         if self._uses_regularizer:
-            kl = jnp.mean(terms.log_q - terms.log_prior)
+            per_particle = terms.log_q - terms.log_prior
             if self.regularizer == "posterior":
-                kl = kl - jnp.mean(jnp.sum(terms.weight * terms.log_lik, axis=1))
+                per_particle = per_particle - jnp.sum(
+                    terms.weight * terms.log_lik, axis=1
+                )
+            if terms.particle_weight is None:
+                kl = jnp.mean(per_particle)
+            else:  # stratified draws of a mixture guide
+                kl = jnp.sum(particle_weights(terms) * per_particle)
             objective = objective - self.lam * kl
         return {"loss": -objective, "mutable_state": None}
