@@ -34,8 +34,8 @@ from jax import random
 from jax.lax import stop_gradient
 from numpyro.distributions import Delta, ExpandedDistribution, Independent
 from numpyro.handlers import replay, seed, substitute, trace
-from numpyro.primitives import Messenger
 from numpyro.infer.util import _without_rsample_stop_gradient, is_identically_one
+from numpyro.primitives import Messenger
 from numpyro.util import check_model_guide_match
 
 __all__ = [
@@ -458,9 +458,8 @@ def particle_terms(
         ``num_particles`` particles from *each* of its ``K`` components and
         return the weights ``log_w`` and ``particle_weight`` with which they
         enter: the predictive of observation ``i`` is
-        :math:`\sum_k \omega_k(x_i) \frac{1}{M}\sum_m p(y_i \mid
-        \theta_{k,m})` and expectations over the guide are
-        :math:`\sum_k \bar\omega_k \frac{1}{M}\sum_m f(\theta_{k,m})`.
+        ``Σ_k ω_k(x_i) (1/M) Σ_m p(y_i | θ_km)`` and expectations over the
+        guide are ``Σ_k ω̄_k (1/M) Σ_m f(θ_km)``.
         Callers must consume the weights (:func:`particle_log_weights`);
         other guides ignore the flag.
     :return: :class:`ParticleTerms` with a leading particle axis of size
