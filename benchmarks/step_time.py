@@ -40,7 +40,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi import PACmELBO, PredictiveELBO
+from numpyro_pvi import PACmELBO, PredictiveELBO, SNISForwardKL, SoftCVIELBO
 
 __all__ = [
     "GUIDES",
@@ -159,6 +159,8 @@ OBJECTIVES: dict[str, Objective] = {
     for o in [
         Objective("pvi_log", lambda m: PredictiveELBO("log", num_particles=m)),
         Objective("pacm", lambda m: PACmELBO(num_particles=m)),
+        Objective("softcvi", lambda m: SoftCVIELBO(num_particles=m, alpha=0.75)),
+        Objective("snis_fkl", lambda m: SNISForwardKL(num_particles=m)),
     ]
 }
 

@@ -17,7 +17,9 @@ Predictive objectives (``PACmELBO``, ``PredictiveELBO``) instead spread the
 posterior of the slope so that the *posterior predictive*
 :math:`N(a + b x, \\sigma^2 + x^2 s_b^2)` widens with :math:`|x|`: with
 :math:`s_b \\approx 0.8`, :math:`\\sigma \\approx 1` it is the true
-predictive.
+predictive. ``SoftCVIELBO`` is a posterior approximation like ``Trace_ELBO``
+(it targets the same wrong-model posterior, by classification of guide draws
+with soft labels, without reparameterised gradients), shown for comparison.
 
 The demo prints, per objective, the held-out log predictive score
 (:func:`numpyro_pvi.predictive_score` on fresh data; higher is better) and the
@@ -51,6 +53,7 @@ from numpyro.infer.elbo import ELBO
 from numpyro_pvi.evaluation import predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
+from numpyro_pvi.softcvi import SoftCVIELBO
 
 __all__ = [
     "METHODS",
@@ -84,6 +87,7 @@ METHODS: list[Method] = [
     Method("Trace_ELBO", lambda: Trace_ELBO(num_particles=1)),
     Method("PACmELBO", lambda: PACmELBO(num_particles=8)),
     Method("PredictiveELBO", lambda: PredictiveELBO("log", num_particles=32)),
+    Method("SoftCVIELBO", lambda: SoftCVIELBO(num_particles=8, alpha=0.75)),
 ]
 
 
