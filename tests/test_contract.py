@@ -64,6 +64,18 @@ OBJECTIVES = [
         rejects={"AutoBNAFNormal": "cannot evaluate", "AutoDelta": "density"},
     ),
     Objective("pacm", lambda m: numpyro_pvi.PACmELBO(num_particles=m, beta=0.5)),
+    Objective(
+        "softcvi",
+        lambda m: numpyro_pvi.SoftCVIELBO(num_particles=m, alpha=0.75),
+        min_particles=2,
+        rejects={"AutoBNAFNormal": "no inverse", "AutoDelta": "no density"},
+    ),
+    Objective(
+        "snis-fkl",
+        lambda m: numpyro_pvi.SNISForwardKL(num_particles=m, low_variance=True),
+        min_particles=2,
+        rejects={"AutoBNAFNormal": "no inverse", "AutoDelta": "no density"},
+    ),
 ]
 
 
