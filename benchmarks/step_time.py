@@ -14,6 +14,7 @@ Usage::
     python benchmarks/step_time.py                      # everything
     python benchmarks/step_time.py --objectives pvi_log --particles 8 --reps 9
     python benchmarks/step_time.py --models glm --guides AutoNormal
+    python benchmarks/step_time.py --crps-scaling       # sorted vs naive CRPS
 
 Add an objective by adding an :class:`Objective` to :data:`OBJECTIVES` (a
 factory ``num_particles -> loss``, optionally restricted to some models);
@@ -112,6 +113,23 @@ def make_bnn(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return bnn_model, (x, y)
 
 
+def logistic_model(x: jax.Array, y: jax.Array) -> None:
+    """Logistic regression with D coefficients and intercept (finite support)."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=x @ w + b), obs=y)
+
+
+def make_logistic(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, kw, ky = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    logits = x @ random.normal(kw, (d,)) / jnp.sqrt(d) - 0.3
+    y = random.bernoulli(ky, jax.nn.sigmoid(logits)).astype(jnp.float32)
+    return logistic_model, (x, y)
+
+
 #: Benchmark problems.
 MODELS: dict[str, BenchModel] = {
     "glm": BenchModel(
@@ -121,6 +139,11 @@ MODELS: dict[str, BenchModel] = {
         "bnn",
         f"BNN 20-{BNN_HIDDEN}-1 tanh, N=10000 (likelihood-dominated)",
         make_bnn,
+    ),
+    "logistic": BenchModel(
+        "logistic",
+        "logistic regression, N=10000, D=20 (Bernoulli, finite support)",
+        make_logistic,
     ),
 }
 
@@ -159,6 +182,16 @@ OBJECTIVES: dict[str, Objective] = {
     for o in [
         Objective("pvi_log", lambda m: PredictiveELBO("log", num_particles=m)),
         Objective("pacm", lambda m: PACmELBO(num_particles=m)),
+        Objective(
+            "pvi_crps",
+            lambda m: PredictiveELBO("crps", num_particles=m),
+            models=("glm", "bnn"),  # needs a reparameterised likelihood
+        ),
+        Objective(
+            "pvi_quadratic",
+            lambda m: PredictiveELBO("quadratic", num_particles=m),
+            models=("logistic",),  # needs a finite support
+        ),
         Objective("softcvi", lambda m: SoftCVIELBO(num_particles=m, alpha=0.75)),
         Objective("snis_fkl", lambda m: SNISForwardKL(num_particles=m)),
     ]
@@ -283,6 +316,79 @@ def time_case(
     return results
 
 
+# --------------------------------------------------------------------------
+# CRPS scaling in M: sorted O(M log M) pair sum vs naive O(M^2) pairs
+# --------------------------------------------------------------------------
+
+
+def naive_crps(samples: jax.Array, y: jax.Array) -> jax.Array:
+    """The fair CRPS with the all-pairs sum taken literally, O(M^2 b).
+
+    :param samples: ``(M, b)`` draws.
+    :param y: ``(b,)`` observations.
+    :return: ``(b,)`` negatively oriented CRPS.
+    """
+    m = samples.shape[0]
+    abs_err = jnp.mean(jnp.abs(samples - y), axis=0)
+    pairs = jnp.sum(jnp.abs(samples[:, None] - samples[None]), axis=(0, 1))
+    return abs_err - pairs / (2 * m * (m - 1))
+
+
+def crps_scaling(
+    particles: Sequence[int] = (64, 256, 1024),
+    *,
+    num_obs: int = 100,
+    reps: int = 15,
+    target_seconds: float = 0.05,
+    seed: int = 0,
+) -> list[tuple[int, float, float]]:
+    """Time the sorted and the naive CRPS estimator (value and gradient).
+
+    Both are jitted ``value_and_grad`` of the summed score over ``num_obs``
+    observations, with the same draws; blocks of calls are timed in
+    interleaved repetitions (sorted, naive, sorted, ...), medians reported.
+
+    :param particles: the values of ``M``.
+    :param num_obs: ``b``, the number of observations.
+    :param reps: interleaved repetitions.
+    :param target_seconds: approximate duration of one timed block.
+    :param seed: random seed.
+    :return: ``(M, sorted ms, naive ms)`` per ``M``.
+    """
+    from numpyro_pvi.scores import crps_fair
+
+    rows = []
+    for m in particles:
+        kx, ky = random.split(random.PRNGKey(seed + m))
+        x = random.normal(kx, (m, num_obs))
+        y = random.normal(ky, (num_obs,))
+        fns = [
+            jax.jit(jax.value_and_grad(lambda x, f=f, y=y: jnp.sum(f(x, y))))
+            for f in (crps_fair, naive_crps)
+        ]
+        value_sorted, value_naive = (float(f(x)[0]) for f in fns)  # compile
+        if abs(value_sorted - value_naive) > 1e-3 * max(1.0, abs(value_naive)):
+            raise RuntimeError(f"M={m}: sorted and naive CRPS disagree")
+        counts = []
+        for f in fns:
+            start = time.perf_counter()
+            jax.block_until_ready(f(x))
+            once = time.perf_counter() - start
+            counts.append(max(1, min(1000, round(target_seconds / max(once, 1e-6)))))
+        times: list[list[float]] = [[], []]
+        for _ in range(reps):
+            for f, n, out in zip(fns, counts, times, strict=True):
+                start = time.perf_counter()
+                for _ in range(n):
+                    res = f(x)
+                jax.block_until_ready(res)
+                out.append((time.perf_counter() - start) / n)
+        rows.append(
+            (m, 1e3 * statistics.median(times[0]), 1e3 * statistics.median(times[1]))
+        )
+    return rows
+
+
 def _machine() -> str:
     return (
         f"{platform.machine()} {platform.processor() or ''} "
@@ -339,8 +445,30 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
         default=0.05,
         help="approximate duration of one timed block of steps",
     )
+    parser.add_argument(
+        "--crps-scaling",
+        action="store_true",
+        help="time the sorted CRPS against a naive O(M^2) one for M in "
+        "--particles (default 64,256,1024) instead of the step-time table",
+    )
     args = parser.parse_args(argv)
     _CLOCK["clock"] = time.process_time if args.cpu_time else time.perf_counter
+    if args.crps_scaling:
+        if args.particles == parser.get_default("particles"):
+            args.particles = "64,256,1024"
+        ms = [int(p) for p in args.particles.split(",")]
+        print(f"machine: {_machine()}")
+        print(f"load average (1/5/15 min) at start: {_load()}")
+        print("| M | sorted CRPS ms | naive O(M^2) ms | naive / sorted |")
+        print("|---:|---:|---:|---:|")
+        for m, t_sorted, t_naive in crps_scaling(ms, reps=args.reps):
+            print(
+                f"| {m} | {t_sorted:.3f} | {t_naive:.3f} | {t_naive / t_sorted:.1f} |",
+                flush=True,
+            )
+        print(f"load average (1/5/15 min) at end: {_load()}")
+        print("value and gradient of the summed CRPS of b=100 observations")
+        return []
     objective_names = _csv(args.objectives, list(OBJECTIVES), "--objectives")
     model_names = _csv(args.models, list(MODELS), "--models")
     guide_names = _csv(args.guides, list(GUIDES), "--guides")
