@@ -397,6 +397,7 @@ def _guide_log_density_at(
     rerun = substitute(substitute(seed(guide, key), data=fixed), data=param_map)
     try:
         tr = trace(rerun).get_trace(*args, **kwargs)
+        return _sum_log_density(_latent_sites(tr))
     except NotImplementedError as err:
         raise ValueError(
             f"The guide ({type(guide).__name__}) cannot evaluate its log density "
@@ -404,7 +405,6 @@ def _guide_log_density_at(
             "needs. Use AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
             "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide."
         ) from err
-    return _sum_log_density(_latent_sites(tr))
 
 
 def particle_terms(
