@@ -10,7 +10,10 @@ import pytest
 
 from numpyro_pvi import demo
 
-PREDICTIVE = ("PACmELBO", "PredictiveELBO")
+# PACmELBO runs the same computation as PredictiveELBO (prior regularizer,
+# lam = 1/beta; tested in test_predictive.py); leaving it out keeps this
+# test within its time budget. `make demo` fits both.
+PREDICTIVE = ("PredictiveELBO",)
 
 
 @pytest.fixture(scope="module")
