@@ -9,6 +9,7 @@ from numpyro_pvi import guides, scores
 from numpyro_pvi.evaluation import predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
+from numpyro_pvi.sharding import shard_data
 from numpyro_pvi.snis import SNISForwardKL
 from numpyro_pvi.softcvi import SoftCVIELBO
 
@@ -23,4 +24,5 @@ __all__ = [
     "guides",
     "predictive_score",
     "scores",
+    "shard_data",
 ]

@@ -1,0 +1,148 @@
+"""Run in a subprocess with several host devices (see test_sharding.py).
+
+Prints one JSON document: for each objective, the largest difference between
+the loss/gradient computed on sharded and on unsharded data, and whether the
+compiled step gathers a full data array onto one device.
+"""
+
+import json
+import os
+import re
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+import optax
+from jax import random
+from jax.sharding import NamedSharding, PartitionSpec
+from numpyro.infer import SVI
+from numpyro.infer.autoguide import AutoNormal
+
+import numpyro_pvi
+from numpyro_pvi.sharding import shard_data
+
+N, D = 64, 3
+SVI_RUNS = ("pvi-log", "pvi-crps", "softcvi")
+
+
+def regression(x, y, subsample_size=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Normal(x[idx] @ w, sigma), obs=y[idx])
+
+
+def logistic(x, y, subsample_size=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
+
+
+def objectives():
+    out = {
+        "pvi-log": (numpyro_pvi.PredictiveELBO("log", num_particles=8), regression),
+        "pvi-log-posterior": (
+            numpyro_pvi.PredictiveELBO(
+                "log", num_particles=8, regularizer="posterior", lam=0.5
+            ),
+            regression,
+        ),
+        "pacm": (numpyro_pvi.PACmELBO(num_particles=8), regression),
+    }
+    optional = {
+        "pvi-crps": lambda: (
+            numpyro_pvi.PredictiveELBO("crps", num_particles=8),
+            regression,
+        ),
+        "pvi-quadratic": lambda: (
+            numpyro_pvi.PredictiveELBO("quadratic", num_particles=8),
+            logistic,
+        ),
+        "softcvi": lambda: (numpyro_pvi.SoftCVIELBO(num_particles=8), regression),
+        "snis": lambda: (numpyro_pvi.SNISForwardKL(num_particles=8), regression),
+    }
+    for name, make in optional.items():
+        try:
+            out[name] = make()
+        except (AttributeError, ValueError):
+            out[name] = None
+    return out
+
+
+def full_gathers(hlo: str, shape: tuple) -> list[str]:
+    dims = ",".join(str(s) for s in shape)
+    return [
+        line.strip()
+        for line in hlo.splitlines()
+        if "all-gather" in line and f"[{dims}]" in line.split("all-gather")[0]
+    ]
+
+
+def _max_rel_diff(a_tree, b_tree) -> float:
+    return max(
+        float(jnp.max(jnp.abs(a - b)) / max(1.0, float(jnp.max(jnp.abs(a)))))
+        for a, b in zip(jax.tree.leaves(a_tree), jax.tree.leaves(b_tree), strict=True)
+    )
+
+
+def check(loss, model, x, y, run_svi: bool) -> dict:
+    guide = AutoNormal(model)
+    svi = SVI(model, guide, optax.adam(0.05), loss)
+    params = svi.get_params(svi.init(random.PRNGKey(1), x, y))
+    xs, ys = shard_data(x, y)
+
+    def f(p, xx, yy, sub=None):
+        return loss.loss(random.PRNGKey(3), p, model, guide, xx, yy, sub)
+
+    vg = jax.jit(jax.value_and_grad(f), static_argnums=3)
+    compiled = vg.lower(params, xs, ys, None).compile()
+    hlo = compiled.as_text()
+    entry = {
+        "max_rel_diff_subNone": _max_rel_diff(
+            vg(params, x, y, None), compiled(params, xs, ys)
+        ),
+        "max_rel_diff_sub16": _max_rel_diff(
+            vg(params, x, y, 16), vg(params, xs, ys, 16)
+        ),
+        "full_gathers": full_gathers(hlo, (N, D)) + full_gathers(hlo, (N,)),
+        "has_collectives": bool(re.search(r"all-reduce|reduce-scatter", hlo)),
+        "sharded_inputs": len(xs.sharding.device_set),
+    }
+    if run_svi:  # SVI.run on sharded data gives the same parameters
+        r1 = svi.run(random.PRNGKey(4), 5, x, y, progress_bar=False)
+        r2 = svi.run(random.PRNGKey(4), 5, xs, ys, progress_bar=False)
+        entry["svi_max_rel_diff"] = _max_rel_diff(r1.params, r2.params)
+    return entry
+
+
+def gathering_control(x) -> list[str]:
+    """A function that does gather the data: the detector must see it."""
+    xs = shard_data(x)
+    replicated = NamedSharding(xs.sharding.mesh, PartitionSpec())
+    fn = jax.jit(lambda a: jax.lax.with_sharding_constraint(a, replicated) * 2.0)
+    return full_gathers(fn.lower(xs).compile().as_text(), (N, D))
+
+
+def main():
+    assert len(jax.devices()) == int(sys.argv[1]), jax.devices()
+    kx, ky = random.split(random.PRNGKey(0))
+    x = random.normal(kx, (N, D))
+    y_cont = x @ jnp.arange(1.0, D + 1) + random.normal(ky, (N,))
+    y_bin = (y_cont > 0).astype(jnp.float32)
+    results = {}
+    for name, entry in objectives().items():
+        if entry is None:
+            results[name] = None
+            continue
+        loss, model = entry
+        y = y_bin if model is logistic else y_cont
+        results[name] = check(loss, model, x, y, run_svi=name in SVI_RUNS)
+    results["control_full_gathers"] = gathering_control(x)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    main()
