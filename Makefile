@@ -23,8 +23,8 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks
-	$(VPY) -m pytest -q
-	JAX_ENABLE_X64=1 $(VPY) -m pytest -q -m numerics
+	$(VPY) -m pytest -q -n 2 --dist loadfile
+	JAX_ENABLE_X64=1 $(VPY) -m pytest -q -n 2 --dist loadfile -m numerics
 
 lint: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks
