@@ -16,9 +16,10 @@ import numpyro.distributions as dist
 import optax
 import pytest
 from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
 from scipy import stats
 
-from numpyro_pvi import diagnostics
+from numpyro_pvi import PredictiveELBO, SoftCVIELBO, diagnostics
 from numpyro_pvi.diagnostics.vsbc import (
     _adjust,
     _reflection_tail,
@@ -247,6 +248,106 @@ def test_plot_vsbc_panels(narrow, kind):
 
 def test_public_names():
     assert diagnostics.vsbc is vsbc and diagnostics.plot_vsbc is plot_vsbc
+
+
+# --------------------------------------------------------------------------
+# eight schools, centred vs non-centred (paper Figure 6)
+# --------------------------------------------------------------------------
+
+SIGMA = jnp.array([15.0, 10.0, 16.0, 11.0, 9.0, 11.0, 10.0, 18.0])
+
+
+def centred(sigma, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("school", 8):
+        theta = numpyro.sample("theta", dist.Normal(mu, tau))
+        numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+
+def non_centred(sigma, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+    with numpyro.plate("school", 8):
+        eta = numpyro.sample("eta", dist.Normal(0.0, 1.0))
+        numpyro.sample("y", dist.Normal(mu + tau * eta, sigma), obs=y)
+
+
+def test_eight_schools_tau_centred_vs_non_centred():
+    # The paper (ADVI in Stan) finds opposite directions for τ. Mean-field
+    # AutoNormal with Adam reproduces a different contrast: centred, q(τ) is
+    # far too narrow but centred on the truth (symmetric U-shaped p, not
+    # flagged); non-centred, q underestimates τ (p piles up near 1).
+    # 100 replications: the non-centred KS statistic is about 0.35, p ~ 1e-3
+    # after the Holm correction over 11 components.
+    result = {}
+    for model in (centred, non_centred):
+        result[model.__name__] = vsbc(
+            jax.random.PRNGKey(0),
+            model,
+            AutoNormal(model),
+            optax.adam(0.05),
+            Trace_ELBO(),
+            SIGMA,
+            num_simulations=100,
+            num_svi_steps=1000,
+            num_draws=1000,
+            observed_sites=["y"],
+            progress_bar=False,
+        )
+    outer = {}
+    for name, idata in result.items():
+        counts = idata.vsbc_histogram["count"].sel(component="tau").values
+        outer[name] = (counts[0] + counts[-1]) / counts.sum()
+    sym_c = result["centred"].vsbc_symmetry
+    sym_nc = result["non_centred"].vsbc_symmetry
+    assert outer["centred"] > 0.6 and outer["centred"] > outer["non_centred"]
+    assert sym_c["direction"].sel(component="tau").item() == "ok"
+    assert sym_nc["direction"].sel(component="tau").item() == "under"
+    assert float(sym_nc["p_value_adjusted"].sel(component="tau")) < 0.05
+    # the group mean is not biased in either parameterisation
+    assert sym_c["direction"].sel(component="mu").item() == "ok"
+    assert sym_nc["direction"].sel(component="mu").item() == "ok"
+
+
+# --------------------------------------------------------------------------
+# any loss, any dispatch
+# --------------------------------------------------------------------------
+
+
+def normal_mean(n, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", n):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+@pytest.mark.parametrize(
+    "loss, chain_method",
+    [
+        (PredictiveELBO("log", num_particles=4), jax.vmap),
+        (SoftCVIELBO(num_particles=4), "vectorized"),
+    ],
+    ids=["pvi-callable", "softcvi-vectorized"],
+)
+def test_works_with_the_package_objectives(loss, chain_method):
+    idata = vsbc(
+        jax.random.PRNGKey(3),
+        normal_mean,
+        AutoNormal(normal_mean),
+        optax.adam(0.05),
+        loss,
+        5,
+        num_simulations=4,
+        num_svi_steps=30,
+        num_draws=100,
+        observed_sites=["y"],
+        chain_method=chain_method,
+        progress_bar=True,
+    )
+    assert idata.attrs["loss"] == type(loss).__name__
+    assert np.all(np.isfinite(idata.vsbc_fit_stats["loss"].values))
+    p = idata.vsbc["mu"].values
+    assert p.shape == (1, 4) and np.all((p >= 0) & (p <= 1))
 
 
 # --------------------------------------------------------------------------

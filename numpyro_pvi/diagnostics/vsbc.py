@@ -179,6 +179,33 @@ def _replication_fn(
     return one
 
 
+def _dispatcher(one: Callable, chain_method: str | Callable) -> Callable:
+    """Compile-once map of ``one`` over the leading axis of its input pytree.
+
+    ``"sharded"`` places the batch over all local devices (a 1-axis mesh) and
+    maps each device's replications with ``vmap``; the batch size must be a
+    multiple of the device count.
+    """
+    if chain_method == "sequential":
+        return jax.jit(lambda xs: lax.map(one, xs))
+    if chain_method == "vectorized":
+        return jax.jit(jax.vmap(one))
+    if chain_method != "sharded":
+        return jax.jit(chain_method(one))
+    mesh = Mesh(np.asarray(jax.local_devices()), (_AXIS,))
+    spec = PartitionSpec(_AXIS)
+    sharding = NamedSharding(mesh, spec)
+    # Each device maps its own replications; there are no collectives.
+    # (The varying-axes check is off: with it on, JAX 0.10 gave results that
+    # differed from ``vmap`` for SVI loops inside ``lax.scan``.)
+    sharded = jax.jit(
+        jax.shard_map(
+            jax.vmap(one), mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False
+        )
+    )
+    return lambda xs: sharded(jax.device_put(xs, sharding))
+
+
 def _run_replications(
     one: Callable,
     inputs: Any,
@@ -207,31 +234,7 @@ def _run_replications(
         inputs = jax.tree.map(
             lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), inputs
         )
-
-    sharding = None
-    if chain_method == "sequential":
-        run = jax.jit(lambda xs: lax.map(one, xs))
-    elif chain_method == "vectorized":
-        run = jax.jit(jax.vmap(one))
-    elif chain_method == "sharded":
-        mesh = Mesh(np.asarray(jax.local_devices()), (_AXIS,))
-        spec = PartitionSpec(_AXIS)
-        sharding = NamedSharding(mesh, spec)
-        # Each device maps its own replications; there are no collectives.
-        # (The varying-axes check is off: with it on, JAX 0.10 gave results
-        # that differed from ``vmap`` for SVI loops inside ``lax.scan``.)
-        run = jax.jit(
-            jax.shard_map(
-                jax.vmap(one),
-                mesh=mesh,
-                in_specs=spec,
-                out_specs=spec,
-                check_vma=False,
-            )
-        )
-    else:
-        run = chain_method(one)
-
+    run = _dispatcher(one, chain_method)
     outputs = []
     with tqdm(
         total=num, disable=not progress_bar, desc="VSBC", unit="replication"
@@ -240,8 +243,6 @@ def _run_replications(
             chunk = jax.tree.map(
                 lambda x, c=c: x[c * chunk_size : (c + 1) * chunk_size], inputs
             )
-            if sharding is not None:
-                chunk = jax.device_put(chunk, sharding)
             outputs.append(jax.device_get(run(chunk)))
             bar.update(min(chunk_size, num - c * chunk_size))
     return jax.tree.map(lambda *xs: np.concatenate(xs)[:num], *outputs)
@@ -380,6 +381,63 @@ def _component_labels(name: str, shape: tuple[int, ...]) -> list[str]:
     return [f"{name}[{', '.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
 
 
+def _setup(
+    rng_key: jax.Array,
+    model: Callable,
+    guide: Callable,
+    optim: Any,
+    loss: Any,
+    args: tuple,
+    kwargs: dict,
+    *,
+    num_simulations: int,
+    num_svi_steps: int,
+    num_draws: int,
+    observed_sites: Sequence[str] | None,
+    simulated_data_to_args: Callable | None,
+) -> tuple[Callable, tuple, dict, list[str]]:
+    """Sites, prior predictive draws and the function of one replication.
+
+    :return: ``one``, its batched inputs ``(keys, data, θ*)``, an abstract
+        model trace and the latent site names.
+    """
+    key_trace, key_prior, key_warmup, key_fit = random.split(rng_key, 4)
+    model_trace = _abstract_trace(model, key_trace, args, kwargs)
+    try:
+        observed, latent_names = _resolve_observed_sites(model_trace, observed_sites)
+    except ValueError as err:
+        raise ValueError(
+            f"vsbc: {err} Pass the observed data as for SVI, or name the "
+            "observed sites with `observed_sites=`."
+        ) from None
+    _validate_latent_sites(model_trace, latent_names)
+    inject = _data_injector(model, observed, args, kwargs, simulated_data_to_args)
+
+    prior_predictive = Predictive(
+        _unobserve(model, observed),
+        num_samples=num_simulations,
+        return_sites=list(observed) + list(latent_names),
+        parallel=True,
+    )
+    sims = jax.jit(lambda key: prior_predictive(key, *args, **kwargs))(key_prior)
+    data = {n: sims[n] for n in observed}
+    theta = {n: sims[n] for n in latent_names}
+
+    # Autoguides set up their prototype on the first call; that must happen
+    # outside of jit/vmap (it stores concrete initial values on the guide).
+    data0 = {n: v[0] for n, v in data.items()}
+    with warnings.catch_warnings(), block():
+        warnings.filterwarnings("ignore", message="Found non-auxiliary vars")
+        args0, kwargs0 = inject(data0)
+        seed(guide, key_warmup)(*args0, **kwargs0)
+
+    one = _replication_fn(
+        model, guide, optim, loss, inject, latent_names, num_svi_steps, num_draws
+    )
+    keys = random.split(key_fit, num_simulations)
+    return one, (keys, data, theta), model_trace, latent_names
+
+
 def _validate(
     num_simulations: int,
     num_svi_steps: int,
@@ -500,7 +558,8 @@ def vsbc(
         ``"vectorized"`` (``vmap``), ``"sharded"`` (replications split over
         all local devices with :mod:`jax.sharding`, ``vmap`` within each;
         any number of replications) or a callable such as ``jax.vmap`` that
-        maps a function of one replication over a batch.
+        maps a function of one replication over a batch (the result is
+        jit-compiled).
     :param correction: ``"holm"`` (family-wise error), ``"bh"``
         (Benjamini–Hochberg false discovery rate) or ``None``.
     :param progress_bar: show a progress bar over chunks of replications.
@@ -542,43 +601,24 @@ def vsbc(
         alpha,
         chunk_size,
     )
-    key_trace, key_prior, key_warmup, key_fit = random.split(rng_key, 4)
-    model_trace = _abstract_trace(model, key_trace, args, kwargs)
-    try:
-        observed, latent_names = _resolve_observed_sites(model_trace, observed_sites)
-    except ValueError as err:
-        raise ValueError(
-            f"vsbc: {err} Pass the observed data as for SVI, or name the "
-            "observed sites with `observed_sites=`."
-        ) from None
-    _validate_latent_sites(model_trace, latent_names)
-    inject = _data_injector(model, observed, args, kwargs, simulated_data_to_args)
-
-    prior_predictive = Predictive(
-        _unobserve(model, observed),
-        num_samples=num_simulations,
-        return_sites=list(observed) + list(latent_names),
-        parallel=True,
+    one, inputs, model_trace, latent_names = _setup(
+        rng_key,
+        model,
+        guide,
+        optim,
+        loss,
+        args,
+        kwargs,
+        num_simulations=num_simulations,
+        num_svi_steps=num_svi_steps,
+        num_draws=num_draws,
+        observed_sites=observed_sites,
+        simulated_data_to_args=simulated_data_to_args,
     )
-    sims = jax.jit(lambda key: prior_predictive(key, *args, **kwargs))(key_prior)
-    data = {n: sims[n] for n in observed}
-    theta = {n: sims[n] for n in latent_names}
-
-    # Autoguides set up their prototype on the first call; that must happen
-    # outside of jit/vmap (it stores concrete initial values on the guide).
-    data0 = {n: v[0] for n, v in data.items()}
-    with warnings.catch_warnings(), block():
-        warnings.filterwarnings("ignore", message="Found non-auxiliary vars")
-        args0, kwargs0 = inject(data0)
-        seed(guide, key_warmup)(*args0, **kwargs0)
-
-    one = _replication_fn(
-        model, guide, optim, loss, inject, latent_names, num_svi_steps, num_draws
-    )
-    keys = random.split(key_fit, num_simulations)
+    theta = inputs[2]
     below, final_loss, tail_loss = _run_replications(
         one,
-        (keys, data, theta),
+        inputs,
         num_simulations,
         chain_method,
         chunk_size,
