@@ -137,7 +137,7 @@ class GaussianMixture(dist.Distribution):
         key_z, key_eps = random.split(key)
         z = random.categorical(key_z, stop_gradient(self.logits), shape=sample_shape)
         eps = random.normal(key_eps, sample_shape + self.event_shape)
-        return self.locs[z] + jnp.einsum("...ij,...j->...i", self.scale_trils[z], eps)
+        return _component_draw(self.locs, self.scale_trils, z, eps)
 
     def log_prob(self, value: jax.Array) -> jax.Array:
         comp = self._components().log_prob(value[..., None, :])  # (..., K)
@@ -176,6 +176,14 @@ class GaussianMixture(dist.Distribution):
         return _ComponentDraw(self, component)
 
 
+def _component_draw(
+    locs: jax.Array, scale_trils: jax.Array, z: jax.Array, eps: jax.Array
+) -> jax.Array:
+    """``μ_z + L_z ε``, reparameterised within component(s) ``z``."""
+    z = jnp.broadcast_to(z, eps.shape[:-1])
+    return locs[z] + jnp.einsum("...ij,...j->...i", scale_trils[z], eps)
+
+
 class _ComponentDraw(dist.Distribution):
     """A draw from one component of a :class:`GaussianMixture`, scored by the
     whole mixture. Built by :meth:`GaussianMixture.stratum`."""
@@ -204,9 +212,7 @@ class _ComponentDraw(dist.Distribution):
     def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
         mix = self.mixture
         eps = random.normal(key, sample_shape + self.event_shape)
-        loc = mix.locs[self.component]
-        tril = mix.scale_trils[self.component]
-        return loc + jnp.einsum("ij,...j->...i", tril, eps)
+        return _component_draw(mix.locs, mix.scale_trils, self.component, eps)
 
     def log_prob(self, value: jax.Array) -> jax.Array:
         if self.mixture.entropy == "huber":
@@ -500,7 +506,7 @@ class AutoGaussianMixture(AutoContinuous):
         shape = tuple(sample_shape) + log_w.shape[:1]
         z = random.categorical(key_z, log_w, shape=shape)
         eps = random.normal(key_eps, shape + (self.latent_dim,))
-        latent = mix.locs[z] + jnp.einsum("...ij,...j->...i", mix.scale_trils[z], eps)
+        latent = _component_draw(mix.locs, mix.scale_trils, z, eps)
         if x.ndim == 1:
             latent = latent[..., 0, :]
         return self._unpack_and_constrain(latent, params)
