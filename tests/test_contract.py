@@ -65,6 +65,11 @@ OBJECTIVES = [
     ),
     Objective("pacm", lambda m: numpyro_pvi.PACmELBO(num_particles=m, beta=0.5)),
     Objective(
+        "pvi-crps",
+        lambda m: numpyro_pvi.PredictiveELBO("crps", num_particles=m),
+        min_particles=2,
+    ),
+    Objective(
         "softcvi",
         lambda m: numpyro_pvi.SoftCVIELBO(num_particles=m, alpha=0.75),
         min_particles=2,
