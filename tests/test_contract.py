@@ -117,42 +117,38 @@ def _data():
     return x, x @ jnp.array([1.0, -1.0]) + random.normal(ky, (N,))
 
 
+#: particle counts are spread over the guides so that every objective runs with
+#: 1 (where allowed), 2 and 16 particles without compiling each case twice
+PARTICLES = {"AutoNormal": 1, "AutoDiagonalNormal": 16}
+
+
 def _run(objective, guide_name, num_particles, steps=3):
+    """``SVI.run`` compiles the update step: the loss runs under ``jit``."""
     x, y = _data()
     guide = GUIDES[guide_name](model)
     svi = SVI(model, guide, optax.adam(0.01), objective.make(num_particles))
-    return svi.run(random.PRNGKey(1), steps, x, y, B, progress_bar=False)
+    result = svi.run(random.PRNGKey(1), steps, x, y, B, progress_bar=False)
+    return result.losses, result.params
 
 
 @pytest.mark.parametrize("guide_name", list(GUIDES))
 @pytest.mark.parametrize("objective", OBJECTIVES, ids=lambda o: o.name)
 def test_objective_runs_with_guide(objective, guide_name):
-    m = max(2, objective.min_particles)
+    m = max(PARTICLES.get(guide_name, 2), objective.min_particles)
     if guide_name in objective.rejects:
         with pytest.raises(ValueError, match=objective.rejects[guide_name]):
             _run(objective, guide_name, m)
         return
-    result = _run(objective, guide_name, m)
-    assert result.losses.shape == (3,)
-    assert jnp.all(jnp.isfinite(result.losses))
-    leaves = jax.tree.leaves(result.params)
+    losses, params = _run(objective, guide_name, m)
+    assert losses.shape == (3,)
+    assert jnp.all(jnp.isfinite(losses))
+    leaves = jax.tree.leaves(params)
     assert leaves and all(jnp.all(jnp.isfinite(v)) for v in leaves)
 
 
-@pytest.mark.parametrize("num_particles", [1, 2, 16])
 @pytest.mark.parametrize("objective", OBJECTIVES, ids=lambda o: o.name)
-def test_objective_num_particles(objective, num_particles):
-    if num_particles < objective.min_particles:
-        with pytest.raises(ValueError, match="num_particles"):
-            objective.make(num_particles)
-        return
-    loss = objective.make(num_particles)
-    x, y = _data()
-    guide = AutoNormal(model)
-    svi = SVI(model, guide, optax.adam(0.01), loss)
-    state = svi.init(random.PRNGKey(0), x, y, B)
-    value = jax.jit(lambda p, k: loss.loss(k, p, model, guide, x, y, B))(
-        svi.get_params(state), random.PRNGKey(2)
-    )
-    assert value.shape == ()
-    assert jnp.isfinite(value)
+def test_objective_rejects_too_few_particles(objective):
+    with pytest.raises(ValueError, match="num_particles"):
+        objective.make(objective.min_particles - 1)
+    with pytest.raises(ValueError, match="num_particles"):
+        objective.make(2.0)
