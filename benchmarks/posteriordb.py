@@ -41,6 +41,12 @@ per-observation arrays of all seeds' splits must have equal shapes so that
 the seeds are fitted in one vectorised program (``random_split`` guarantees
 it).
 
+Budget: 4000 Adam steps per fit by default (the paper ran 200,000); at
+2000 steps VI was still improving on kidscore (test log score -392 vs -381
+at 4000), see ``benchmarks/RESULTS.md``. ``--steps`` changes it; the step
+count is a traced argument, so with ``--jax-cache DIR`` a rerun at another
+budget reuses the compiled programs.
+
 Command line (the paper's models; the data directory defaults to
 ``../shared/data/posteriordb`` relative to the repository)::
 
