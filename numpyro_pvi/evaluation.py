@@ -61,7 +61,7 @@ def predictive_score(
         raise NotImplementedError(
             f"predictive_score: score={score!r} does not support the stratified "
             f"expectations of the mixture guide {type(guide).__name__}; use "
-            "score='log'."
+            "a built-in score (log, crps, energy, quadratic)."
         )
     num_draws = _check_num_particles(
         num_draws, score.min_particles, "predictive_score: num_draws"

@@ -229,8 +229,8 @@ class PredictiveELBO(ELBO):
             raise NotImplementedError(
                 f"{type(self).__name__}: {what} does not support the stratified "
                 f"expectations of the mixture guide {type(guide).__name__}; use "
-                "score='log' with log_score_estimator='reparam', or a guide "
-                "without components."
+                "a built-in score (log, crps, energy, quadratic) with "
+                "log_score_estimator='reparam', or a guide without components."
             )
         return particle_terms(
             rng_key,

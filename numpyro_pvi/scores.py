@@ -171,10 +171,36 @@ def crps_fair(samples: jax.Array, y: jax.Array) -> jax.Array:
     """
     m = samples.shape[0]
     abs_err = jnp.mean(jnp.abs(samples - y), axis=0)
-    coef = jnp.arange(1 - m, m, 2, dtype=samples.dtype)  # 2k - M - 1, k = 1..M
-    coef = jnp.reshape(coef, (m,) + (1,) * (samples.ndim - 1))
-    pair_sum = jnp.sum(coef * jnp.sort(samples, axis=0), axis=0)  # sum_{j<k}
-    return abs_err - pair_sum / (m * (m - 1))
+    return abs_err - _sorted_pair_sum(samples, axis=0) / (m * (m - 1))
+
+
+def _sorted_pair_sum(x: jax.Array, axis: int) -> jax.Array:
+    r""":math:`\sum_{j<k} |x_j - x_k| = \sum_k (2k - M - 1)\, x_{(k)}` along
+    ``axis`` (of length ``M``), in :math:`O(M \log M)`."""
+    m = x.shape[axis]
+    coef = jnp.arange(1 - m, m, 2, dtype=x.dtype)  # 2k - M - 1, k = 1..M
+    shape = [1] * x.ndim
+    shape[axis] = m
+    return jnp.sum(jnp.reshape(coef, shape) * jnp.sort(x, axis=axis), axis=axis)
+
+
+def _weighted_sorted_pair_sum(x: jax.Array, v: jax.Array) -> jax.Array:
+    r""":math:`\sum_{i<j} v_i v_j |x_i - x_j|
+    = \sum_j v_{(j)} x_{(j)} (V_{<j} - V_{>j})` along axis 0 (cumulative
+    weights of the order statistics), in :math:`O(N \log N)`."""
+    order = jnp.argsort(x, axis=0)
+    xs = jnp.take_along_axis(x, order, axis=0)
+    vs = jnp.take_along_axis(v, order, axis=0)
+    cum = jnp.cumsum(vs, axis=0)
+    below, above = cum - vs, cum[-1:] - cum
+    return jnp.sum(vs * xs * (below - above), axis=0)
+
+
+def _strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:
+    """Stratified weights ``v_j = ω_k(x_i) / M`` ``(K M, b)``, ``K`` and ``M``."""
+    k = terms.num_strata
+    m = terms.log_w.shape[0] // k
+    return jnp.exp(terms.log_w), k, m
 
 
 class CRPS(Score):
@@ -202,6 +228,22 @@ class CRPS(Score):
     models); no likelihood is evaluated. For vector-valued observations or
     several observed sites per index use :class:`EnergyScore`.
 
+    Under stratified sampling (mixture guides, ``M`` draws from each
+    component :math:`k` with weight :math:`\omega_k(x_i)`) the predictive is
+    :math:`\sum_k \omega_k F_k` and, with :math:`v_j = \omega_{k(j)}/M`,
+
+    .. math::
+
+        \widehat{S}_i = -\sum_j v_j |x_j - y_i|
+        + \tfrac{1}{2} \sum_{j \ne l} v_j v_l
+        \bigl(1 + \tfrac{1}{M-1}[k(j) = k(l)]\bigr) |x_j - x_l|,
+
+    unbiased for :math:`M \ge 2` (between-component pairs are independent;
+    within-component pairs use the fair :math:`1/(M(M-1))`); the weighted
+    pair sum is computed by sorting with cumulative weights,
+    :math:`\sum_{j<l} v_j v_l (x_{(l)} - x_{(j)}) = \sum_l v_{(l)} x_{(l)}
+    (V_{<l} - V_{>l})`.
+
     **References**
 
     1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
@@ -216,6 +258,7 @@ class CRPS(Score):
     name = "crps"
     requires = frozenset({Y_SIM})
     min_particles = 2
+    supports_stratified = True
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         y_sim, y_obs = _simulations(terms, self.name)
@@ -226,7 +269,18 @@ class CRPS(Score):
                 "sites per index): use score='energy' (EnergyScore), the "
                 "multivariate generalisation."
             )
-        return -crps_fair(y_sim[..., 0], y_obs[:, 0])
+        if terms.log_w is None:
+            return -crps_fair(y_sim[..., 0], y_obs[:, 0])
+        x = y_sim[..., 0]
+        v, k, m = _strata(terms)
+        abs_err = jnp.sum(v * jnp.abs(x - y_obs[:, 0]), axis=0)
+        # (1/2) sum_{i != j} v_i v_j |x_i - x_j| over all pairs, plus the
+        # within-stratum correction (M/(M-1) - 1) (w_k/M)^2 sum_{m != m'}
+        between = _weighted_sorted_pair_sum(x, v)
+        within = _sorted_pair_sum(x.reshape(k, m, -1), axis=1)  # (K, b)
+        v_k = v.reshape(k, m, -1)[:, 0, :]  # w_k(x_i) / M
+        correction = jnp.sum(jnp.square(v_k) * within, axis=0) / (m - 1)
+        return -abs_err + between + correction
 
 
 def _pow_norm(x: jax.Array, beta: float) -> jax.Array:
@@ -262,7 +316,9 @@ class EnergyScore(Score):
         + \frac{1}{2M(M-1)} \sum_{j \ne k}
         \|y^{\rm sim}_j - y^{\rm sim}_k\|^\beta,
 
-    in :math:`O(M^2 b\, d)` time, in chunks of rows to bound memory.
+    in :math:`O(M^2 b\, d)` time, in chunks of rows to bound memory. Under
+    stratified sampling (mixture guides) the pairs are weighted as in
+    :class:`CRPS`: :math:`v_j v_l`, times :math:`M/(M-1)` within a component.
 
     :param float beta: the exponent :math:`\beta \in (0, 2)`.
 
@@ -277,6 +333,7 @@ class EnergyScore(Score):
     name = "energy"
     requires = frozenset({Y_SIM})
     min_particles = 2
+    supports_stratified = True
 
     def __init__(self, beta: float = 1.0) -> None:
         try:
@@ -295,14 +352,35 @@ class EnergyScore(Score):
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         y_sim, y_obs = _simulations(terms, self.name)
         m, b, d = y_sim.shape
+        rows = max(1, min(m, _ENERGY_CHUNK // max(m * b * d, 1)))
+        if terms.log_w is not None:
+            return self._stratified(terms, y_sim, y_obs, rows)
         obs_term = jnp.mean(_pow_norm(y_sim - y_obs, self.beta), axis=0)
 
         def row(x_j: jax.Array) -> jax.Array:  # sum_k ||x_j - x_k||^beta
             return jnp.sum(_pow_norm(x_j - y_sim, self.beta), axis=0)
 
-        rows = max(1, min(m, _ENERGY_CHUNK // max(m * b * d, 1)))
         pair_sum = jnp.sum(jax.lax.map(row, y_sim, batch_size=rows), axis=0)
         return -obs_term + pair_sum / (2 * m * (m - 1))
+
+    def _stratified(
+        self, terms: ParticleTerms, y_sim: jax.Array, y_obs: jax.Array, rows: int
+    ) -> jax.Array:
+        """Pairs weighted ``v_i v_j``, times ``M/(M-1)`` within a stratum."""
+        v, _, m = _strata(terms)
+        stratum = jnp.arange(v.shape[0]) // m
+        obs_term = jnp.sum(v * _pow_norm(y_sim - y_obs, self.beta), axis=0)
+
+        def row(args: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+            x_j, v_j, k_j = args  # v_j sum_i c_ij v_i ||x_j - x_i||^beta
+            c = jnp.where(stratum == k_j, m / (m - 1), 1.0)[:, None]
+            dist = _pow_norm(x_j - y_sim, self.beta)  # (N, b)
+            return v_j * jnp.sum(c * v * dist, axis=0)
+
+        pair_sum = jnp.sum(
+            jax.lax.map(row, (y_sim, v, stratum), batch_size=rows), axis=0
+        )
+        return -obs_term + 0.5 * pair_sum
 
     def __repr__(self) -> str:
         return f"EnergyScore(beta={self.beta!r})"
@@ -347,6 +425,12 @@ class QuadraticScore(Score):
     support (:math:`O(M b K)` for one component). This assumes no observed
     site's distribution depends on the observed value of another.
 
+    Under stratified sampling (mixture guides, ``M`` draws per component
+    :math:`k`, :math:`v_a = \omega_{k(a)}(x_i)/M`) :math:`q(y_i) \approx
+    \sum_a v_a f_a(y_i)` and the pair estimate weights :math:`\langle f_a,
+    f_b\rangle` by :math:`v_a v_b`, times :math:`M/(M-1)` when :math:`a \ne
+    b` are draws of one component; it stays unbiased.
+
     **References**
 
     1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
@@ -360,6 +444,7 @@ class QuadraticScore(Score):
     name = "quadratic"
     requires = frozenset({LOG_LIK, LOG_PMF})
     min_particles = 2
+    supports_stratified = True
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         if terms.log_pmf is None or terms.log_lik is None:
@@ -367,6 +452,8 @@ class QuadraticScore(Score):
                 "score='quadratic' needs the log pmf over the finite support and "
                 "the log-likelihoods: request 'log_pmf' and 'log_lik'."
             )
+        if terms.log_w is not None:
+            return self._stratified(terms)
         m, _, c, _ = terms.log_pmf.shape
         q_obs = jnp.exp(log_mean_exp(terms.log_lik, axis=0))  # (b,)
         pmf = jnp.exp(terms.log_pmf)  # (M, b, c, K); padding -> 0
@@ -387,6 +474,41 @@ class QuadraticScore(Score):
                 jax.nn.logsumexp(log_pair, axis=(0, 1)) - math.log(m * (m - 1))
             )
         return 2.0 * q_obs - sum_sq
+
+    @staticmethod
+    def _stratified(terms: ParticleTerms) -> jax.Array:
+        """Pairs ``a != b`` weighted ``v_a v_b``, times ``M/(M-1)`` within a
+        stratum, of the overlaps ``<f_a, f_b>``."""
+        v, k, m = _strata(terms)
+        n, b, c, _ = terms.log_pmf.shape
+        q_obs = jnp.exp(jax.nn.logsumexp(terms.log_lik + terms.log_w, axis=0))
+        pmf = jnp.exp(terms.log_pmf)  # (N, b, c, K)
+        if c == 1:
+            f = pmf[:, :, 0, :]
+            wf = v[..., None] * f  # (N, b, K)
+            total = jnp.sum(jnp.square(jnp.sum(wf, axis=0)) - jnp.sum(wf**2, 0), -1)
+            f_k = f.reshape(k, m, b, -1)
+            within = jnp.square(jnp.sum(f_k, axis=1)) - jnp.sum(f_k**2, axis=1)
+            v_k = v.reshape(k, m, b)[:, 0, :]  # w_k(x_i) / M
+            within = jnp.sum(jnp.square(v_k) * jnp.sum(within, -1), 0) / (m - 1)
+            return 2.0 * q_obs - total - within
+        overlap = jnp.einsum("mbck,nbck->mnbc", pmf, pmf)  # (N, N, b, c)
+        positive = overlap > 0
+        log_overlap = jnp.where(
+            positive, jnp.log(jnp.where(positive, overlap, 1.0)), -jnp.inf
+        )
+        stratum = jnp.arange(n) // m
+        same = stratum[:, None] == stratum[None, :]
+        log_c = jnp.where(same, math.log(m / (m - 1)), 0.0)[:, :, None]
+        log_pair = (
+            jnp.sum(log_overlap, axis=-1)
+            + log_c
+            + terms.log_w[:, None, :]
+            + terms.log_w[None, :, :]
+        )  # (N, N, b)
+        off_diagonal = ~jnp.eye(n, dtype=bool)[:, :, None]
+        log_pair = jnp.where(off_diagonal, log_pair, -jnp.inf)
+        return 2.0 * q_obs - jnp.exp(jax.nn.logsumexp(log_pair, axis=(0, 1)))
 
 
 _REGISTRY: dict[str, type[Score]] = {
