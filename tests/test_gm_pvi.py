@@ -268,7 +268,7 @@ def test_gauss_hermite_equals_closed_form_gaussian():
         return dist.Normal(eta, SIGMA).log_prob(y)
 
     quad = linear_predictor_score(
-        guide, params, x, y, likelihood=gauss_log_lik, num_nodes=40
+        guide, params, x, y, likelihood=gauss_log_lik, num_nodes=64
     )
     np.testing.assert_allclose(quad, exact, atol=tol, rtol=0)
 
