@@ -97,18 +97,7 @@ def _exact_gaussian_predictive(x, y, log_omega):
 
 
 def _stratified(key, guide, params, model, x, y, m):
-    return particle_terms(
-        key,
-        params,
-        model,
-        guide,
-        (x, y),
-        {},
-        num_particles=m,
-        vectorize_particles_fn=lambda f, xs: jax.vmap(f)(xs),
-        requests=(LOG_LIK,),
-        stratify=True,
-    )
+    return _score_terms(key, guide, params, model, x, y, m, LogScore())
 
 
 # --------------------------------------------------------------------------
