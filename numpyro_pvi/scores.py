@@ -159,11 +159,10 @@ def crps_fair(samples: jax.Array, y: jax.Array) -> jax.Array:
     .. math::
 
         \widehat{\rm CRPS} = \frac{1}{M}\sum_{j} |x_j - y|
-        - \frac{1}{M(M-1)} \sum_{k=1}^{M} (2k - M - 1)\, x_{(k)},
+        - \frac{1}{2M(M-1)} \sum_{j \ne k} |x_j - x_k|,
 
-    the all-pairs term :math:`\frac{1}{2M(M-1)}\sum_{j\ne k}|x_j - x_k|`
-    computed in :math:`O(M \log M)` from the order statistics
-    :math:`x_{(k)}`.
+    with the all-pairs term computed by :func:`_pair_abs_sum` (no sort for
+    :math:`M \le 1024`).
 
     :param samples: ``(M, ...)`` draws from the forecast, ``M >= 2``.
     :param y: observations, broadcastable to ``samples.shape[1:]``.
@@ -171,29 +170,80 @@ def crps_fair(samples: jax.Array, y: jax.Array) -> jax.Array:
     """
     m = samples.shape[0]
     abs_err = jnp.mean(jnp.abs(samples - y), axis=0)
-    return abs_err - _sorted_pair_sum(samples, axis=0) / (m * (m - 1))
+    return abs_err - _pair_abs_sum(samples) / (m * (m - 1))
 
 
-def _sorted_pair_sum(x: jax.Array, axis: int) -> jax.Array:
-    r""":math:`\sum_{j<k} |x_j - x_k| = \sum_k (2k - M - 1)\, x_{(k)}` along
-    ``axis`` (of length ``M``), in :math:`O(M \log M)`."""
-    m = x.shape[axis]
+#: Largest ensemble whose pair sums are computed by the O(M^2) sign sums;
+#: beyond it, by sorting. On CPU, XLA's comparator sort costs about as much
+#: as 1024 vectorised sign sums per element (``benchmarks/RESULTS.md``).
+_PAIR_SIGN_MAX = 1024
+
+
+def _sign_sums(x: jax.Array, v: jax.Array | None = None) -> tuple[jax.Array, ...]:
+    r""":math:`C_j = \sum_k v_k\, \mathrm{sign}(x_j - x_k)` along axis 0, and
+    with weights also :math:`A_j = \sum_k v_k |x_j - x_k|` (``v = 1`` when
+    ``None``).
+
+    One vectorised pass over the ``(M, ...)`` array per particle ``k``
+    inside a ``fori_loop`` (no sort, no ``(M, M, ...)`` intermediate); no
+    gradient flows through it.
+    """
+    x = jax.lax.stop_gradient(x)
+    weighted = v is not None
+    if weighted:
+        v = jax.lax.stop_gradient(v)
+
+    def body(k: jax.Array, acc: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        diff = x - jax.lax.dynamic_index_in_dim(x, k, 0, keepdims=True)
+        if not weighted:
+            return (acc[0] + jnp.sign(diff),)
+        vk = jax.lax.dynamic_index_in_dim(v, k, 0, keepdims=True)
+        return (acc[0] + vk * jnp.sign(diff), acc[1] + vk * jnp.abs(diff))
+
+    init = (jnp.zeros_like(x),) * (2 if weighted else 1)
+    return jax.lax.fori_loop(0, x.shape[0], body, init, unroll=8)
+
+
+def _pair_abs_sum(x: jax.Array) -> jax.Array:
+    r""":math:`\sum_{j<k} |x_j - x_k|` along axis 0 (of length ``M``).
+
+    Equals :math:`\sum_j x_j C_j` with :math:`C_j = \sum_k
+    \mathrm{sign}(x_j - x_k) = 2\,\mathrm{rank}_j - M + 1`, piecewise
+    constant in :math:`x`, so treating :math:`C` as a constant gives the
+    exact gradient. For :math:`M \le` ``_PAIR_SIGN_MAX`` :math:`C` comes
+    from :func:`_sign_sums` (:math:`O(M^2)` but vectorised), otherwise from
+    the order statistics (:math:`O(M \log M)` sort).
+    """
+    m = x.shape[0]
+    if m <= _PAIR_SIGN_MAX:
+        (coef,) = _sign_sums(x)
+        return jnp.sum(coef * x, axis=0)
     coef = jnp.arange(1 - m, m, 2, dtype=x.dtype)  # 2k - M - 1, k = 1..M
-    shape = [1] * x.ndim
-    shape[axis] = m
-    return jnp.sum(jnp.reshape(coef, shape) * jnp.sort(x, axis=axis), axis=axis)
+    coef = jnp.reshape(coef, (m,) + (1,) * (x.ndim - 1))
+    return jnp.sum(coef * jnp.sort(x, axis=0), axis=0)
 
 
-def _weighted_sorted_pair_sum(x: jax.Array, v: jax.Array) -> jax.Array:
-    r""":math:`\sum_{i<j} v_i v_j |x_i - x_j|
-    = \sum_j v_{(j)} x_{(j)} (V_{<j} - V_{>j})` along axis 0 (cumulative
-    weights of the order statistics), in :math:`O(N \log N)`."""
-    order = jnp.argsort(x, axis=0)
-    xs = jnp.take_along_axis(x, order, axis=0)
-    vs = jnp.take_along_axis(v, order, axis=0)
-    cum = jnp.cumsum(vs, axis=0)
-    below, above = cum - vs, cum[-1:] - cum
-    return jnp.sum(vs * xs * (below - above), axis=0)
+@jax.custom_jvp
+def _weighted_pair_abs_sum(x: jax.Array, v: jax.Array) -> jax.Array:
+    r""":math:`\sum_{j<k} v_j v_k |x_j - x_k|` along axis 0.
+
+    The value is :math:`\tfrac12 \sum_j v_j A_j`; its derivatives are
+    :math:`\partial/\partial x_j = v_j C_j` and :math:`\partial/\partial v_j
+    = A_j` (:func:`_sign_sums`), so both come from one pass.
+    """
+    _, a = _sign_sums(x, v)
+    return 0.5 * jnp.sum(v * a, axis=0)
+
+
+@_weighted_pair_abs_sum.defjvp
+def _weighted_pair_abs_sum_jvp(
+    primals: tuple[jax.Array, jax.Array], tangents: tuple[jax.Array, jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    x, v = primals
+    dx, dv = tangents
+    c, a = _sign_sums(x, v)
+    value = 0.5 * jnp.sum(v * a, axis=0)
+    return value, jnp.sum(v * c * dx + a * dv, axis=0)
 
 
 def _strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:
@@ -220,8 +270,10 @@ class CRPS(Score):
         \widehat{S}_i = -\frac{1}{M}\sum_{j=1}^M |y^{\rm sim}_j - y_i|
         + \frac{1}{2M(M-1)} \sum_{j \ne k} |y^{\rm sim}_j - y^{\rm sim}_k|,
 
-    whose pair sum is computed in :math:`O(M \log M)` by sorting:
-    :math:`\sum_{j<k}|x_j - x_k| = \sum_{k=1}^M (2k-M-1)\, x_{(k)}`.
+    whose pair sum :math:`\sum_{j<k}|x_j - x_k| = \sum_j x_j \sum_k
+    \mathrm{sign}(x_j - x_k)` is computed by vectorised sign sums for
+    :math:`M \le 1024` (no sort: XLA's sort is slow on CPU) and from the
+    order statistics, :math:`\sum_{k=1}^M (2k-M-1)\, x_{(k)}`, beyond.
     Gradients flow through the simulated observations, so every observed
     site needs a reparameterised sampler (e.g.
     :class:`~numpyro_pvi.distributions.Simulator` for likelihood-free
@@ -240,9 +292,8 @@ class CRPS(Score):
 
     unbiased for :math:`M \ge 2` (between-component pairs are independent;
     within-component pairs use the fair :math:`1/(M(M-1))`); the weighted
-    pair sum is computed by sorting with cumulative weights,
-    :math:`\sum_{j<l} v_j v_l (x_{(l)} - x_{(j)}) = \sum_l v_{(l)} x_{(l)}
-    (V_{<l} - V_{>l})`.
+    pair sum and its gradients in :math:`x` and :math:`v` come from one
+    pass of weighted sign and absolute-difference sums.
 
     **References**
 
@@ -276,8 +327,8 @@ class CRPS(Score):
         abs_err = jnp.sum(v * jnp.abs(x - y_obs[:, 0]), axis=0)
         # (1/2) sum_{i != j} v_i v_j |x_i - x_j| over all pairs, plus the
         # within-stratum correction (M/(M-1) - 1) (w_k/M)^2 sum_{m != m'}
-        between = _weighted_sorted_pair_sum(x, v)
-        within = _sorted_pair_sum(x.reshape(k, m, -1), axis=1)  # (K, b)
+        between = _weighted_pair_abs_sum(x, v)
+        within = jax.vmap(_pair_abs_sum)(x.reshape(k, m, -1))  # (K, b)
         v_k = v.reshape(k, m, -1)[:, 0, :]  # w_k(x_i) / M
         correction = jnp.sum(jnp.square(v_k) * within, axis=0) / (m - 1)
         return -abs_err + between + correction

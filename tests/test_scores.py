@@ -75,11 +75,54 @@ def _naive_energy(x, y, beta):
 
 
 @pytest.mark.numerics
-def test_crps_sorted_pair_sum_matches_all_pairs_definition():
+def test_crps_pair_sum_matches_all_pairs_definition():
     x = random.normal(random.PRNGKey(0), (9, 6, 1))
     y = random.normal(random.PRNGKey(1), (6, 1))
     got = CRPS().estimate(_terms(y_sim=x, y_obs=y))
     np.testing.assert_allclose(-got, _naive_energy(x, y, 1.0), rtol=RTOL)
+
+
+def _naive_pair_sum(x, v=None):
+    """sum_{j<k} v_j v_k |x_j - x_k| along axis 0 through the (M, M, b) array."""
+    v = jnp.ones_like(x) if v is None else v
+    pairs = v[:, None] * v[None] * jnp.abs(x[:, None] - x[None])
+    return 0.5 * jnp.sum(pairs, axis=(0, 1))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("m", [2, 7, 64, scores._PAIR_SIGN_MAX + 3])
+def test_pair_sum_value_and_gradient_match_all_pairs(m):
+    # Both algorithms (sign sums up to _PAIR_SIGN_MAX, sorting beyond): the
+    # value and the gradient (sign(x_j - x_k) summed; distinct draws, so the
+    # all-pairs gradient is unique) equal those of the explicit pair array.
+    x = random.normal(random.PRNGKey(m), (m, 5))
+    want, want_grad = jax.value_and_grad(lambda x: _naive_pair_sum(x).sum())(x)
+    got, grad = jax.value_and_grad(lambda x: scores._pair_abs_sum(x).sum())(x)
+    np.testing.assert_allclose(got, want, rtol=RTOL)
+    np.testing.assert_allclose(grad, want_grad, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.numerics
+def test_weighted_pair_sum_value_and_gradients_match_all_pairs():
+    # The mixture guide's weighted pair sum: value, d/dx and d/dv (the
+    # weights are mixture probabilities that carry gradients) by reverse
+    # and forward mode.
+    x = random.normal(random.PRNGKey(0), (12, 4))
+    v = random.uniform(random.PRNGKey(1), (12, 4))
+    args = (x, v)
+    want = jax.grad(lambda x, v: _naive_pair_sum(x, v).sum(), (0, 1))(*args)
+    got = jax.grad(lambda x, v: scores._weighted_pair_abs_sum(x, v).sum(), (0, 1))(
+        *args
+    )
+    np.testing.assert_allclose(
+        scores._weighted_pair_abs_sum(x, v), _naive_pair_sum(x, v), rtol=RTOL
+    )
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL)
+    fwd = jax.jacfwd(lambda v: scores._weighted_pair_abs_sum(x, v))(v)
+    np.testing.assert_allclose(
+        fwd, jax.jacfwd(lambda v: _naive_pair_sum(x, v))(v), rtol=RTOL, atol=RTOL
+    )
 
 
 @pytest.mark.numerics
