@@ -258,9 +258,9 @@ class PredictiveELBO(ELBO):
         accepted = stop_gradient(log_t < log_lik - math.log(self.likelihood_bound))
         num_accepted = jnp.sum(accepted, axis=0)
         kept = num_accepted > 0
-        per_obs = jnp.sum(
-            accepted * terms.log_q_fixed[:, None], axis=0
-        ) / jnp.maximum(num_accepted, 1)
+        per_obs = jnp.sum(accepted * terms.log_q_fixed[:, None], axis=0) / jnp.maximum(
+            num_accepted, 1
+        )
         rescale = kept.shape[0] / jnp.maximum(jnp.sum(kept), 1)
         surrogate = rescale * jnp.sum(jnp.where(kept, terms.weight * per_obs, 0.0))
         return stop_gradient(value) + surrogate - stop_gradient(surrogate)

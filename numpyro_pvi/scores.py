@@ -36,6 +36,8 @@ from numpyro_pvi._particles import (
     Y_SIM,
     ParticleTerms,
     log_mean_exp,
+    particle_logsumexp,
+    particle_sum,
 )
 
 __all__ = [
@@ -60,7 +62,8 @@ class Score:
 
     ``terms.log_lik`` is ``(M, b)``; ``terms.y_sim`` is ``(M, b, d)`` with
     ``terms.y_obs`` ``(b, d)`` (one flattened row per observation, several
-    observed sites concatenated); ``terms.log_pmf`` is ``(M, b, c, K)``.
+    observed sites concatenated); ``terms.log_pmf`` is ``(M, K, b, c)`` (the
+    support axis ``K`` before the observations, components ``c`` last).
 
     **Example**: a user-defined score, the (negated) interval score of the
     central :math:`(1-\alpha)` prediction interval :math:`[l, u]` (Gneiting
@@ -140,7 +143,7 @@ class LogScore(Score):
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         if terms.log_w is not None:  # stratified: sum_j w_ij p(y_i | theta_j)
-            return jax.nn.logsumexp(terms.log_lik + terms.log_w, axis=0)
+            return particle_logsumexp(terms.log_lik + terms.log_w)
         return log_mean_exp(terms.log_lik, axis=0)
 
 
@@ -169,7 +172,7 @@ def crps_fair(samples: jax.Array, y: jax.Array) -> jax.Array:
     :return: the negatively oriented CRPS, shape ``samples.shape[1:]``.
     """
     m = samples.shape[0]
-    abs_err = jnp.mean(jnp.abs(samples - y), axis=0)
+    abs_err = particle_sum(jnp.abs(samples - y)) / m
     return abs_err - _pair_abs_sum(samples) / (m * (m - 1))
 
 
@@ -217,7 +220,7 @@ def _pair_abs_sum(x: jax.Array) -> jax.Array:
     m = x.shape[0]
     if m <= _PAIR_SIGN_MAX:
         (coef,) = _sign_sums(x)
-        return jnp.sum(coef * x, axis=0)
+        return particle_sum(x, coef)
     coef = jnp.arange(1 - m, m, 2, dtype=x.dtype)  # 2k - M - 1, k = 1..M
     coef = jnp.reshape(coef, (m,) + (1,) * (x.ndim - 1))
     return jnp.sum(coef * jnp.sort(x, axis=0), axis=0)
@@ -232,7 +235,7 @@ def _weighted_pair_abs_sum(x: jax.Array, v: jax.Array) -> jax.Array:
     = A_j` (:func:`_sign_sums`), so both come from one pass.
     """
     _, a = _sign_sums(x, v)
-    return 0.5 * jnp.sum(v * a, axis=0)
+    return 0.5 * particle_sum(a, v)
 
 
 @_weighted_pair_abs_sum.defjvp
@@ -242,8 +245,8 @@ def _weighted_pair_abs_sum_jvp(
     x, v = primals
     dx, dv = tangents
     c, a = _sign_sums(x, v)
-    value = 0.5 * jnp.sum(v * a, axis=0)
-    return value, jnp.sum(v * c * dx + a * dv, axis=0)
+    value = 0.5 * particle_sum(a, v)
+    return value, particle_sum(v * c * dx + a * dv)
 
 
 def _strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:
@@ -324,7 +327,7 @@ class CRPS(Score):
             return -crps_fair(y_sim[..., 0], y_obs[:, 0])
         x = y_sim[..., 0]
         v, k, m = _strata(terms)
-        abs_err = jnp.sum(v * jnp.abs(x - y_obs[:, 0]), axis=0)
+        abs_err = particle_sum(jnp.abs(x - y_obs[:, 0]), v)
         # (1/2) sum_{i != j} v_i v_j |x_i - x_j| over all pairs, plus the
         # within-stratum correction (M/(M-1) - 1) (w_k/M)^2 sum_{m != m'}
         between = _weighted_pair_abs_sum(x, v)
@@ -406,12 +409,12 @@ class EnergyScore(Score):
         rows = max(1, min(m, _ENERGY_CHUNK // max(m * b * d, 1)))
         if terms.log_w is not None:
             return self._stratified(terms, y_sim, y_obs, rows)
-        obs_term = jnp.mean(_pow_norm(y_sim - y_obs, self.beta), axis=0)
+        obs_term = particle_sum(_pow_norm(y_sim - y_obs, self.beta)) / m
 
         def row(x_j: jax.Array) -> jax.Array:  # sum_k ||x_j - x_k||^beta
-            return jnp.sum(_pow_norm(x_j - y_sim, self.beta), axis=0)
+            return particle_sum(_pow_norm(x_j - y_sim, self.beta))
 
-        pair_sum = jnp.sum(jax.lax.map(row, y_sim, batch_size=rows), axis=0)
+        pair_sum = particle_sum(jax.lax.map(row, y_sim, batch_size=rows))
         return -obs_term + pair_sum / (2 * m * (m - 1))
 
     def _stratified(
@@ -420,17 +423,15 @@ class EnergyScore(Score):
         """Pairs weighted ``v_i v_j``, times ``M/(M-1)`` within a stratum."""
         v, _, m = _strata(terms)
         stratum = jnp.arange(v.shape[0]) // m
-        obs_term = jnp.sum(v * _pow_norm(y_sim - y_obs, self.beta), axis=0)
+        obs_term = particle_sum(_pow_norm(y_sim - y_obs, self.beta), v)
 
         def row(args: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
             x_j, v_j, k_j = args  # v_j sum_i c_ij v_i ||x_j - x_i||^beta
             c = jnp.where(stratum == k_j, m / (m - 1), 1.0)[:, None]
             dist = _pow_norm(x_j - y_sim, self.beta)  # (N, b)
-            return v_j * jnp.sum(c * v * dist, axis=0)
+            return v_j * particle_sum(dist, c * v)
 
-        pair_sum = jnp.sum(
-            jax.lax.map(row, (y_sim, v, stratum), batch_size=rows), axis=0
-        )
+        pair_sum = particle_sum(jax.lax.map(row, (y_sim, v, stratum), batch_size=rows))
         return -obs_term + 0.5 * pair_sum
 
     def __repr__(self) -> str:
@@ -505,15 +506,15 @@ class QuadraticScore(Score):
             )
         if terms.log_w is not None:
             return self._stratified(terms)
-        m, _, c, _ = terms.log_pmf.shape
+        m, _, _, c = terms.log_pmf.shape
         q_obs = jnp.exp(log_mean_exp(terms.log_lik, axis=0))  # (b,)
-        pmf = jnp.exp(terms.log_pmf)  # (M, b, c, K); padding -> 0
+        pmf = jnp.exp(terms.log_pmf)  # (M, K, b, c); padding -> 0
         if c == 1:
-            total = jnp.sum(pmf[:, :, 0, :], axis=0)  # (b, K)
-            own = jnp.sum(jnp.square(pmf[:, :, 0, :]), axis=0)
-            sum_sq = jnp.sum(jnp.square(total) - own, axis=-1) / (m * (m - 1))
+            total = particle_sum(pmf[..., 0])  # (K, b)
+            own = particle_sum(jnp.square(pmf[..., 0]))
+            sum_sq = jnp.sum(jnp.square(total) - own, axis=0) / (m * (m - 1))
         else:
-            overlap = jnp.einsum("mbck,nbck->mnbc", pmf, pmf)  # (M, M, b, c)
+            overlap = jnp.einsum("mkbc,nkbc->mnbc", pmf, pmf)  # (M, M, b, c)
             positive = overlap > 0
             log_overlap = jnp.where(
                 positive, jnp.log(jnp.where(positive, overlap, 1.0)), -jnp.inf
@@ -531,19 +532,19 @@ class QuadraticScore(Score):
         """Pairs ``a != b`` weighted ``v_a v_b``, times ``M/(M-1)`` within a
         stratum, of the overlaps ``<f_a, f_b>``."""
         v, k, m = _strata(terms)
-        n, b, c, _ = terms.log_pmf.shape
-        q_obs = jnp.exp(jax.nn.logsumexp(terms.log_lik + terms.log_w, axis=0))
-        pmf = jnp.exp(terms.log_pmf)  # (N, b, c, K)
+        n, _, b, c = terms.log_pmf.shape
+        q_obs = jnp.exp(particle_logsumexp(terms.log_lik + terms.log_w))
+        pmf = jnp.exp(terms.log_pmf)  # (N, K, b, c)
         if c == 1:
-            f = pmf[:, :, 0, :]
-            wf = v[..., None] * f  # (N, b, K)
-            total = jnp.sum(jnp.square(jnp.sum(wf, axis=0)) - jnp.sum(wf**2, 0), -1)
-            f_k = f.reshape(k, m, b, -1)
+            f = pmf[..., 0]  # (N, K, b)
+            wf = v[:, None, :] * f
+            total = jnp.sum(jnp.square(particle_sum(wf)) - particle_sum(wf**2), 0)
+            f_k = f.reshape((k, m) + f.shape[1:])  # (strata, M, K, b)
             within = jnp.square(jnp.sum(f_k, axis=1)) - jnp.sum(f_k**2, axis=1)
             v_k = v.reshape(k, m, b)[:, 0, :]  # w_k(x_i) / M
-            within = jnp.sum(jnp.square(v_k) * jnp.sum(within, -1), 0) / (m - 1)
+            within = jnp.sum(jnp.square(v_k) * jnp.sum(within, 1), 0) / (m - 1)
             return 2.0 * q_obs - total - within
-        overlap = jnp.einsum("mbck,nbck->mnbc", pmf, pmf)  # (N, N, b, c)
+        overlap = jnp.einsum("mkbc,nkbc->mnbc", pmf, pmf)  # (N, N, b, c)
         positive = overlap > 0
         log_overlap = jnp.where(
             positive, jnp.log(jnp.where(positive, overlap, 1.0)), -jnp.inf

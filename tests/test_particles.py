@@ -15,6 +15,8 @@ from numpyro_pvi._particles import (
     LOG_Q_FIXED,
     Y_SIM,
     log_mean_exp,
+    particle_logsumexp,
+    particle_sum,
     particle_terms,
 )
 
@@ -194,13 +196,11 @@ def test_simulated_observations_and_pmf_shapes():
     y = jnp.array([0.0, 1.0, 1.0])
     guide = AutoDelta(bern_model)
     terms = _terms(bern_model, guide, y, requests=(LOG_LIK, LOG_PMF))
-    assert terms.log_pmf.shape == (4, 3, 1, 2)
-    np.testing.assert_allclose(jnp.exp(terms.log_pmf).sum(-1), 1.0, rtol=1e-6)
+    assert terms.log_pmf.shape == (4, 2, 3, 1)  # (M, K, b, c)
+    np.testing.assert_allclose(jnp.exp(terms.log_pmf).sum(1), 1.0, rtol=1e-6)
     # the pmf at the observed value is the likelihood
-    picked = jnp.take_along_axis(
-        terms.log_pmf[:, :, 0, :], y.astype(int)[None, :, None], -1
-    )
-    np.testing.assert_allclose(picked[..., 0], terms.log_lik, rtol=1e-6)
+    picked = jnp.take_along_axis(terms.log_pmf[..., 0], y.astype(int)[None, None, :], 1)
+    np.testing.assert_allclose(picked[:, 0], terms.log_lik, rtol=1e-6)
 
 
 def test_log_q_fixed_has_value_of_log_q_and_score_function_gradient():
@@ -250,3 +250,26 @@ def test_log_mean_exp_is_stable():
     out = log_mean_exp(x, axis=0)
     assert out[0] == -jnp.inf
     np.testing.assert_allclose(out[1], 1000.0 - jnp.log(3.0), rtol=1e-6)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("m", [1, 2, 7, 64])
+def test_particle_reductions_match_jax_reductions(m):
+    # particle_sum is a contraction and particle_logsumexp shifts by a
+    # halving maximum (odd M: overlapping halves); both must equal the plain
+    # reductions, with gradients, including weights and +-inf entries.
+    x = random.normal(random.PRNGKey(m), (m, 3, 5)) * 30.0
+    w = random.uniform(random.PRNGKey(m + 1), (m,))
+    np.testing.assert_allclose(particle_sum(x), x.sum(0), rtol=1e-6, atol=1e-4)
+    np.testing.assert_allclose(
+        particle_sum(x, w), jnp.tensordot(w, x, 1), rtol=1e-6, atol=1e-4
+    )
+    np.testing.assert_allclose(particle_sum(x, x), (x * x).sum(0), rtol=1e-6, atol=1e-3)
+    want, want_grad = jax.value_and_grad(lambda x: jax.nn.logsumexp(x, axis=0).sum())(x)
+    got, grad = jax.value_and_grad(lambda x: particle_logsumexp(x).sum())(x)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-5, atol=1e-7)
+    edge = x.at[:, 0, 0].set(-jnp.inf).at[-1, 1, 1].set(jnp.inf)
+    np.testing.assert_allclose(
+        particle_logsumexp(edge), jax.nn.logsumexp(edge, axis=0), rtol=1e-6
+    )

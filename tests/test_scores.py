@@ -269,7 +269,7 @@ def _two_point_expected_score(pmf_lo, pmf_hi, truth):
     y = jnp.arange(k)
 
     def one_pair(pmfs):  # pmfs (2, K): observations are the K support points
-        log_pmf = jnp.broadcast_to(jnp.log(pmfs)[:, None, None, :], (2, k, 1, k))
+        log_pmf = jnp.broadcast_to(jnp.log(pmfs)[:, :, None, None], (2, k, k, 1))
         log_lik = jnp.log(pmfs[:, y])  # (2, K)
         return QuadraticScore().estimate(_terms(log_lik=log_lik, log_pmf=log_pmf))
 
@@ -344,15 +344,15 @@ def test_quadratic_several_components_match_product_support_enumeration():
             requests=QuadraticScore.requires,
         )
     )(random.PRNGKey(1))
-    assert terms.log_pmf.shape == (5, 3, 3, 3)
+    assert terms.log_pmf.shape == (5, 3, 3, 3)  # (M, K, b, c)
     got = QuadraticScore().estimate(terms)
 
-    f = np.exp(np.asarray(terms.log_pmf, np.float64))  # (M, b, c, K)
+    f = np.exp(np.asarray(terms.log_pmf, np.float64))  # (M, K, b, c)
     m = f.shape[0]
     sum_sq = np.zeros(3)
     for i in range(3):
         for j in np.ndindex(2, 2, 3):  # the product support of one observation
-            fj = f[:, i, 0, j[0]] * f[:, i, 1, j[1]] * f[:, i, 2, j[2]]  # (M,)
+            fj = f[:, j[0], i, 0] * f[:, j[1], i, 1] * f[:, j[2], i, 2]  # (M,)
             sum_sq[i] += (fj.sum() ** 2 - (fj**2).sum()) / (m * (m - 1))
     q_obs = np.exp(np.asarray(terms.log_lik, np.float64)).mean(0)
     np.testing.assert_allclose(got, 2 * q_obs - sum_sq, rtol=1e-9 if X64 else 1e-4)
