@@ -178,13 +178,14 @@ def random_split(
 
 
 class Candidates(NamedTuple):
-    """A grid of settings of one loss, fitted in one vectorised program.
+    """A grid of settings of one loss, fitted in one compiled program.
 
     ``make_loss(value)`` is called inside the traced fit with one entry of
     ``values`` as a traced scalar and returns the loss for that setting, so
-    all settings of the grid are fitted by one compiled program (``vmap``
-    over ``values``). A fixed loss is ``Candidates((label,), (0.0,),
-    lambda _: loss)`` (see :meth:`single`).
+    all settings of the grid are fitted by one compiled program (a
+    ``lax.map`` over ``values`` of fits vectorised over the seeds). A fixed
+    loss is ``Candidates((label,), (0.0,), lambda _: loss)`` (see
+    :meth:`single`).
 
     :ivar labels: one label per setting.
     :ivar values: one scalar per setting.
@@ -258,7 +259,7 @@ class Objective:
 class _GridPredictiveELBO(PredictiveELBO):
     """:class:`~numpyro_pvi.PredictiveELBO` whose λ may be a traced scalar.
 
-    Only for fitting a grid of λ in one ``vmap``: the regularizer is always
+    Only for fitting a grid of λ in one program: the regularizer is always
     computed (λ = 0 then multiplies it by zero). The grid's values are
     validated by :func:`pvi_objective` through ``PredictiveELBO`` itself.
     """
@@ -284,7 +285,7 @@ def pvi_objective(
 
     λ = 0 makes the regularizer irrelevant, so it is one candidate (fitted in
     the first regularizer's grid). Each regularizer's λ grid is fitted in
-    one vectorised program.
+    one compiled program.
 
     :param score: the scoring rule of :class:`~numpyro_pvi.PredictiveELBO`;
         the same score selects the candidate on validation.
@@ -361,8 +362,14 @@ def _fitter(
     make_loss: Callable[[jax.Array], ELBO],
     learning_rate: float,
 ) -> Callable:
-    """``jit`` of SVI runs, ``vmap``-ed over the grid values (outer axis) and
-    the seeds (inner axis; the same keys for every value).
+    """``jit`` of SVI runs, mapped over the grid values (outer axis, a
+    ``lax.map``) and vectorised over the seeds (inner axis, ``vmap``; the same
+    keys for every value).
+
+    The grid is a sequential ``lax.map``, not a second ``vmap``: on CPU, the
+    dense guide's batched triangular solves over seeds × grid values × particles
+    deadlocked XLA's thread pool (jaxlib 0.10, the 45-dimensional glmm
+    posterior), and the extra vectorisation bought little.
 
     The number of steps is a traced argument (a ``fori_loop``), so one
     compiled program serves every budget. Adam's step size decays from
@@ -388,7 +395,11 @@ def _fitter(
         return svi.get_params(state), acc / (num_steps - tail_start)
 
     over_seeds = jax.vmap(one, in_axes=(None, 0, 0, None))
-    return jax.jit(jax.vmap(over_seeds, in_axes=(0, None, None, None)))
+
+    def over_grid(values: jax.Array, keys: jax.Array, data: dict, num_steps):
+        return jax.lax.map(lambda v: over_seeds(v, keys, data, num_steps), values)
+
+    return jax.jit(over_grid)
 
 
 def _scorer(model: Callable, guide: Callable, score: str, num_draws: int) -> Callable:
@@ -440,8 +451,8 @@ def run_benchmark(
     r"""Fit every objective with every guide on every split and score it.
 
     For each guide and objective, every candidate loss is fitted on the
-    training part of all splits at once (``vmap`` over the seeds and over
-    the values of a :class:`Candidates` grid inside one ``jit``) with Adam
+    training part of all splits at once (``vmap`` over the seeds, ``lax.map``
+    over the values of a :class:`Candidates` grid, inside one ``jit``) with Adam
     whose step size decays from ``learning_rate`` to a tenth of it (cosine
     schedule). The candidate with the largest validation
     sum of the objective's ``select_by`` score is kept per seed, and its
