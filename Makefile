@@ -21,10 +21,12 @@ $(VENV)/.installed-test: pyproject.toml | $(VPY)
 demo: $(VENV)/.installed
 	$(VPY) -m numpyro_pvi.demo
 
+# Tests are spread over two xdist workers one by one, except those marked
+# with the same `xdist_group` (module-scoped fixtures), which share a worker.
 test: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks
-	$(VPY) -m pytest -q -n 2 --dist loadfile
-	JAX_ENABLE_X64=1 $(VPY) -m pytest -q -n 2 --dist loadfile -m numerics
+	$(VPY) -m pytest -q -n 2 --dist loadgroup
+	JAX_ENABLE_X64=1 $(VPY) -m pytest -q -n 2 --dist loadgroup -m numerics
 
 lint: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks

@@ -2,12 +2,56 @@
 
 The numerics tests (marker ``numerics``) run a second time with
 ``JAX_ENABLE_X64=1``; ``make test`` does both.
+
+Compilation, not run time, dominates most tests (small models, few steps):
+
+* they compile with ``JAX_DISABLE_MOST_OPTIMIZATIONS=1`` and XLA's CPU
+  loop emitters instead of its fusion emitters
+  (``--xla_cpu_use_fusion_emitters=false``), as the tutorial smoke runs do:
+  this halves compile times. Tests marked ``optimized`` (and fixtures inside
+  ``with xla_optimizations():``) run long optimisation loops and compile
+  with XLA's optimisations;
+* every process of one test run (xdist workers, notebook kernels,
+  subprocesses) shares one persistent compilation cache in a temporary
+  directory, so a computation compiled once in the run is loaded, not
+  compiled again.
+
+Both are defaults: set the environment variables to override them.
 """
 
+import atexit
+import contextlib
+import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+FAST_COMPILE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _xla_accepts(flag: str) -> bool:
+    """Whether this jaxlib knows ``flag`` (XLA aborts on an unknown flag)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}"
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    return subprocess.run(probe, env=env, capture_output=True).returncode == 0
+
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+# decided once per run: xdist workers and subprocesses inherit the result
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_cpu_use_fusion_emitters" not in _flags and _xla_accepts(FAST_COMPILE_XLA_FLAG):
+    os.environ["XLA_FLAGS"] = f"{_flags} {FAST_COMPILE_XLA_FLAG}".strip()
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="numpyro-pvi-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
@@ -22,9 +66,55 @@ import jax  # noqa: E402
 X64 = bool(jax.config.jax_enable_x64)
 
 
+@contextlib.contextmanager
+def xla_optimizations():
+    """Compile with XLA's optimisations inside the block (long-running loops)."""
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", previous)
+
+
+@pytest.fixture(autouse=True)
+def _optimized_marker(request):
+    if request.node.get_closest_marker("optimized") is None:
+        yield
+    else:
+        with xla_optimizations():
+            yield
+
+
+def pytest_collection_modifyitems(items):
+    """The tutorial notebooks, the longest single tests, go first: under
+    ``--dist loadgroup`` the short tests then fill in the end of both workers."""
+    items.sort(key=lambda item: item.module.__name__ != "test_tutorials")
+
+
+@pytest.fixture(scope="session")
+def four_devices():
+    """The JSON results of sharding_worker.py, run once in a subprocess with
+    four host devices. Tests that use it share the ``xdist_group``
+    ``"four_devices"``, so that one worker runs it."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
+    )
+    env["JAX_PLATFORMS"] = "cpu"
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("sharding_worker.py")), "4"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if out.returncode:
+        raise AssertionError(out.stderr[-4000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @pytest.fixture(autouse=True)
 def _fixed_seed():
     np.random.seed(0)
     yield
-
-

@@ -1,8 +1,10 @@
-"""Run in a subprocess with several host devices (see test_sharding.py).
+"""Run in a subprocess with several host devices (the ``four_devices``
+fixture in conftest.py, used by test_sharding.py and test_vsbc.py).
 
 Prints one JSON document: for each objective, the largest difference between
 the loss/gradient computed on sharded and on unsharded data, and whether the
-compiled step gathers a full data array onto one device.
+compiled step gathers a full data array onto one device; under
+``"vsbc_dispatch"``, VSBC's p-values and losses from each chain method.
 """
 
 import json
@@ -125,6 +127,46 @@ def gathering_control(x) -> list[str]:
     return full_gathers(fn.lower(xs).compile().as_text(), (N, D))
 
 
+def vsbc_model(n, y=None):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    log_s = numpyro.sample("log_s", dist.Normal(0.0, 0.5))
+    with numpyro.plate("data", n):
+        numpyro.sample("y", dist.Normal(mu, jnp.exp(log_s)), obs=y)
+
+
+def vsbc_dispatch() -> dict:
+    """The same VSBC run dispatched sequentially, vectorized, sharded, chunked."""
+    from numpyro.infer import Trace_ELBO
+
+    from numpyro_pvi.diagnostics import vsbc
+
+    out = {"devices": jax.local_device_count()}
+    for name, method, chunk in [
+        ("vectorized", "vectorized", None),
+        ("sequential", "sequential", None),
+        ("sharded", "sharded", None),
+        ("sharded_chunked", "sharded", 6),
+    ]:
+        idata = vsbc(
+            random.PRNGKey(7),
+            vsbc_model,
+            AutoNormal(vsbc_model),
+            optax.adam(0.05),
+            Trace_ELBO(),
+            10,
+            num_simulations=10,
+            num_svi_steps=60,
+            num_draws=200,
+            observed_sites=["y"],
+            chain_method=method,
+            chunk_size=chunk,
+            progress_bar=False,
+        )
+        out[name] = {v: idata.vsbc[v].values.ravel().tolist() for v in ("mu", "log_s")}
+        out[name]["loss"] = idata.vsbc_fit_stats["loss"].values.ravel().tolist()
+    return out
+
+
 def main():
     assert len(jax.devices()) == int(sys.argv[1]), jax.devices()
     kx, ky = random.split(random.PRNGKey(0))
@@ -140,6 +182,7 @@ def main():
         y = y_bin if model is logistic else y_cont
         results[name] = check(loss, model, x, y, run_svi=name in SVI_RUNS)
     results["control_full_gathers"] = gathering_control(x)
+    results["vsbc_dispatch"] = vsbc_dispatch()
     print(json.dumps(results))
 
 

@@ -453,6 +453,7 @@ def xor_fits():
     return fits, lpds, lpd_vi
 
 
+@pytest.mark.xdist_group("gm_pvi_xor_fits")
 def test_xor_small_beta_keeps_four_components_and_beats_posterior(xor_fits):
     fits, lpds, lpd_vi = xor_fits
     fit = fits[0.01]
@@ -463,6 +464,7 @@ def test_xor_small_beta_keeps_four_components_and_beats_posterior(xor_fits):
     assert diff.mean() > 5 * se, (diff.mean(), se)
 
 
+@pytest.mark.xdist_group("gm_pvi_xor_fits")
 def test_xor_large_beta_approaches_posterior_predictive(xor_fits):
     fits, lpds, lpd_vi = xor_fits
     gain = lpds[0.01].mean() - lpd_vi.mean()

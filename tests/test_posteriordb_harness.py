@@ -22,6 +22,9 @@ from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import predictive_score
 
+# module-scoped fixtures: one xdist worker runs the whole module
+pytestmark = pytest.mark.xdist_group("posteriordb_harness")
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT.parent / "shared" / "data" / "posteriordb"
 

@@ -226,6 +226,7 @@ def _fit_sd(y, score="log", steps=3000, m=32):
     return float(jnp.exp(res.params["log_s"])), res
 
 
+@pytest.mark.optimized  # 2 x 3000 steps on 2000 observations
 def test_pvi_normal_toy_recovers_sqrt3_and_zero():
     """Lai & Yao (2024), Fig. 2: q's sd -> sqrt(sigma^2 - 1)."""
     y = 2.0 * random.normal(random.PRNGKey(0), (2000,))

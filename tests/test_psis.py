@@ -20,6 +20,9 @@ from numpyro_pvi.diagnostics import pareto_smooth, plot_psis, psis, psis_summary
 
 matplotlib.use("Agg")
 
+# module-scoped fixtures: one xdist worker runs the whole module
+pytestmark = pytest.mark.xdist_group("psis")
+
 # --------------------------------------------------------------------------
 # NumPyro's reference: target N(0, I_3), proposal N(0, s^2 I_3), 50 000 draws
 # --------------------------------------------------------------------------

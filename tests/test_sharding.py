@@ -1,34 +1,13 @@
 """Objectives on data sharded across (host) devices: same numbers, no gathers."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import jax.numpy as jnp
 import pytest
 
 from numpyro_pvi.sharding import data_mesh, shard_data
 
-WORKER = Path(__file__).with_name("sharding_worker.py")
-
-
-@pytest.fixture(scope="module")
-def four_devices():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
-    env["JAX_PLATFORMS"] = "cpu"
-    out = subprocess.run(
-        [sys.executable, str(WORKER), "4"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if out.returncode:
-        raise AssertionError(out.stderr[-4000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
+# the tests below read the results of sharding_worker.py, which runs with
+# four host devices (conftest.py: four_devices)
+on_four_devices = pytest.mark.xdist_group("four_devices")
 
 
 EXPECTED = [
@@ -42,6 +21,7 @@ EXPECTED = [
 ]
 
 
+@on_four_devices
 @pytest.mark.parametrize("name", EXPECTED)
 def test_sharded_objective_matches_unsharded(four_devices, name):
     entry = four_devices[name]
@@ -57,6 +37,7 @@ def test_sharded_objective_matches_unsharded(four_devices, name):
     assert entry["has_collectives"]
 
 
+@on_four_devices
 def test_gather_detector_sees_a_gather(four_devices):
     assert four_devices["control_full_gathers"]
 

@@ -18,6 +18,9 @@ from numpyro_pvi import PredictiveELBO
 from numpyro_pvi._particles import particle_terms
 from numpyro_pvi.distributions import Simulator
 
+# module-scoped fixtures: one xdist worker runs the whole module
+pytestmark = pytest.mark.xdist_group("simulator")
+
 LIKELIHOOD_FREE = "this site is likelihood-free: use score='crps' or 'energy'"
 NOISE = 0.1
 

@@ -1,11 +1,6 @@
 """VSBC (Yao et al. 2018, Algorithm 2): symmetry test, known answers, layout."""
 
 import itertools
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -118,6 +113,9 @@ def test_holm_and_bh_corrections():
 # known answers: Bayesian linear regression with a biased guide for σ
 # --------------------------------------------------------------------------
 
+# the tests of the module fixtures `wide` and `narrow` run on one xdist worker
+regression_fits = pytest.mark.xdist_group("vsbc_regression_fits")
+
 N, K = 100, 3
 X = jax.random.normal(jax.random.PRNGKey(1), (N, K))
 
@@ -175,6 +173,7 @@ def narrow():
     return _regression_vsbc(0.005, 40)
 
 
+@regression_fits
 def test_biased_sigma_is_flagged_over_and_coefficients_are_not(wide):
     sym = wide.vsbc_symmetry
     assert sym["direction"].sel(component="sigma").item() == "over"
@@ -184,6 +183,7 @@ def test_biased_sigma_is_flagged_over_and_coefficients_are_not(wide):
     assert float(np.median(wide.vsbc["sigma"])) < 0.5
 
 
+@regression_fits
 def test_narrow_unbiased_guide_passes_symmetry_with_u_shaped_histogram(narrow):
     sym = narrow.vsbc_symmetry
     assert sym["direction"].sel(component="sigma").item() == "ok"
@@ -197,6 +197,7 @@ def test_narrow_unbiased_guide_passes_symmetry_with_u_shaped_histogram(narrow):
         assert stats.kstest(p, "uniform").pvalue > 1e-3
 
 
+@regression_fits
 def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     idata = narrow
     assert set(idata.groups()) == {
@@ -233,6 +234,7 @@ def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     assert list(back.vsbc_symmetry["direction"].values) == list(sym["direction"].values)
 
 
+@regression_fits
 @pytest.mark.parametrize("kind", ["hist", "ecdf"])
 def test_plot_vsbc_panels(narrow, kind):
     before = narrow.vsbc["beta"].values.copy()
@@ -354,54 +356,13 @@ def test_works_with_the_package_objectives(loss, chain_method):
 # dispatch: sequential / vectorized / sharded / chunked give the same answer
 # --------------------------------------------------------------------------
 
-_DISPATCH_SCRIPT = textwrap.dedent(
-    """
-    import json
-    import jax, jax.numpy as jnp, numpyro, numpyro.distributions as dist, optax
-    from numpyro.infer import Trace_ELBO
-    from numpyro.infer.autoguide import AutoNormal
-    from numpyro_pvi.diagnostics import vsbc
 
-    def model(n, y=None):
-        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
-        log_s = numpyro.sample("log_s", dist.Normal(0.0, 0.5))
-        with numpyro.plate("data", n):
-            numpyro.sample("y", dist.Normal(mu, jnp.exp(log_s)), obs=y)
-
-    out = {"devices": jax.local_device_count()}
-    for name, method, chunk in [
-        ("vectorized", "vectorized", None),
-        ("sequential", "sequential", None),
-        ("sharded", "sharded", None),
-        ("sharded_chunked", "sharded", 6),
-    ]:
-        idata = vsbc(jax.random.PRNGKey(7), model, AutoNormal(model),
-                     optax.adam(0.05), Trace_ELBO(), 10, num_simulations=10,
-                     num_svi_steps=60, num_draws=200, observed_sites=["y"],
-                     chain_method=method, chunk_size=chunk, progress_bar=False)
-        out[name] = {v: idata.vsbc[v].values.ravel().tolist() for v in ("mu", "log_s")}
-        out[name]["loss"] = idata.vsbc_fit_stats["loss"].values.ravel().tolist()
-    print("RESULT" + json.dumps(out))
-    """
-)
-
-
-def test_sharded_matches_vectorized_on_four_devices():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
-    )
-    env["JAX_PLATFORMS"] = "cpu"
-    proc = subprocess.run(
-        [sys.executable, "-c", _DISPATCH_SCRIPT],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
-    out = json.loads(line[len("RESULT") :])
+@pytest.mark.xdist_group("four_devices")
+def test_sharded_matches_vectorized_on_four_devices(four_devices):
+    # the same VSBC run (a normal model with unknown mean and log scale, 10
+    # replications of 60 steps) with each chain method, on four host devices
+    # (tests/sharding_worker.py: vsbc_dispatch)
+    out = four_devices["vsbc_dispatch"]
     assert out["devices"] == 4
     reference = out["vectorized"]
     # 10 replications on 4 devices: padded to 12 (one chunk) or to 2 chunks of
@@ -459,6 +420,7 @@ def test_bad_input(overrides, match):
         _call(**overrides)
 
 
+@regression_fits
 def test_plot_vsbc_bad_input(narrow):
     with pytest.raises(ValueError, match="kind"):
         plot_vsbc(narrow, kind="rank")

@@ -15,7 +15,9 @@ The notebooks read ``NUMPYRO_PVI_SMOKE=1`` from the environment.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,16 @@ import nbformat
 from nbclient import NotebookClient
 
 SMOKE_ENV = "NUMPYRO_PVI_SMOKE"
+FAST_COMPILE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+@functools.cache
+def _xla_accepts(flag: str) -> bool:
+    """Whether this jaxlib knows ``flag`` (XLA aborts on an unknown flag)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}"
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    return subprocess.run(probe, env=env, capture_output=True).returncode == 0
 
 
 def execute_notebook(
@@ -34,7 +46,9 @@ def execute_notebook(
     The kernel inherits this process's environment with ``JAX_PLATFORMS=cpu``
     and ``NUMPYRO_PVI_SMOKE`` set to ``"1"`` (smoke) or ``"0"`` (full run).
     Smoke runs take few steps, so compile time dominates them: they also set
-    ``JAX_DISABLE_MOST_OPTIMIZATIONS=1``, which compiles faster.
+    ``JAX_DISABLE_MOST_OPTIMIZATIONS=1`` and, where this jaxlib has it,
+    ``--xla_cpu_use_fusion_emitters=false`` in ``XLA_FLAGS`` (XLA's CPU loop
+    emitters compile about twice as fast as its fusion emitters).
     A cell error raises :class:`nbclient.exceptions.CellExecutionError`.
 
     :return: the executed notebook and the wall-clock time in seconds.
@@ -48,6 +62,11 @@ def execute_notebook(
     env.pop("MPLBACKEND", None)
     if smoke:
         env["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1"
+        flags = env.get("XLA_FLAGS", "")
+        if "xla_cpu_use_fusion_emitters" not in flags and _xla_accepts(
+            FAST_COMPILE_XLA_FLAG
+        ):
+            env["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_XLA_FLAG}".strip()
     else:
         env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
     client = NotebookClient(
