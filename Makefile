@@ -24,12 +24,12 @@ demo: $(VENV)/.installed
 # Tests are spread over two xdist workers one by one, except those marked
 # with the same `xdist_group` (module-scoped fixtures), which share a worker.
 test: $(VENV)/.installed-test
-	$(VPY) -m ruff check numpyro_pvi tests benchmarks
+	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
 	$(VPY) -m pytest -q -n 2 --dist loadgroup
 	JAX_ENABLE_X64=1 $(VPY) -m pytest -q -n 2 --dist loadgroup -m numerics
 
 lint: $(VENV)/.installed-test
-	$(VPY) -m ruff check numpyro_pvi tests benchmarks
+	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
 	$(VPY) -m ruff format --check numpyro_pvi tests benchmarks
 
 # POSTERIORDB: directory of the posteriordb JSON data (default: the shared
