@@ -32,7 +32,7 @@ candidate losses, and the guides::
         },
         guides={"diag": AutoNormal},
         scores=("log",),
-        num_steps=4000,
+        num_steps=2000,
     )
     print(format_table(results))
 
@@ -41,11 +41,13 @@ per-observation arrays of all seeds' splits must have equal shapes so that
 the seeds are fitted in one vectorised program (``random_split`` guarantees
 it).
 
-Budget: 4000 Adam steps per fit by default (the paper ran 200,000); at
-2000 steps VI was still improving on kidscore (test log score -392 vs -381
-at 4000), see ``benchmarks/RESULTS.md``. ``--steps`` changes it; the step
-count is a traced argument, so with ``--jax-cache DIR`` a rerun at another
-budget reuses the compiled programs.
+Budget: 2000 Adam steps per fit by default, the step size decaying from
+0.03 to 0.003 (the paper ran 200,000 steps). This reaches the losses of
+4000 steps at 0.01 on every model, and those of 8000 steps on nes and
+earnings; kidscore's ill-conditioned interaction regression still improves
+slowly (see ``benchmarks/RESULTS.md``). ``--steps`` and ``--lr`` change it;
+the step count is a traced argument, so with ``--jax-cache DIR`` a rerun at
+another budget reuses the compiled programs.
 
 Command line (the paper's models; the data directory defaults to
 ``../shared/data/posteriordb`` relative to the repository)::
@@ -442,8 +444,8 @@ def run_benchmark(
     guides: Mapping[str, Callable[[Callable], Callable]],
     *,
     scores: Sequence[str] = ("log",),
-    num_steps: int = 4000,
-    learning_rate: float = 1e-2,
+    num_steps: int = 2000,
+    learning_rate: float = 3e-2,
     num_draws: int = 1000,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
@@ -871,11 +873,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         default="kidscore,earnings,nes,glmm",
         help="comma-separated subset of the models",
     )
-    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--num-particles", type=int, default=100)
     parser.add_argument("--num-draws", type=int, default=1000)
-    parser.add_argument("--lr", type=float, default=1e-2)
+    parser.add_argument("--lr", type=float, default=3e-2)
     parser.add_argument(
         "--guides",
         default="diag,dense",
