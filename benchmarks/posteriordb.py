@@ -623,8 +623,8 @@ class _MultivariateNormalSubstitution(dist.MultivariateNormal):
 
     On CPU, jaxlib runs batched ``trsm`` calls on XLA's intra-op thread pool
     from inside that pool; with the dense glmm guide (45 dimensions, batched
-    over seeds and particles) this deadlocked the pool in about half the runs
-    on 2 cores (native stacks: both pool threads waiting in
+    over seeds and particles) this deadlocked the pool on 2 cores in every
+    run we made (native stacks: both pool threads waiting in
     ``TriMatrixEquationSolver``). The density is the same.
     """
 

@@ -222,8 +222,7 @@ def _pair_abs_sum(x: jax.Array) -> jax.Array:
         (coef,) = _sign_sums(x)
         return particle_sum(x, coef)
     coef = jnp.arange(1 - m, m, 2, dtype=x.dtype)  # 2k - M - 1, k = 1..M
-    coef = jnp.reshape(coef, (m,) + (1,) * (x.ndim - 1))
-    return jnp.sum(coef * jnp.sort(x, axis=0), axis=0)
+    return particle_sum(jnp.sort(x, axis=0), coef)
 
 
 @jax.custom_jvp

@@ -21,6 +21,7 @@ Both are defaults: set the environment variables to override them.
 
 import atexit
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -29,24 +30,29 @@ import sys
 import tempfile
 from pathlib import Path
 
-FAST_COMPILE_XLA_FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+def _load_tutorial_runner():
+    """``tutorials/execute.py`` (notebook runner and fast-compile flag), or
+    ``None`` without the notebook test dependencies."""
+    path = Path(__file__).resolve().parents[1] / "tutorials" / "execute.py"
+    spec = importlib.util.spec_from_file_location("_tutorials_execute", path)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError:
+        return None
+    return module
 
 
-def _xla_accepts(flag: str) -> bool:
-    """Whether this jaxlib knows ``flag`` (XLA aborts on an unknown flag)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}"
-    probe = [sys.executable, "-c", "import jax; jax.devices()"]
-    return subprocess.run(probe, env=env, capture_output=True).returncode == 0
+TUTORIAL_RUNNER = _load_tutorial_runner()
 
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # decided once per run: xdist workers and subprocesses inherit the result
-_flags = os.environ.get("XLA_FLAGS", "")
-if "xla_cpu_use_fusion_emitters" not in _flags and _xla_accepts(FAST_COMPILE_XLA_FLAG):
-    os.environ["XLA_FLAGS"] = f"{_flags} {FAST_COMPILE_XLA_FLAG}".strip()
+if TUTORIAL_RUNNER is not None:
+    TUTORIAL_RUNNER.add_fast_compile_flag(os.environ)
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="numpyro-pvi-tests-jax-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
@@ -90,6 +96,14 @@ def pytest_collection_modifyitems(items):
     """The tutorial notebooks, the longest single tests, go first: under
     ``--dist loadgroup`` the short tests then fill in the end of both workers."""
     items.sort(key=lambda item: item.module.__name__ != "test_tutorials")
+
+
+@pytest.fixture(scope="session")
+def tutorial_runner():
+    """The module ``tutorials/execute.py`` (``execute_notebook``)."""
+    if TUTORIAL_RUNNER is None:
+        pytest.skip("the notebook runner needs nbformat and nbclient")
+    return TUTORIAL_RUNNER
 
 
 @pytest.fixture(scope="session")

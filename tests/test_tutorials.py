@@ -7,7 +7,6 @@ is checked too (every code cell executed, in order, without an error output).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,15 +17,6 @@ NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 
 pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
-
-
-def _runner():
-    spec = importlib.util.spec_from_file_location(
-        "_tutorials_execute", TUTORIALS / "execute.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _code_cells(path: Path) -> list[dict]:
@@ -59,9 +49,8 @@ def test_notebook_is_self_contained_and_committed_with_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_in_smoke_mode(path):
-    runner = _runner()
-    nb, seconds = runner.execute_notebook(path, smoke=True, timeout=600)
+def test_notebook_executes_in_smoke_mode(path, tutorial_runner):
+    nb, seconds = tutorial_runner.execute_notebook(path, smoke=True, timeout=600)
     errors = [
         o
         for c in nb.cells
