@@ -410,7 +410,7 @@ def _scorer(model: Callable, guide: Callable, score: str, num_draws: int) -> Cal
     def one(key: jax.Array, params: Any, data: dict[str, Any]) -> jax.Array:
         return jnp.sum(
             predictive_score(
-                key, model, guide, params, score=score, num_draws=num_draws, **data
+                key, params, model, guide, score=score, num_draws=num_draws, **data
             )
         )
 
@@ -479,7 +479,7 @@ def run_benchmark(
     The keys are ``random.split(PRNGKey(k), S)`` for the ``S`` seeds, with
     ``k = seed`` for the fits (the same for every candidate), ``seed + 1``
     for validation and ``seed + 2`` for the test scores, so a test number is
-    ``predictive_score(test_keys[s], model, guide, params, **split.test)``
+    ``predictive_score(test_keys[s], params, model, guide, **split.test)``
     summed.
     :return: one :class:`BenchmarkResult` per (guide, objective).
     """

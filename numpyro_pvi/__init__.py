@@ -12,6 +12,7 @@ from numpyro_pvi.predictive import PredictiveELBO
 from numpyro_pvi.sharding import shard_data
 from numpyro_pvi.snis import SNISForwardKL
 from numpyro_pvi.softcvi import SoftCVIELBO
+from numpyro_pvi.stratified import StratifiedELBO
 
 __version__ = "0.1.0.dev0"
 
@@ -20,6 +21,7 @@ __all__ = [
     "PredictiveELBO",
     "SNISForwardKL",
     "SoftCVIELBO",
+    "StratifiedELBO",
     "__version__",
     "guides",
     "predictive_score",

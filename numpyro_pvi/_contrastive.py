@@ -134,7 +134,7 @@ def fixed_draw_terms(
         objective=name,
         require_reparam=False,
     )
-    log_joint = terms.log_prior + jnp.sum(terms.weight * terms.log_lik, axis=1)
+    log_joint = terms.log_prior + jnp.sum(terms.log_lik_scaled, axis=1)
     return FixedDraws(
         log_joint=stop_gradient(log_joint),
         log_q=stop_gradient(terms.log_q),

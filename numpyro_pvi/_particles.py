@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import random
 from jax.lax import stop_gradient
 from numpyro.distributions import Delta, ExpandedDistribution, Independent
@@ -39,20 +40,26 @@ from numpyro.primitives import Messenger
 from numpyro.util import check_model_guide_match
 
 __all__ = [
+    "GUIDE_DRAWS",
     "LATENTS",
     "LOG_LIK",
     "LOG_PMF",
     "LOG_Q_FIXED",
+    "OBSERVED",
+    "OBS_WEIGHT",
     "WHOLE_DATA",
     "Y_SIM",
     "ParticleTerms",
+    "find_data_plate",
     "log_mean_exp",
     "particle_logsumexp",
     "particle_sum",
     "particle_log_weights",
     "particle_weights",
+    "guide_log_density",
     "particle_terms",
     "require_reparam_guide",
+    "seed_plates",
 ]
 
 #: Names of the optional quantities that an objective or score can request.
@@ -61,7 +68,12 @@ Y_SIM = "y_sim"
 LOG_PMF = "log_pmf"
 LOG_Q_FIXED = "log_q_fixed"
 LATENTS = "latents"
-_KNOWN_REQUESTS = frozenset({LOG_LIK, Y_SIM, LOG_PMF, LOG_Q_FIXED, LATENTS})
+OBS_WEIGHT = "weight"
+GUIDE_DRAWS = "guide_draws"
+OBSERVED = "observed"
+_KNOWN_REQUESTS = frozenset(
+    {LOG_LIK, Y_SIM, LOG_PMF, LOG_Q_FIXED, LATENTS, OBS_WEIGHT, GUIDE_DRAWS, OBSERVED}
+)
 
 #: ``data_plate=WHOLE_DATA`` treats all observed sites as one observation,
 #: without looking for a data plate (objectives that need only the total
@@ -80,9 +92,17 @@ class ParticleTerms(NamedTuple):
     :ivar log_prior: ``(M,)`` log density of the latent sites under the model
         (scaled as NumPyro scales them).
     :ivar log_q: ``(M,)`` log density of the guide at its draws (scaled).
-    :ivar log_lik: ``(M, b)`` log-likelihood of each observation (unscaled).
-    :ivar weight: ``(b,)`` weight of each observation in a data-set sum: the
-        subsample scale ``N / b`` times any handler scale.
+    :ivar log_lik: ``(M, b)`` log-likelihood of each observation (unscaled):
+        what a predictive score of the observation is computed from.
+    :ivar log_lik_scaled: ``(M, b)`` the same with each observed site's own
+        scale applied (subsample scale ``N / b`` times any handler scale), as
+        NumPyro applies it: ``log_prior + log_lik_scaled.sum(1)`` is the log
+        joint density :func:`numpyro.infer.util.log_density` gives.
+    :ivar weight: ``(b,)`` weight of each observation's score in a data-set
+        sum: the scale shared by every observed site of the observation
+        (requested with ``"weight"``; sites of one observation with
+        different scales are refused, see :func:`particle_terms`), else
+        ``None``.
     :ivar subsample_scale: scalar ``N / b`` of the data plate (1 without
         subsampling).
     :ivar y_obs: ``(b, d)`` the observed values, one flattened row per
@@ -96,6 +116,11 @@ class ParticleTerms(NamedTuple):
     :ivar latents: ``{site: (M, *shape)}`` the values of the model's latent
         sample sites at each particle (constrained space, as the model sees
         them).
+    :ivar guide_draws: ``{site: (M, *shape)}`` the values of the guide's own
+        sample sites (e.g. ``_auto_latent`` of an ``AutoContinuous`` guide)
+        at each particle, what :func:`guide_log_density` takes.
+    :ivar observed: ``{site: value}`` the observed values as the model
+        computes them (requested with ``"observed"``), else ``None``.
     :ivar log_w: ``(M, b)`` log weight of particle ``j`` in the predictive of
         observation ``i`` under *stratified* sampling (mixture guides, see
         :func:`particle_terms`), ``None`` for ``M`` i.i.d. draws (weights
@@ -110,13 +135,16 @@ class ParticleTerms(NamedTuple):
     log_prior: jax.Array
     log_q: jax.Array
     log_lik: jax.Array | None
-    weight: jax.Array
+    weight: jax.Array | None
     subsample_scale: jax.Array
+    log_lik_scaled: jax.Array | None = None
     y_obs: jax.Array | None = None
     y_sim: jax.Array | None = None
     log_pmf: jax.Array | None = None
     log_q_fixed: jax.Array | None = None
     latents: dict[str, jax.Array] | None = None
+    guide_draws: dict[str, jax.Array] | None = None
+    observed: dict[str, jax.Array] | None = None
     log_w: jax.Array | None = None
     particle_weight: jax.Array | None = None
     num_strata: int = 1
@@ -182,7 +210,9 @@ class _DataPlate(NamedTuple):
     subsample_size: int  # b
 
 
-def _find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> _DataPlate:
+def _find_data_plate(
+    model_trace: dict[str, Any], data_plate: str | None, *, warn: bool = True
+) -> _DataPlate:
     observed = _observed_sites(model_trace)
     if not observed:
         raise ValueError(
@@ -212,6 +242,8 @@ def _find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> _Da
         frames = [{f for f in s["cond_indep_stack"]} for s in observed]
         shared = set.intersection(*frames)
         if not shared:
+            if not warn:
+                return _DataPlate(None, 0, 1, 1)
             warnings.warn(
                 "No plate is shared by all observed sites "
                 f"({[s['name'] for s in observed]}), so the data are treated as "
@@ -233,6 +265,12 @@ def _find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> _Da
         (frame,) = shared
     full_size = int(plates[frame.name]["args"][0])
     return _DataPlate(frame.name, frame.dim, full_size, int(frame.size))
+
+
+def find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> str | None:
+    """The name of the data plate of a model trace (``None``: the data form one
+    observation), found as :func:`particle_terms` finds it, without warning."""
+    return _find_data_plate(model_trace, data_plate, warn=False).name
 
 
 def _plate_axis_first(x: jax.Array, plate: _DataPlate, event_ndim: int) -> jax.Array:
@@ -257,33 +295,82 @@ def _per_observation(x: jax.Array, plate: _DataPlate, event_ndim: int) -> jax.Ar
 # --------------------------------------------------------------------------
 
 
-def _site_log_lik(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
+def _site_log_lik(
+    site: dict[str, Any], plate: _DataPlate
+) -> tuple[jax.Array, jax.Array]:
+    """``(b,)`` log-likelihood of each observation, unscaled and with the
+    site's own scale applied (``(1,)`` without a data plate)."""
     fn, value = site["fn"], site["value"]
     if site.get("intermediates"):
         log_prob = fn.log_prob(value, site["intermediates"])
     else:
         log_prob = fn.log_prob(value)
-    if plate.name is None:
-        scale = site["scale"]
-        if scale is not None and not is_identically_one(scale):
-            log_prob = scale * log_prob
-        return jnp.sum(log_prob)[None]
-    return jnp.sum(_per_observation(log_prob, plate, 0), axis=1)
-
-
-def _site_weight(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
     scale = site["scale"]
+    scaled = log_prob
+    if scale is not None and not is_identically_one(scale):
+        scaled = scale * log_prob
     if plate.name is None:
-        return jnp.ones((1,))
-    if scale is None:
-        return jnp.ones((plate.subsample_size,))
+        return jnp.sum(log_prob)[None], jnp.sum(scaled)[None]
+    return (
+        jnp.sum(_per_observation(log_prob, plate, 0), axis=1),
+        jnp.sum(_per_observation(scaled, plate, 0), axis=1),
+    )
+
+
+def _site_scale_rows(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
+    """``(b, c)``: the site's scale at each scalar component of each
+    observation (``(1, c)`` without a data plate)."""
     # the batch shape from shapes alone: a likelihood-free site has no log_prob
     fn, value = site["fn"], site["value"]
     batch_shape = jnp.broadcast_shapes(
         fn.batch_shape, jnp.shape(value)[: max(jnp.ndim(value) - fn.event_dim, 0)]
     )
-    scale = jnp.broadcast_to(jnp.asarray(scale, dtype=float), batch_shape)
-    return jnp.mean(_per_observation(scale, plate, 0), axis=1)
+    scale = site["scale"]
+    scale = jnp.broadcast_to(
+        jnp.asarray(1.0 if scale is None else scale, dtype=float), batch_shape
+    )
+    if plate.name is None:
+        return jnp.reshape(scale, (1, -1))
+    return _per_observation(scale, plate, 0)
+
+
+def _observation_weight(observed: list[dict[str, Any]], plate: _DataPlate) -> jax.Array:
+    """``(b,)`` the scale shared by every observed site of each observation.
+
+    A predictive score is a function of the whole observation, so it can be
+    weighted by one number only: scales that differ between the sites (or
+    the components) of one observation have no single meaning and are
+    refused, naming the sites and their scales.
+    """
+    rows = [_site_scale_rows(s, plate) for s in observed]
+    names = [s["name"] for s in observed]
+    if any(isinstance(r, jax.core.Tracer) for r in rows):
+        scales = [s["scale"] for s in observed]
+        same = all(sc is scales[0] for sc in scales)
+        if not (same and all(r.shape[1] == 1 for r in rows)):
+            raise ValueError(
+                f"The observed sites {names} have handler scales that are traced "
+                "values (passed in as model arguments), which cannot be checked "
+                "to be equal for every site of an observation, as a predictive "
+                "score needs. Use one scale for the whole observation (one "
+                "numpyro.handlers.scale around all its sites) or constant scales."
+            )
+        return rows[0][:, 0]
+    values = np.concatenate([np.asarray(r) for r in rows], axis=1)
+    if not np.allclose(values, values[:, :1], rtol=1e-6, atol=0.0):
+        per_site = {
+            n: np.unique(np.asarray(r)).round(6).tolist()
+            for n, r in zip(names, rows, strict=True)
+        }
+        raise ValueError(
+            "The observed sites of one observation have different scales "
+            f"({per_site}; subsample scale included): a predictive score is a "
+            "function of the whole observation and can be weighted by one "
+            "number only. Apply numpyro.handlers.scale to all sites of an "
+            "observation alike, or score the sites separately (one data plate "
+            "per site). The ELBO, PSIS and to_inference_data accept such models."
+        )
+    return jnp.asarray(values[:, 0])
 
 
 def _dist_name(fn: Any) -> str:
@@ -387,15 +474,11 @@ def _is_deterministic_transform(site: dict[str, Any]) -> bool:
     return isinstance(fn, Delta)
 
 
-def _guide_log_density_at(
-    guide: Callable,
-    param_map: dict[str, jax.Array],
-    guide_trace: dict[str, Any],
-    key: jax.Array,
-    args: tuple,
-    kwargs: dict,
-) -> jax.Array:
-    """``log q_φ`` at the draws of ``guide_trace`` with their gradient stopped."""
+def _guide_sample_values(
+    guide: Callable, guide_trace: dict[str, Any]
+) -> dict[str, jax.Array]:
+    """The values of the guide's own (non-deterministic) latent sample sites,
+    with their gradient stopped: what fixes a draw of the guide."""
     fixed = {
         name: stop_gradient(site["value"])
         for name, site in guide_trace.items()
@@ -411,7 +494,30 @@ def _guide_log_density_at(
             "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide "
             "whose latent sites have densities."
         )
-    rerun = substitute(substitute(seed(guide, key), data=fixed), data=param_map)
+    return fixed
+
+
+def guide_log_density(
+    guide: Callable,
+    param_map: dict[str, jax.Array],
+    draws: dict[str, jax.Array],
+    key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+) -> jax.Array:
+    """``log q_φ`` at fixed values of the guide's sample sites (scaled as
+    NumPyro scales sites); its gradient in ``param_map`` is the score function.
+
+    :param guide: the guide (seeded for its plates, as in
+        :func:`particle_terms`).
+    :param param_map: the parameters, with their gradient.
+    :param draws: the values of the guide's own sample sites
+        (``ParticleTerms.guide_draws`` of one particle).
+    :param key: random key for the guide's other randomness.
+    :param args: positional arguments of the guide.
+    :param kwargs: keyword arguments of the guide.
+    """
+    rerun = substitute(substitute(seed(guide, key), data=draws), data=param_map)
     try:
         tr = trace(rerun).get_trace(*args, **kwargs)
         return _sum_log_density(_latent_sites(tr))
@@ -422,6 +528,13 @@ def _guide_log_density_at(
             "needs. Use AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
             "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide."
         ) from err
+
+
+def seed_plates(fn: Callable, plate_key: jax.Array) -> Callable:
+    """``fn`` whose subsampled plates draw their indices from ``plate_key``
+    (sample sites are left unseeded), as :func:`particle_terms` seeds model
+    and guide."""
+    return seed(fn, plate_key, hide_types=["sample", "prng_key", "control_flow"])
 
 
 def particle_terms(
@@ -440,6 +553,7 @@ def particle_terms(
     require_reparam: bool = True,
     require_observed: bool = True,
     stratify: bool = False,
+    plate_key: jax.Array | None = None,
 ) -> ParticleTerms:
     """Run ``num_particles`` particles through guide and model.
 
@@ -456,15 +570,19 @@ def particle_terms(
     :param vectorize_particles_fn: how to map over particles (``vmap`` or
         ``lax.map``), the objective's ``vectorize_particles_fn``.
     :param requests: optional quantities wanted besides the latent log
-        densities: any of ``"log_lik"``, ``"y_sim"``, ``"log_pmf"``,
-        ``"log_q_fixed"``, ``"latents"``.
+        densities: any of ``"log_lik"`` (with ``log_lik_scaled``),
+        ``"weight"``, ``"y_sim"``, ``"log_pmf"``, ``"log_q_fixed"``,
+        ``"latents"``, ``"guide_draws"``, ``"observed"``. ``"weight"`` raises
+        when the
+        observed sites of one observation have different handler scales.
     :param data_plate: name of the plate that indexes observations, or
         ``None`` to use the plate shared by all observed sites.
     :param objective: the calling objective's name, for error messages.
     :param require_reparam: raise when a latent site of the guide, or an
         observed site whose draws ``"y_sim"`` are requested, has no
-        reparameterised sampler (``False`` when no gradient flows through the
-        draws, e.g. held-out evaluation).
+        reparameterised sampler. With ``False`` no gradient flows through
+        the draws (held-out evaluation, score-function and contrastive
+        estimators): the guide draws with its parameters' gradient stopped.
     :param require_observed: raise when the model has no observed site. With
         ``False`` such a model has no observation: ``log_lik`` is ``(M, 0)``
         and ``weight`` is ``(0,)`` (``"y_sim"`` and ``"log_pmf"`` still need
@@ -479,6 +597,9 @@ def particle_terms(
         guide are ``Σ_k ω̄_k (1/M) Σ_m f(θ_km)``.
         Callers must consume the weights (:func:`particle_log_weights`);
         other guides ignore the flag.
+    :param plate_key: the key subsampled plates draw their indices from;
+        by default derived from ``rng_key``. Calls with the same
+        ``plate_key`` see the same subsample (further rounds of draws).
     :return: :class:`ParticleTerms` with a leading particle axis of size
         ``num_particles`` (``K * num_particles`` when stratified).
     """
@@ -487,18 +608,19 @@ def particle_terms(
     if unknown:
         raise ValueError(f"Unknown particle requests {sorted(unknown)}.")
     guide_fn = guide  # before seeding: stratification is read from it
-    plate_key, rng_key = random.split(rng_key)
+    default_plate_key, rng_key = random.split(rng_key)
+    plate_key = default_plate_key if plate_key is None else plate_key
     # Subsampled plates draw their indices from plate_key, identically for
     # every particle; sample sites get per-particle keys below.
-    hide = ["sample", "prng_key", "control_flow"]
-    model = seed(model, plate_key, hide_types=hide)
-    guide = seed(guide, plate_key, hide_types=hide)
+    model = seed_plates(model, plate_key)
+    guide = seed_plates(guide, plate_key)
+    draw_params = param_map if require_reparam else stop_gradient(param_map)
 
     def one_particle(
         key: jax.Array, component: jax.Array | None = None
     ) -> dict[str, jax.Array]:
         model_key, guide_key, sim_key, rerun_key = random.split(key, 4)
-        seeded_guide = substitute(seed(guide, guide_key), data=param_map)
+        seeded_guide = substitute(seed(guide, guide_key), data=draw_params)
         if component is not None:
             seeded_guide = _draw_from_component(seeded_guide, component)
         with _without_rsample_stop_gradient():
@@ -506,54 +628,44 @@ def particle_terms(
         if require_reparam:
             require_reparam_guide(guide_trace, objective)
         seeded_model = substitute(
-            replay(seed(model, model_key), guide_trace), data=param_map
+            replay(seed(model, model_key), guide_trace), data=draw_params
         )
         model_trace = trace(seeded_model).get_trace(*args, **kwargs)
         check_model_guide_match(model_trace, guide_trace)
         observed = _observed_sites(model_trace)
         if observed or require_observed:
             plate = _find_data_plate(model_trace, data_plate)
-            weight = _site_weight(observed[0], plate)
         else:  # a model without data: no observation to score
-            plate, weight = _DataPlate(None, 0, 1, 0), jnp.ones((0,))
-
+            plate = _DataPlate(None, 0, 1, 0)
         out = {
             "log_prior": _sum_log_density(_latent_sites(model_trace)),
             "log_q": _sum_log_density(_latent_sites(guide_trace)),
-            "weight": weight,
             "subsample_scale": jnp.asarray(plate.size / max(plate.subsample_size, 1)),
         }
+        if OBS_WEIGHT in requests:
+            out["weight"] = (
+                _observation_weight(observed, plate) if observed else jnp.ones((0,))
+            )
         if LOG_LIK in requests:
-            out["log_lik"] = sum(
-                (_site_log_lik(s, plate) for s in observed),
-                start=jnp.zeros((plate.subsample_size,)),
-            )
-        if Y_SIM in requests:
-            keys = random.split(sim_key, len(observed))
-            out["y_sim"] = jnp.concatenate(
-                [
-                    _site_draw(s, plate, k, require_reparam)
-                    for s, k in zip(observed, keys, strict=True)
-                ],
-                axis=1,
-            )
-            out["y_obs"] = jnp.concatenate(
-                [
-                    _per_observation(s["value"], plate, s["fn"].event_dim)
-                    for s in observed
-                ],
-                axis=1,
-            )
-        if LOG_PMF in requests:
-            out["log_pmf"] = _pad_support([_site_log_pmf(s, plate) for s in observed])
-        if LOG_Q_FIXED in requests:
-            out["log_q_fixed"] = _guide_log_density_at(
-                guide, param_map, guide_trace, rerun_key, args, kwargs
-            )
+            zeros = jnp.zeros((plate.subsample_size,))
+            pairs = [_site_log_lik(s, plate) for s in observed]
+            out["log_lik"] = sum((u for u, _ in pairs), start=zeros)
+            out["log_lik_scaled"] = sum((c for _, c in pairs), start=zeros)
+        out.update(_draw_requests(requests, observed, plate, sim_key, require_reparam))
+        if LOG_Q_FIXED in requests or GUIDE_DRAWS in requests:
+            fixed = _guide_sample_values(guide_fn, guide_trace)
+            if GUIDE_DRAWS in requests:
+                out["guide_draws"] = fixed
+            if LOG_Q_FIXED in requests:
+                out["log_q_fixed"] = guide_log_density(
+                    guide, param_map, fixed, rerun_key, args, kwargs
+                )
         if component is not None:
             out.update(_stratum_log_weights(guide_trace, model_trace, plate))
         if LATENTS in requests:
             out["latents"] = {s["name"]: s["value"] for s in _latent_sites(model_trace)}
+        if OBSERVED in requests:
+            out["observed"] = {s["name"]: s["value"] for s in observed}
         return out
 
     num_strata = getattr(guide_fn, "num_strata", None) if stratify else None
@@ -577,15 +689,47 @@ def particle_terms(
         log_prior=out["log_prior"],
         log_q=out["log_q"],
         log_lik=out.get("log_lik"),
-        weight=out["weight"][0],
+        weight=out["weight"][0] if "weight" in out else None,
         subsample_scale=out["subsample_scale"][0],
+        log_lik_scaled=out.get("log_lik_scaled"),
         y_obs=out["y_obs"][0] if "y_obs" in out else None,
         y_sim=out.get("y_sim"),
         log_pmf=out.get("log_pmf"),
         log_q_fixed=out.get("log_q_fixed"),
         latents=out.get("latents"),
+        guide_draws=out.get("guide_draws"),
+        observed=(
+            jax.tree.map(lambda v: v[0], out["observed"]) if "observed" in out else None
+        ),
         **strata,
     )
+
+
+def _draw_requests(
+    requests: frozenset[str],
+    observed: list[dict[str, Any]],
+    plate: _DataPlate,
+    key: jax.Array,
+    reparam: bool,
+) -> dict[str, jax.Array]:
+    """Simulated observations (with the observed values) and log pmfs."""
+    out = {}
+    if Y_SIM in requests:
+        keys = random.split(key, len(observed))
+        out["y_sim"] = jnp.concatenate(
+            [
+                _site_draw(s, plate, k, reparam)
+                for s, k in zip(observed, keys, strict=True)
+            ],
+            axis=1,
+        )
+        out["y_obs"] = jnp.concatenate(
+            [_per_observation(s["value"], plate, s["fn"].event_dim) for s in observed],
+            axis=1,
+        )
+    if LOG_PMF in requests:
+        out["log_pmf"] = _pad_support([_site_log_pmf(s, plate) for s in observed])
+    return out
 
 
 class _draw_from_component(Messenger):

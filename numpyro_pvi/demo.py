@@ -203,7 +203,7 @@ def run_demo(
         )
         seconds = time.perf_counter() - start
         scores = predictive_score(
-            key_eval, model, guide, params, x_test, y_test, num_draws=num_draws
+            key_eval, params, model, guide, x_test, y_test, num_draws=num_draws
         )
         latents = guide.sample_posterior(key_eval, params, sample_shape=(num_draws,))
         results.append(

@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import jax
-from jax import vmap
 
-from numpyro_pvi._particles import particle_terms
-from numpyro_pvi.predictive import _check_data_plate, _check_num_particles
+from numpyro_pvi._draws import check_fitted_call, guide_draws
+from numpyro_pvi._particles import ParticleTerms
+from numpyro_pvi._structure import check_full_data, replay_trace
+from numpyro_pvi._validation import check_data_plate, check_int
 from numpyro_pvi.scores import Score, get_score
 
 __all__ = ["predictive_score"]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Estimate:
+    """``score.estimate`` as a value: equal scores share one compiled program."""
+
+    score: Score
+
+    def __call__(self, terms: ParticleTerms) -> jax.Array:
+        return self.score.estimate(terms)
+
+
 def predictive_score(
     rng_key: jax.Array,
+    params: dict[str, jax.Array],
     model: Callable,
     guide: Callable,
-    params: dict[str, jax.Array],
     *args: Any,
     score: str | Score = "log",
     num_draws: int = 1000,
@@ -33,12 +45,21 @@ def predictive_score(
     of :math:`S(q(\cdot), y_i)`, e.g. for the log score
     :math:`\log \frac{1}{S}\sum_s p(y_i \mid \theta_s)`. Pass held-out data
     as the model arguments to compare fits; the total score is the sum. No
-    gradient is taken and no subsampling weights are applied.
+    gradient is taken and no weights are applied (handler scales of the
+    observed sites are ignored). Every observation of the data plate is
+    scored: a model whose data plate is subsampled is refused. The compiled
+    program is cached, so scoring further data sets of the same shapes does
+    not compile again.
+
+    The arguments follow :func:`numpyro.infer.psis_diagnostic`:
+    ``(rng_key, params, model, guide, *args)``. The order ``(rng_key, model,
+    guide, params, ...)`` of earlier releases still works, with a
+    ``FutureWarning``, until the next release.
 
     :param rng_key: random key.
+    :param params: the fitted parameters (``svi_result.params``).
     :param model: the NumPyro model.
     :param guide: the fitted guide.
-    :param params: the fitted parameters (``svi_result.params``).
     :param args: model arguments holding the data to score.
     :param score: a score name (``"log"``, ...) or a
         :class:`~numpyro_pvi.scores.Score`.
@@ -48,13 +69,17 @@ def predictive_score(
         estimated by stratified draws).
     :param data_plate: name of the plate that indexes observations.
     :param kwargs: model keyword arguments.
-    :return: array of shape ``(n,)`` of positively oriented scores.
+    :return: array of shape ``(n,)`` of positively oriented scores, one per
+        observation of the data plate.
 
     **References**
 
     1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
        predictively optimal posterior distribution*. §4.3.
     """
+    params, model, guide = check_fitted_call(
+        "predictive_score", params, model, guide, legacy_order=True
+    )
     score = get_score(score)
     stratify = isinstance(getattr(guide, "num_strata", None), int)
     if stratify and not score.supports_stratified:
@@ -63,28 +88,26 @@ def predictive_score(
             f"expectations of the mixture guide {type(guide).__name__}; use "
             "a built-in score (log, crps, energy, quadratic)."
         )
-    num_draws = _check_num_particles(
-        num_draws, score.min_particles, "predictive_score: num_draws"
+    num_draws = check_int(
+        num_draws, "num_draws", "predictive_score", minimum=score.min_particles
     )
-    data_plate = _check_data_plate(data_plate, "predictive_score")
-
-    @jax.jit
-    def run(key: jax.Array, params: dict[str, jax.Array]) -> jax.Array:
-        terms = particle_terms(
-            key,
-            params,
-            model,
-            guide,
-            args,
-            kwargs,
-            num_particles=num_draws,
-            vectorize_particles_fn=lambda f, keys: vmap(f)(keys),
-            requests=score.requires,
-            data_plate=data_plate,
-            objective="predictive_score",
-            require_reparam=False,
-            stratify=stratify,
-        )
-        return jax.lax.stop_gradient(score.estimate(terms))
-
-    return run(rng_key, params)
+    data_plate = check_data_plate(data_plate, "predictive_score")
+    # the structure is traced abstractly: the key draws nothing
+    check_full_data(
+        replay_trace(rng_key, params, model, guide, args, kwargs),
+        "predictive_score",
+    )
+    return guide_draws(
+        rng_key,
+        params,
+        model,
+        guide,
+        args,
+        kwargs,
+        num_draws=num_draws,
+        requests=score.requires,
+        data_plate=data_plate,
+        stratify=stratify,
+        reduce=_Estimate(score),
+        function="predictive_score",
+    )

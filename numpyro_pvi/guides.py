@@ -77,10 +77,17 @@ class GaussianMixture(dist.Distribution):
 
     Draws pick a component with probabilities :math:`\bar\omega` and are
     reparameterised within it (:math:`\theta = \mu_z + L_z\varepsilon`), so
-    their gradient reaches the means and scales but not the weights; the
-    predictive objectives of this package learn the weights exactly through
-    stratified expectations (:meth:`stratum`). ``log_prob`` is the mixture
-    density, computed with ``logsumexp``.
+    their gradient reaches the means and scales but not the weights: an
+    estimator that differentiates through such draws (``Trace_ELBO`` and the
+    other ELBOs of NumPyro) would not learn the weights, and differentiating
+    a draw with respect to the weights of a mixture of several components
+    raises an error that says so. The objectives of this package learn the
+    weights exactly through stratified expectations (:meth:`stratum`):
+    :class:`~numpyro_pvi.StratifiedELBO` (the VI baseline),
+    :class:`~numpyro_pvi.PredictiveELBO` and :class:`~numpyro_pvi.PACmELBO`.
+    Drawing without a gradient (``sample_posterior``, ``Predictive``, the
+    diagnostics) is unaffected. ``log_prob`` is the mixture density,
+    computed with ``logsumexp``.
 
     :param logits: ``(K,)`` unnormalised log weights :math:`\log\bar\omega`.
     :param locs: ``(K, D)`` component means.
@@ -135,7 +142,10 @@ class GaussianMixture(dist.Distribution):
 
     def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
         key_z, key_eps = random.split(key)
-        z = random.categorical(key_z, stop_gradient(self.logits), shape=sample_shape)
+        logits = self.logits
+        if self.num_components > 1:
+            logits = _refuse_weight_gradient(logits)
+        z = random.categorical(key_z, stop_gradient(logits), shape=sample_shape)
         eps = random.normal(key_eps, sample_shape + self.event_shape)
         return _component_draw(self.locs, self.scale_trils, z, eps)
 
@@ -174,6 +184,35 @@ class GaussianMixture(dist.Distribution):
         :param component: index of the component, an integer (may be traced).
         """
         return _ComponentDraw(self, component)
+
+
+_WEIGHT_GRADIENT_ERROR = (
+    "A gradient was taken through a draw of AutoGaussianMixture's mixture "
+    "(GaussianMixture.sample) with respect to its weights. The draw picks its "
+    "component by a discrete choice, so no gradient reaches the weights and an "
+    "objective estimated from such draws (Trace_ELBO, TraceMeanField_ELBO, "
+    "RenyiELBO, ...) does not learn them: the weights would random-walk. Fit the "
+    "mixture with numpyro_pvi.StratifiedELBO (the stratified ELBO, the VI "
+    "baseline), PredictiveELBO or PACmELBO, which take expectations per "
+    "component; for diagnostics such as vsbc pass StratifiedELBO() as the loss."
+)
+
+
+@jax.custom_jvp
+def _refuse_weight_gradient(logits: jax.Array) -> jax.Array:
+    """The identity, whose derivative raises: marks the weights of a mixture
+    draw, through which no gradient can be taken."""
+    return logits
+
+
+@partial(_refuse_weight_gradient.defjvp, symbolic_zeros=True)
+def _refuse_weight_gradient_jvp(
+    primals: tuple[jax.Array], tangents: tuple[Any]
+) -> tuple[jax.Array, Any]:
+    (tangent,) = tangents
+    if not isinstance(tangent, jax.custom_derivatives.SymbolicZero):
+        raise ValueError(_WEIGHT_GRADIENT_ERROR)
+    return primals[0], tangent
 
 
 def _component_draw(
@@ -266,11 +305,12 @@ class AutoGaussianMixture(AutoContinuous):
     :math:`\bar\omega_k = \frac1n\sum_i \omega_k(x_i)`; the predictive
     objectives of this package use the per-observation weights
     :math:`\omega_k(x_i)` and stratified expectations (``num_particles``
-    draws *per component*). Plain :class:`~numpyro.infer.Trace_ELBO` also
-    works: it samples :math:`\bar q`, reparameterised within the drawn
-    component, so its gradients reach the means and scales, while the
-    weights are learned only through the :math:`\log\bar q` term (use the
-    stratified objectives to learn them).
+    draws *per component*). The VI (ELBO) fit of this guide is
+    :class:`~numpyro_pvi.StratifiedELBO`: NumPyro's
+    :class:`~numpyro.infer.Trace_ELBO` differentiates through draws whose
+    component is a discrete choice, so it cannot learn the weights, and with
+    more than one component it stops at its first step with an error that
+    points to :class:`~numpyro_pvi.StratifiedELBO`.
 
     Parameters (with ``prefix="auto"``): ``auto_locs`` ``(K, D)``,
     ``auto_scale_trils`` ``(K, D, D)``, and ``auto_weight_logits`` ``(K,)`` or,

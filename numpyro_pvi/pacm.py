@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
+from numpyro_pvi._validation import check_real
 from numpyro_pvi.predictive import PredictiveELBO
 
 __all__ = ["PACmELBO"]
@@ -48,13 +48,7 @@ class PACmELBO(PredictiveELBO):
         data_plate: str | None = None,
         vectorize_particles: bool | Callable = True,
     ) -> None:
-        try:
-            beta = float(beta)
-        except (TypeError, ValueError):
-            raise TypeError(f"PACmELBO: beta must be a number, got {beta!r}.") from None
-        if not (math.isfinite(beta) and beta > 0):
-            raise ValueError(f"PACmELBO: beta must be finite and > 0, got {beta!r}.")
-        self.beta = beta
+        self.beta = check_real(beta, "beta", "PACmELBO", low=0.0, low_open=True)
         super().__init__(
             "log",
             num_particles=num_particles,
@@ -62,4 +56,10 @@ class PACmELBO(PredictiveELBO):
             lam=1.0 / beta,
             data_plate=data_plate,
             vectorize_particles=vectorize_particles,
+        )
+
+    def __repr__(self) -> str:
+        plate = "" if self.data_plate is None else f", data_plate={self.data_plate!r}"
+        return (
+            f"PACmELBO(num_particles={self.num_particles}, beta={self.beta:g}{plate})"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -10,43 +11,45 @@ import jax
 import jax.numpy as jnp
 from jax import random
 from jax.lax import stop_gradient
+from numpyro.infer.autoguide import AutoDelta, AutoLaplaceApproximation
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._particles import (
+    GUIDE_DRAWS,
     LOG_LIK,
     LOG_Q_FIXED,
+    OBS_WEIGHT,
     ParticleTerms,
+    guide_log_density,
     particle_terms,
     particle_weights,
+    seed_plates,
 )
+from numpyro_pvi._rejection import RejectionStats, rejection_score_function
+from numpyro_pvi._validation import check_data_plate, check_int, check_real
 from numpyro_pvi.scores import LogScore, Score, get_score
 
 __all__ = ["PredictiveELBO"]
 
 _REGULARIZERS = ("prior", "posterior", None)
 _ESTIMATORS = ("reparam", "rejection")
+#: Guides that are point masses while they are fitted.
+_POINT_MASS_GUIDES = (AutoDelta, AutoLaplaceApproximation)
 
 
-def _check_num_particles(num_particles: Any, minimum: int, objective: str) -> int:
-    if (
-        isinstance(num_particles, bool)
-        or not isinstance(num_particles, int)
-        or num_particles < minimum
-    ):
-        raise ValueError(
-            f"{objective}: num_particles must be an integer >= {minimum}, got "
-            f"{num_particles!r}."
+def warn_point_mass(guide: Callable, objective: str) -> None:
+    """Warn that a predictive objective with a point-mass guide fits the
+    likelihood: the predictive of a point mass is the likelihood itself."""
+    if isinstance(guide, _POINT_MASS_GUIDES):
+        warnings.warn(
+            f"{objective} with {type(guide).__name__}: the posterior predictive of "
+            "a point mass is the likelihood at that point, so the predictive "
+            "score is the log-likelihood (or its score) of a point estimate and "
+            "nothing is learned about uncertainty. Use a guide with a spread "
+            "(AutoNormal, AutoMultivariateNormal, ...) for predictive VI.",
+            UserWarning,
+            stacklevel=4,
         )
-    return num_particles
-
-
-def _check_data_plate(data_plate: Any, objective: str) -> str | None:
-    if data_plate is not None and not isinstance(data_plate, str):
-        raise TypeError(
-            f"{objective}: data_plate must be the name of a plate (str) or None, "
-            f"got {data_plate!r}."
-        )
-    return data_plate
 
 
 class PredictiveELBO(ELBO):
@@ -97,12 +100,18 @@ class PredictiveELBO(ELBO):
         \sum_{j \in A_i} \nabla_\phi \log q_\phi(\theta_j)
         \quad(\theta_j \text{ held fixed}),
 
-    an unbiased estimate for any :math:`M` given one acceptance (the accepted
-    draws are exact draws from :math:`q(\theta \mid y_i)`). Observations
-    without an acceptance are dropped and the sum is rescaled by
-    :math:`b / \#\text{kept}`. The reported loss value is the ordinary
-    log-score estimate. The guide needs no reparameterised sampler for this
-    estimator unless the regularizer is used.
+    unbiased for any :math:`M` given one acceptance (the accepted draws are
+    exact draws from :math:`q(\theta \mid y_i)`). Observations without an
+    acceptance among the :math:`M` particles get further rounds of
+    :math:`M` draws inside ``jit`` until one is accepted, so the data-set
+    gradient is unbiased; an observation still without an acceptance after
+    ``max_rounds`` rounds contributes no gradient (read how often with
+    :meth:`rejection_stats`). Dropping such observations instead, as the
+    paper does, biases the gradient toward the observations the guide
+    already predicts well. The reported loss value is the ordinary log-score
+    estimate. The guide needs no reparameterised sampler for this estimator
+    unless the regularizer is used, but its density must be evaluable at
+    given points.
 
     **Example**
 
@@ -127,6 +136,8 @@ class PredictiveELBO(ELBO):
         ``"rejection"`` (log score only).
     :param likelihood_bound: the bound :math:`C \ge p(y_i \mid \theta)` the
         rejection estimator needs.
+    :param int max_rounds: the largest number of further rounds of the
+        rejection estimator (default 1000).
 
     **References**
 
@@ -145,23 +156,19 @@ class PredictiveELBO(ELBO):
         vectorize_particles: bool | Callable = True,
         log_score_estimator: str = "reparam",
         likelihood_bound: float | None = None,
+        max_rounds: int | None = None,
     ) -> None:
-        name = type(self).__name__
+        name = self._objective_name()
         self.score = get_score(score)
-        num_particles = _check_num_particles(
-            num_particles, self.score.min_particles, f"{name}(score={self.score!r})"
+        num_particles = check_int(
+            num_particles, "num_particles", name, minimum=self.score.min_particles
         )
         if regularizer not in _REGULARIZERS:
             raise ValueError(
                 f"{name}: regularizer must be one of {_REGULARIZERS}, got "
                 f"{regularizer!r}."
             )
-        try:
-            lam = float(lam)
-        except (TypeError, ValueError):
-            raise TypeError(f"{name}: lam must be a number, got {lam!r}.") from None
-        if not (math.isfinite(lam) and lam >= 0):
-            raise ValueError(f"{name}: lam must be finite and >= 0, got {lam!r}.")
+        self.lam = check_real(lam, "lam", name, low=0.0)
         if log_score_estimator not in _ESTIMATORS:
             raise ValueError(
                 f"{name}: log_score_estimator must be one of {_ESTIMATORS}, got "
@@ -173,27 +180,54 @@ class PredictiveELBO(ELBO):
                     f"{name}: log_score_estimator='rejection' estimates the "
                     f"gradient of the log score only, not of {self.score!r}."
                 )
-            if likelihood_bound is None or not float(likelihood_bound) > 0:
+            if likelihood_bound is None:
                 raise ValueError(
                     f"{name}: log_score_estimator='rejection' needs "
                     "likelihood_bound=C > 0 with p(y_i | theta) <= C for every "
-                    f"observation and theta, got {likelihood_bound!r}."
+                    "observation and theta."
                 )
-        elif likelihood_bound is not None:
+            likelihood_bound = check_real(
+                likelihood_bound, "likelihood_bound", name, low=0.0, low_open=True
+            )
+            max_rounds = check_int(
+                1000 if max_rounds is None else max_rounds,
+                "max_rounds",
+                name,
+                minimum=0,
+            )
+        elif likelihood_bound is not None or max_rounds is not None:
             raise ValueError(
-                f"{name}: likelihood_bound is only used with "
+                f"{name}: likelihood_bound and max_rounds are only used with "
                 "log_score_estimator='rejection'."
             )
         self.regularizer = regularizer
-        self.lam = lam
-        self.data_plate = _check_data_plate(data_plate, name)
+        self.data_plate = check_data_plate(data_plate, name)
         self.log_score_estimator = log_score_estimator
-        self.likelihood_bound = (
-            None if likelihood_bound is None else float(likelihood_bound)
-        )
+        self.likelihood_bound = likelihood_bound
+        self.max_rounds = max_rounds
         super().__init__(
             num_particles=num_particles, vectorize_particles=vectorize_particles
         )
+
+    def _objective_name(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        fields = [
+            f"score={self.score!r}",
+            f"num_particles={self.num_particles}",
+            f"regularizer={self.regularizer!r}",
+            f"lam={self.lam:g}",
+        ]
+        if self.data_plate is not None:
+            fields.append(f"data_plate={self.data_plate!r}")
+        if self.log_score_estimator == "rejection":
+            fields += [
+                "log_score_estimator='rejection'",
+                f"likelihood_bound={self.likelihood_bound:g}",
+                f"max_rounds={self.max_rounds}",
+            ]
+        return f"{type(self).__name__}({', '.join(fields)})"
 
     @property
     def _uses_regularizer(self) -> bool:
@@ -206,14 +240,17 @@ class PredictiveELBO(ELBO):
         model: Callable,
         guide: Callable,
         *args: Any,
+        plate_key: jax.Array | None = None,
         **kwargs: Any,
     ) -> ParticleTerms:
         """The particle terms this objective is computed from.
 
+        :param plate_key: key of the subsampled plates' indices (default:
+            derived from ``rng_key``).
         :return: :class:`~numpyro_pvi._particles.ParticleTerms` of
             ``num_particles`` draws.
         """
-        requests = set(self.score.requires)
+        requests = set(self.score.requires) | {OBS_WEIGHT}
         if self.regularizer == "posterior":
             requests.add(LOG_LIK)
         rejection = self.log_score_estimator == "rejection"
@@ -246,24 +283,113 @@ class PredictiveELBO(ELBO):
             objective=type(self).__name__,
             require_reparam=not rejection or self._uses_regularizer,
             stratify=stratify,
+            plate_key=plate_key,
         )
 
-    def _rejection_log_score(
-        self, rng_key: jax.Array, terms: ParticleTerms
-    ) -> jax.Array:
-        """Data-set log score whose gradient is the rejection estimator."""
-        log_lik = terms.log_lik
-        value = jnp.sum(terms.weight * self.score.estimate(terms))
-        log_t = jnp.log(random.uniform(rng_key, log_lik.shape, dtype=log_lik.dtype))
-        accepted = stop_gradient(log_t < log_lik - math.log(self.likelihood_bound))
-        num_accepted = jnp.sum(accepted, axis=0)
-        kept = num_accepted > 0
-        per_obs = jnp.sum(accepted * terms.log_q_fixed[:, None], axis=0) / jnp.maximum(
-            num_accepted, 1
+    def _rejection(
+        self,
+        rng_key: jax.Array,
+        terms: ParticleTerms,
+        plate_key: jax.Array,
+        param_map: dict[str, jax.Array],
+        model: Callable,
+        guide: Callable,
+        args: tuple,
+        kwargs: dict,
+    ) -> tuple[jax.Array, RejectionStats]:
+        """``(b,)`` surrogate of the rejection estimator and its statistics."""
+
+        def draw_round(key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+            more = particle_terms(
+                key,
+                stop_gradient(param_map),
+                model,
+                guide,
+                args,
+                kwargs,
+                num_particles=self.num_particles,
+                vectorize_particles_fn=self.vectorize_particles_fn,
+                requests=(LOG_LIK, GUIDE_DRAWS),
+                data_plate=self.data_plate,
+                objective=type(self).__name__,
+                require_reparam=False,
+                plate_key=plate_key,
+            )
+            return more.log_lik, more.guide_draws
+
+        seeded_guide = seed_plates(guide, plate_key)
+
+        def log_q_at(draws: dict[str, jax.Array], key: jax.Array) -> jax.Array:
+            return guide_log_density(seeded_guide, param_map, draws, key, args, kwargs)
+
+        return rejection_score_function(
+            rng_key,
+            terms.log_lik,
+            terms.log_q_fixed,
+            log_bound=math.log(self.likelihood_bound),
+            max_rounds=self.max_rounds,
+            draw_round=draw_round,
+            log_q_at=log_q_at,
         )
-        rescale = kept.shape[0] / jnp.maximum(jnp.sum(kept), 1)
-        surrogate = rescale * jnp.sum(jnp.where(kept, terms.weight * per_obs, 0.0))
-        return stop_gradient(value) + surrogate - stop_gradient(surrogate)
+
+    def rejection_stats(
+        self,
+        rng_key: jax.Array,
+        param_map: dict[str, jax.Array],
+        model: Callable,
+        guide: Callable,
+        *args: Any,
+        **kwargs: Any,
+    ) -> RejectionStats:
+        """How the rejection estimator fares at ``param_map``: the fraction of
+        observations accepted by the step's particles, the further rounds
+        needed and the fraction left without an acceptance after
+        ``max_rounds`` (the estimator's only bias). Same arguments as
+        :meth:`loss`; the key gives the same draws as a step with that key.
+
+        :return: :class:`~numpyro_pvi._rejection.RejectionStats`.
+        """
+        if self.log_score_estimator != "rejection":
+            raise ValueError(
+                f"{type(self).__name__}.rejection_stats: this objective uses "
+                f"log_score_estimator={self.log_score_estimator!r}, not "
+                "'rejection'."
+            )
+        return self._loss_parts(rng_key, param_map, model, guide, args, kwargs)[1]
+
+    def _loss_parts(
+        self,
+        rng_key: jax.Array,
+        param_map: dict[str, jax.Array],
+        model: Callable,
+        guide: Callable,
+        args: tuple,
+        kwargs: dict,
+    ) -> tuple[jax.Array, RejectionStats | None]:
+        """The loss and, for the rejection estimator, its statistics."""
+        warn_point_mass(guide, self._objective_name())
+        plate_key, particle_key, accept_key = random.split(rng_key, 3)
+        terms = self.particle_terms(
+            particle_key, param_map, model, guide, *args, plate_key=plate_key, **kwargs
+        )
+        data_score = jnp.sum(terms.weight * self.score.estimate(terms))
+        stats = None
+        if self.log_score_estimator == "rejection":
+            surrogate, stats = self._rejection(
+                accept_key, terms, plate_key, param_map, model, guide, args, kwargs
+            )
+            surrogate = jnp.sum(terms.weight * surrogate)
+            data_score = (
+                stop_gradient(data_score) + surrogate - stop_gradient(surrogate)
+            )
+        objective = data_score
+        if self._uses_regularizer:
+            per_particle = terms.log_q - terms.log_prior
+            if self.regularizer == "posterior":
+                per_particle = per_particle - jnp.sum(terms.log_lik_scaled, axis=1)
+            kl = jnp.sum(particle_weights(terms) * per_particle)
+            objective = objective - self.lam * kl
+        return -objective, stats
 
     def loss_with_mutable_state(
         self,
@@ -274,24 +400,5 @@ class PredictiveELBO(ELBO):
         *args: Any,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        particle_key, accept_key = random.split(rng_key)
-        terms = self.particle_terms(
-            particle_key, param_map, model, guide, *args, **kwargs
-        )
-        if self.log_score_estimator == "rejection":
-            data_score = self._rejection_log_score(accept_key, terms)
-        else:
-            data_score = jnp.sum(terms.weight * self.score.estimate(terms))
-        objective = data_score
-        if self._uses_regularizer:
-            per_particle = terms.log_q - terms.log_prior
-            if self.regularizer == "posterior":
-                per_particle = per_particle - jnp.sum(
-                    terms.weight * terms.log_lik, axis=1
-                )
-            if terms.particle_weight is None:
-                kl = jnp.mean(per_particle)
-            else:  # stratified draws of a mixture guide
-                kl = jnp.sum(particle_weights(terms) * per_particle)
-            objective = objective - self.lam * kl
-        return {"loss": -objective, "mutable_state": None}
+        loss, _ = self._loss_parts(rng_key, param_map, model, guide, args, kwargs)
+        return {"loss": loss, "mutable_state": None}

@@ -119,6 +119,13 @@ class Score:
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
+    def __eq__(self, other: object) -> bool:
+        # value objects: equal scores share compiled programs
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(sorted(vars(self).items()))))
+
 
 class LogScore(Score):
     r"""The logarithmic score of the predictive distribution.

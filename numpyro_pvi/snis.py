@@ -11,7 +11,7 @@ from jax.lax import stop_gradient
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._contrastive import fixed_draw_terms
-from numpyro_pvi.predictive import _check_num_particles
+from numpyro_pvi._validation import check_bool, check_int
 
 __all__ = ["SNISForwardKL"]
 
@@ -76,14 +76,16 @@ class SNISForwardKL(ELBO):
         vectorize_particles: bool | Callable = True,
     ) -> None:
         name = type(self).__name__
-        num_particles = _check_num_particles(num_particles, 2, name)
-        if not isinstance(low_variance, bool):
-            raise TypeError(
-                f"{name}: low_variance must be True or False, got {low_variance!r}."
-            )
-        self.low_variance = low_variance
+        num_particles = check_int(num_particles, "num_particles", name, minimum=2)
+        self.low_variance = check_bool(low_variance, "low_variance", name)
         super().__init__(
             num_particles=num_particles, vectorize_particles=vectorize_particles
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_particles={self.num_particles}, "
+            f"low_variance={self.low_variance})"
         )
 
     def loss_with_mutable_state(

@@ -10,30 +10,11 @@ import jax.numpy as jnp
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._contrastive import fixed_draw_terms
-from numpyro_pvi.predictive import _check_num_particles
+from numpyro_pvi._validation import check_int, check_real
 
 __all__ = ["SoftCVIELBO"]
 
 _NEGATIVES = ("proposal", "posterior")
-
-
-def _check_alpha(alpha: Any, objective: str) -> float:
-    if isinstance(alpha, bool):
-        raise TypeError(
-            f"{objective}: alpha must be a number in [0, 1], got {alpha!r}."
-        )
-    try:
-        alpha = float(alpha)
-    except (TypeError, ValueError):
-        raise TypeError(
-            f"{objective}: alpha must be a number in [0, 1], got {alpha!r}."
-        ) from None
-    if not 0.0 <= alpha <= 1.0:
-        raise ValueError(
-            f"{objective}: alpha must be in [0, 1] (the tempering of the negative "
-            f"distribution), got {alpha!r}."
-        )
-    return alpha
 
 
 class SoftCVIELBO(ELBO):
@@ -123,8 +104,8 @@ class SoftCVIELBO(ELBO):
         vectorize_particles: bool | Callable = True,
     ) -> None:
         name = type(self).__name__
-        num_particles = _check_num_particles(num_particles, 2, name)
-        self.alpha = _check_alpha(alpha, name)
+        num_particles = check_int(num_particles, "num_particles", name, minimum=2)
+        self.alpha = check_real(alpha, "alpha", name, low=0.0, high=1.0)
         if negative not in _NEGATIVES:
             raise ValueError(
                 f"{name}: negative must be one of {_NEGATIVES}, got {negative!r}."
@@ -132,6 +113,12 @@ class SoftCVIELBO(ELBO):
         self.negative = negative
         super().__init__(
             num_particles=num_particles, vectorize_particles=vectorize_particles
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_particles={self.num_particles}, "
+            f"alpha={self.alpha:g}, negative={self.negative!r})"
         )
 
     def loss_with_mutable_state(

@@ -191,11 +191,11 @@ def heterogeneity_result():
         params[name] = svi.run(random.PRNGKey(0), 600, x, y, progress_bar=False).params
     return heterogeneity(
         random.PRNGKey(2),
+        params["pvi"],
+        params["vi"],
         regression,
         guide,
-        params["pvi"],
         guide,
-        params["vi"],
         x,
         y,
         num_draws=1000,
@@ -226,7 +226,7 @@ def test_plot_heterogeneity(heterogeneity_result):
 
 def test_heterogeneity_bad_input():
     guide = AutoNormal(regression)
-    with pytest.raises(ValueError, match="threshold must be a finite number > 1"):
+    with pytest.raises(ValueError, match="threshold must be finite and in"):
         heterogeneity(
-            random.PRNGKey(0), regression, guide, {}, guide, {}, None, threshold=0.5
+            random.PRNGKey(0), {}, {}, regression, guide, guide, None, threshold=0.5
         )

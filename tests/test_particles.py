@@ -13,6 +13,7 @@ from numpyro_pvi._particles import (
     LOG_LIK,
     LOG_PMF,
     LOG_Q_FIXED,
+    OBS_WEIGHT,
     Y_SIM,
     log_mean_exp,
     particle_logsumexp,
@@ -25,7 +26,7 @@ def _vmap(f, keys):
     return jax.vmap(f)(keys)
 
 
-def _terms(model, guide, *args, num_particles=4, requests=(LOG_LIK,), **kw):
+def _terms(model, guide, *args, num_particles=4, requests=(LOG_LIK, OBS_WEIGHT), **kw):
     key = random.PRNGKey(0)
     params = guide_params(guide, model, *args)
     return particle_terms(
@@ -122,6 +123,7 @@ def test_subsampling_local_latents_and_weights():
         {},
         num_particles=3,
         vectorize_particles_fn=_vmap,
+        requests=(LOG_LIK, OBS_WEIGHT),
     )
     assert terms.log_lik.shape == (3, 4)
     np.testing.assert_allclose(terms.weight, 2.5 * jnp.ones(4))
@@ -144,6 +146,7 @@ def test_handler_scale_enters_weight_and_latent_densities():
         {},
         num_particles=2,
         vectorize_particles_fn=_vmap,
+        requests=(LOG_LIK, OBS_WEIGHT),
     )
     np.testing.assert_allclose(terms.weight, 0.5 * jnp.ones(4))
     mu, z = params["mu_auto_loc"], params["z_auto_loc"]

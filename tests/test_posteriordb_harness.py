@@ -150,9 +150,9 @@ def test_test_score_is_predictive_score_sum_of_selected_fit(run):
     expected = jnp.sum(
         predictive_score(
             key,
+            params,
             regression,
             guide,
-            params,
             score="log",
             num_draws=NUM_DRAWS,
             **splits[s].test,

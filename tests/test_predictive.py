@@ -194,10 +194,10 @@ def _rejection_grads(y, m, num_keys, loc=0.3, log_s=-0.4):
 def test_rejection_gradient_is_unbiased_per_observation(m):
     y = jnp.array([0.8])
     g, exact = _rejection_grads(y, m, 20000)
-    # keys without an acceptance contribute no gradient: the estimator is
-    # defined conditionally on an acceptance (draws until acceptance)
+    # observations without an acceptance among the M particles get further
+    # rounds of draws: every key has a gradient
     accepted = (g["loc"] != 0) | (g["log_s"] != 0)
-    assert 0.3 < accepted.mean() < 1.0
+    assert accepted.mean() == 1.0
     for k in ("loc", "log_s"):
         est = g[k][accepted]
         se = est.std() / np.sqrt(est.size)
@@ -244,7 +244,7 @@ def test_predictive_score_is_the_log_predictive_of_a_known_guide():
     y = jnp.array([-1.0, 0.0, 2.5])
     params = {"loc": 0.5, "log_s": np.log(0.8)}
     scores = predictive_score(
-        random.PRNGKey(0), normal_model, scalar_guide, params, y, num_draws=20000
+        random.PRNGKey(0), params, normal_model, scalar_guide, y, num_draws=20000
     )
     exact = dist.Normal(0.5, np.sqrt(1 + 0.64)).log_prob(y)
     np.testing.assert_allclose(scores, exact, atol=0.02)
@@ -255,13 +255,13 @@ def test_bad_input_is_rejected_with_clear_errors():
         PredictiveELBO(num_particles=0)
     with pytest.raises(ValueError, match="num_particles"):
         PACmELBO(num_particles=2.5)
-    with pytest.raises(ValueError, match="lam must be finite and >= 0"):
+    with pytest.raises(ValueError, match="lam must be finite and in"):
         PredictiveELBO(lam=-1.0)
     with pytest.raises(ValueError, match="Unknown score 'logg'"):
         PredictiveELBO("logg")
     with pytest.raises(ValueError, match="regularizer must be one of"):
         PredictiveELBO(regularizer="kl")
-    with pytest.raises(ValueError, match="beta must be finite and > 0"):
+    with pytest.raises(ValueError, match="beta must be finite and in"):
         PACmELBO(beta=0.0)
     with pytest.raises(ValueError, match="needs likelihood_bound"):
         PredictiveELBO(log_score_estimator="rejection")

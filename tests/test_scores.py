@@ -226,9 +226,9 @@ def test_quadratic_score_of_a_bernoulli_closed_form():
     for name in ("quadratic", "brier"):
         got = predictive_score(
             random.PRNGKey(0),
+            {"p_auto_loc": jnp.asarray(p)},
             bernoulli_model,
             guide,
-            {"p_auto_loc": jnp.asarray(p)},
             y,
             score=name,
             num_draws=3,
@@ -406,8 +406,9 @@ def test_crps_objective_with_prior_regularizer_matches_its_terms():
         loss, grads = jax.value_and_grad(elbo.loss, argnums=1)(
             key, params, normal_model, guide, Y_CRPS
         )
+        plate_key, particle_key, _ = random.split(key, 3)
         terms = elbo.particle_terms(
-            random.split(key)[0], params, normal_model, guide, Y_CRPS
+            particle_key, params, normal_model, guide, Y_CRPS, plate_key=plate_key
         )
         return loss, grads, terms
 
@@ -480,15 +481,15 @@ def test_predictive_score_supports_every_score():
     pair = 0.5 * np.sum(pmf[:, None] * pmf[None] * np.abs(support[:, None] - support))
     crps = np.array([np.sum(pmf * np.abs(support - v)) - pair for v in y])
     got = predictive_score(
-        random.PRNGKey(2), poisson_model, guide, params, y, score="crps", num_draws=4000
+        random.PRNGKey(2), params, poisson_model, guide, y, score="crps", num_draws=4000
     )
     # 5 standard errors of a mean of 4000 draws of |X - y| (sd < 2.5 here)
     np.testing.assert_allclose(-got, crps, atol=5 * 2.5 / math.sqrt(4000))
     log = predictive_score(
         random.PRNGKey(2),
+        params,
         poisson_model,
         guide,
-        params,
         y,
         score=LogScore(),
         num_draws=2,
@@ -496,9 +497,9 @@ def test_predictive_score_supports_every_score():
     np.testing.assert_allclose(log, dist.Poisson(rate).log_prob(y), rtol=1e-5)
     bern = predictive_score(
         random.PRNGKey(2),
+        {"p_auto_loc": jnp.array(0.5)},
         bernoulli_model,
         AutoDelta(bernoulli_model),
-        {"p_auto_loc": jnp.array(0.5)},
         jnp.array([0.0, 1.0]),
         score="brier",
         num_draws=2,
@@ -536,9 +537,9 @@ def test_pair_estimators_need_two_particles(score):
     with pytest.raises(ValueError, match="num_draws.*>= 2"):
         predictive_score(
             random.PRNGKey(0),
+            {},
             normal_model,
             DELTA_GUIDE,
-            {},
             Y_CRPS,
             score=score,
             num_draws=1,

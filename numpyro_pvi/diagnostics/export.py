@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -10,18 +9,21 @@ import arviz as az
 import jax
 import numpy as np
 
-from numpyro_pvi._particles import LATENTS, LOG_LIK, _find_data_plate
-from numpyro_pvi.diagnostics._idata import (
-    check_full_data,
-    check_num_draws,
-    draws_dataset,
-    guide_draws,
-    replay_trace,
-    root_attrs,
-    site_dims,
-)
+from numpyro_pvi._draws import check_fitted_call, guide_draws
+from numpyro_pvi._particles import LATENTS, LOG_LIK, OBSERVED, find_data_plate
+from numpyro_pvi._structure import check_full_data, replay_trace
+from numpyro_pvi._validation import check_data_plate, check_int
+from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
 
-__all__ = ["to_inference_data"]
+__all__ = ["PSIS_LOO_NOTE", "to_inference_data"]
+
+#: What a PSIS-LOO of these draws estimates, stored with every export.
+PSIS_LOO_NOTE = (
+    "PSIS-LOO (az.loo) treats these draws as a Bayesian posterior; for fits "
+    "made with predictive objectives (PredictiveELBO, PACmELBO) it is not a "
+    "held-out score of the fit: compare such fits with "
+    "numpyro_pvi.predictive_score on held-out data."
+)
 
 
 def to_inference_data(
@@ -43,7 +45,18 @@ def to_inference_data(
     so :func:`arviz.loo`, :func:`arviz.waic`, :func:`arviz.compare` and
     :func:`arviz.plot_posterior` work on any fitted guide. The draws are
     independent, so pass ``reff=1`` where ArviZ asks for it (it is the value
-    ArviZ estimates for one chain of independent draws).
+    ArviZ estimates for one chain of independent draws). Handler scales of
+    the observed sites are applied as NumPyro applies them, so the pointwise
+    values sum to the model's (scaled) log-likelihood. The values are stored
+    in float64 (ArviZ's Pareto smoothing of float32 values overflows).
+
+    **PSIS-LOO assumes a Bayesian posterior.** It estimates the leave-one-out
+    predictive of the posterior the draws come from; for a fit made with a
+    predictive objective (:class:`~numpyro_pvi.PredictiveELBO`,
+    :class:`~numpyro_pvi.PACmELBO`) the draws do not target the Bayesian
+    posterior, and its ``elpd_loo`` is not a held-out score of that fit
+    (the root attribute ``psis_loo`` says so). Compare such fits by
+    :func:`~numpyro_pvi.predictive_score` on held-out data.
 
     Groups (dims ``(chain=1, draw=S, ...)``; axes indexed by a plate are named
     after the plate):
@@ -67,10 +80,13 @@ def to_inference_data(
     :param kwargs: keyword arguments of model and guide.
     :return: ``arviz.InferenceData``.
     """
-    num_draws = check_num_draws(num_draws, 1, "to_inference_data")
+    where = "to_inference_data"
+    param_map, model, guide = check_fitted_call(where, param_map, model, guide)
+    num_draws = check_int(num_draws, "num_draws", where, minimum=1)
+    data_plate = check_data_plate(data_plate, where)
     draw_key, trace_key = jax.random.split(rng_key)
     tr = replay_trace(trace_key, param_map, model, guide, args, kwargs)
-    check_full_data(tr, "to_inference_data")
+    check_full_data(tr, where)
     terms = guide_draws(
         draw_key,
         param_map,
@@ -79,32 +95,31 @@ def to_inference_data(
         args,
         kwargs,
         num_draws=num_draws,
-        requests=(LOG_LIK, LATENTS),
+        requests=(LOG_LIK, LATENTS, OBSERVED),
         chunk_size=chunk_size,
         data_plate=data_plate,
         function="to_inference_data",
     )
-    with warnings.catch_warnings():  # particle_terms has warned already
-        warnings.simplefilter("ignore")
-        plate = _find_data_plate(tr, data_plate)
+    plate = find_data_plate(tr, data_plate)
     dims = site_dims(tr)
     observed = [
         name
         for name, site in tr.items()
         if site["type"] == "sample" and site["is_observed"]
     ]
-    obs_dim = plate.name if plate.name is not None else "observation"
+    obs_dim = plate if plate is not None else "observation"
     log_lik_name = "__".join(observed)
-    attrs = root_attrs(guide, diagnostic="to_inference_data")
+    attrs = root_attrs(guide, diagnostic="to_inference_data", psis_loo=PSIS_LOO_NOTE)
     return az.InferenceData(
         posterior=draws_dataset(
             terms.latents, dims={name: dims[name] for name in terms.latents}
         ),
         log_likelihood=draws_dataset(
-            {log_lik_name: terms.log_lik}, dims={log_lik_name: [obs_dim]}
+            {log_lik_name: np.asarray(terms.log_lik_scaled, dtype=np.float64)},
+            dims={log_lik_name: [obs_dim]},
         ),
         observed_data=az.dict_to_dataset(
-            {name: np.asarray(tr[name]["value"]) for name in observed},
+            {name: np.asarray(terms.observed[name]) for name in observed},
             dims={name: dims[name] for name in observed},
             default_dims=[],
         ),

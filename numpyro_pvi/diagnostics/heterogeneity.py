@@ -10,17 +10,19 @@ expanded (e.g. a fixed effect that should be random).
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 import xarray as xr
 
-from numpyro_pvi._particles import LATENTS
-from numpyro_pvi.diagnostics._idata import check_num_draws, guide_draws, guide_name
+from numpyro_pvi._draws import check_fitted_call, guide_draws
+from numpyro_pvi._particles import LATENTS, WHOLE_DATA
+from numpyro_pvi._structure import check_full_data, replay_trace
+from numpyro_pvi._validation import check_int, check_real
+from numpyro_pvi.diagnostics._idata import guide_name
 
 __all__ = ["heterogeneity", "plot_heterogeneity"]
 
@@ -41,11 +43,11 @@ def _component_sd(latents: dict[str, jax.Array]) -> tuple[list[str], np.ndarray]
 
 def heterogeneity(
     rng_key: jax.Array,
+    pvi_params: dict[str, jax.Array],
+    vi_params: dict[str, jax.Array],
     model: Callable,
     pvi_guide: Callable,
-    pvi_params: dict[str, jax.Array],
     vi_guide: Callable,
-    vi_params: dict[str, jax.Array],
     *args: Any,
     num_draws: int = 2000,
     threshold: float = 5.0,
@@ -61,14 +63,21 @@ def heterogeneity(
     population (Lai & Yao 2024, §2.5): the model treats it as fixed but the
     data call for a distribution over it.
 
+    The arguments follow the order of every function on a fitted guide
+    (``rng_key, params, model, guide``), for two fits: ``(rng_key,
+    pvi_params, vi_params, model, pvi_guide, vi_guide, *args)``. The order
+    ``(rng_key, model, pvi_guide, pvi_params, vi_guide, vi_params, ...)`` of
+    earlier releases still works, with a ``FutureWarning``, until the next
+    release.
+
     :param rng_key: random key.
-    :param model: the NumPyro model both guides were fitted to.
-    :param pvi_guide: the guide fitted with a predictive objective (e.g.
-        :class:`~numpyro_pvi.PredictiveELBO`).
-    :param pvi_params: its fitted parameters.
-    :param vi_guide: the guide fitted with the ELBO (e.g.
+    :param pvi_params: the parameters fitted with a predictive objective
+        (e.g. :class:`~numpyro_pvi.PredictiveELBO`).
+    :param vi_params: the parameters fitted with the ELBO (e.g.
         :class:`~numpyro.infer.Trace_ELBO`).
-    :param vi_params: its fitted parameters.
+    :param model: the NumPyro model both guides were fitted to.
+    :param pvi_guide: the guide of ``pvi_params``.
+    :param vi_guide: the guide of ``vi_params``.
     :param args: positional arguments of model and guides.
     :param num_draws: draws per guide (at least 2).
     :param threshold: sd ratio above which a component is flagged (> 1). The
@@ -85,36 +94,54 @@ def heterogeneity(
     1. *Predictive variational inference: Learn the predictively optimal
        posterior distribution*, Jinlin Lai, Yuling Yao (2024).
     """
-    num_draws = check_num_draws(num_draws, 2, "heterogeneity")
-    if isinstance(threshold, bool) or not (
-        isinstance(threshold, int | float)
-        and math.isfinite(threshold)
-        and threshold > 1
-    ):
-        raise ValueError(
-            f"heterogeneity: threshold must be a finite number > 1 (a ratio of "
-            f"posterior sds), got {threshold!r}."
+    if callable(pvi_params) and isinstance(model, Mapping):
+        warnings.warn(
+            "heterogeneity(rng_key, model, pvi_guide, pvi_params, vi_guide, "
+            "vi_params, ...) is deprecated and will be removed in the next "
+            "release: call heterogeneity(rng_key, pvi_params, vi_params, model, "
+            "pvi_guide, vi_guide, ...).",
+            FutureWarning,
+            stacklevel=2,
         )
+        model, pvi_guide, pvi_params, vi_guide, vi_params = (
+            pvi_params,
+            vi_params,
+            model,
+            pvi_guide,
+            vi_guide,
+        )
+    pvi_params, model, pvi_guide = check_fitted_call(
+        "heterogeneity (PVI fit)", pvi_params, model, pvi_guide
+    )
+    vi_params, model, vi_guide = check_fitted_call(
+        "heterogeneity (VI fit)", vi_params, model, vi_guide
+    )
+    num_draws = check_int(num_draws, "num_draws", "heterogeneity", minimum=2)
+    threshold = check_real(
+        threshold, "threshold", "heterogeneity", low=1.0, low_open=True
+    )
     pvi_key, vi_key = jax.random.split(rng_key)
     stats = {}
     for tag, key, guide, params in (
         ("pvi", pvi_key, pvi_guide, pvi_params),
         ("vi", vi_key, vi_guide, vi_params),
     ):
-        with warnings.catch_warnings():  # only the latents are needed
-            warnings.filterwarnings("ignore", message="No plate is shared")
-            terms = guide_draws(
-                key,
-                params,
-                model,
-                guide,
-                args,
-                kwargs,
-                num_draws=num_draws,
-                requests=(LATENTS,),
-                require_observed=False,
-                function="heterogeneity",
-            )
+        # the structure is traced abstractly: the key draws nothing
+        tr = replay_trace(key, params, model, guide, args, kwargs)
+        check_full_data(tr, "heterogeneity")
+        terms = guide_draws(
+            key,
+            params,
+            model,
+            guide,
+            args,
+            kwargs,
+            num_draws=num_draws,
+            requests=(LATENTS,),
+            data_plate=WHOLE_DATA,  # only the latents are needed
+            require_observed=False,
+            function="heterogeneity",
+        )
         labels, flat = _component_sd(terms.latents)
         stats[tag] = (labels, flat.mean(axis=0), flat.std(axis=0, ddof=1))
     labels = stats["vi"][0]
@@ -161,7 +188,9 @@ def plot_heterogeneity(ds: xr.Dataset, *, ax: Any = None) -> Any:
             "numpyro_pvi.diagnostics.heterogeneity."
         )
     if ax is None:
-        _, ax = plt.subplots(figsize=(6, 0.35 * ds.sizes["parameter"] + 1.5))
+        _, ax = plt.subplots(
+            figsize=(6, 0.35 * ds.sizes["parameter"] + 1.5), layout="constrained"
+        )
     labels = [str(p) for p in ds["parameter"].values]
     ratio = np.asarray(ds["ratio"].values)
     flagged = np.asarray(ds["flagged"].values)

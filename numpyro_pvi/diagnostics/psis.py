@@ -8,7 +8,6 @@ ArviZ can summarise, plot and save.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -20,16 +19,11 @@ import pandas as pd
 import xarray as xr
 from scipy.special import logsumexp
 
-from numpyro_pvi._particles import LATENTS, LOG_LIK
-from numpyro_pvi.diagnostics._idata import (
-    check_full_data,
-    check_num_draws,
-    draws_dataset,
-    guide_draws,
-    replay_trace,
-    root_attrs,
-    site_dims,
-)
+from numpyro_pvi._draws import check_fitted_call, guide_draws
+from numpyro_pvi._particles import LATENTS, LOG_LIK, WHOLE_DATA
+from numpyro_pvi._structure import check_full_data, replay_trace
+from numpyro_pvi._validation import check_int
+from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
 
 __all__ = ["pareto_smooth", "plot_psis", "psis", "psis_summary"]
 
@@ -148,7 +142,8 @@ def psis(
 
     - ``posterior``: the guide draws of every latent site (constrained), the
       same draws whose weights are reported;
-    - ``sample_stats``: ``lp`` (:math:`\log p(\theta, y)`), ``log_q``,
+    - ``sample_stats``: ``lp`` (:math:`\log p(\theta, y)`, every site with
+      its handler scale, as :func:`numpyro.infer.util.log_density`), ``log_q``,
       ``log_ratio`` and ``log_weight`` (smoothed, normalised);
     - ``psis``: scalars ``pareto_k``, ``good_k``, ``ess_is``, ``min_ss``,
       ``tail_length``; attrs name the method, the thresholds and a ``note``
@@ -173,28 +168,28 @@ def psis(
     2. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
        Gabry (JMLR 2024).
     """
-    num_draws = check_num_draws(num_draws, 2, "psis")
+    param_map, model, guide = check_fitted_call("psis", param_map, model, guide)
+    num_draws = check_int(num_draws, "num_draws", "psis", minimum=2)
     draw_key, trace_key = jax.random.split(rng_key)
     tr = replay_trace(trace_key, param_map, model, guide, args, kwargs)
     check_full_data(tr, "psis")
     dims = site_dims(tr)
-    with warnings.catch_warnings():
-        # log p(θ, y) sums over all observations: the data plate is irrelevant
-        warnings.filterwarnings("ignore", message="No plate is shared")
-        terms = guide_draws(
-            draw_key,
-            param_map,
-            model,
-            guide,
-            args,
-            kwargs,
-            num_draws=num_draws,
-            requests=(LOG_LIK, LATENTS),
-            chunk_size=chunk_size,
-            require_observed=False,
-            function="psis",
-        )
-    lp = terms.log_prior + terms.log_lik @ terms.weight
+    # log p(θ, y) is the joint density: every site with its own scale
+    terms = guide_draws(
+        draw_key,
+        param_map,
+        model,
+        guide,
+        args,
+        kwargs,
+        num_draws=num_draws,
+        requests=(LOG_LIK, LATENTS),
+        chunk_size=chunk_size,
+        data_plate=WHOLE_DATA,
+        require_observed=False,
+        function="psis",
+    )
+    lp = terms.log_prior + jnp.sum(terms.log_lik_scaled, axis=1)
     log_ratio = lp - terms.log_q
     eps = jnp.finfo(jnp.result_type(log_ratio)).eps
     smooth = pareto_smooth(log_ratio, constant_rtol=math.sqrt(float(eps)))
@@ -344,7 +339,9 @@ def plot_psis(idata: az.InferenceData, *, axes: Any = None) -> np.ndarray:
 
     _check_psis_idata(idata, "plot_psis")
     if axes is None:
-        _, axes = plt.subplots(1, 2, figsize=(10, 3.5), width_ratios=(2, 1))
+        _, axes = plt.subplots(
+            1, 2, figsize=(10, 3.5), width_ratios=(2, 1), layout="constrained"
+        )
     axes = np.asarray(axes).reshape(-1)
     if axes.size != 2:
         raise ValueError(f"plot_psis: axes must hold 2 axes, got {axes.size}.")

@@ -34,6 +34,7 @@ from numpyro.infer.calibration import _resolve_observed_sites, _validate_latent_
 from numpyro.primitives import Messenger
 from scipy import stats
 
+from numpyro_pvi._structure import check_full_data
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
 
 __all__ = ["plot_vsbc", "vsbc"]
@@ -145,10 +146,12 @@ def _replication_fn(
     num_svi_steps: int,
     num_draws: int,
 ) -> Callable:
-    """``(key, data, θ*) -> (#{draws < θ*}, final loss, mean of the last 10% losses)``.
+    """``(key, data, θ*) -> (#{draws < θ*}, final loss, mean of the last 10%
+    losses, loss drift)``.
 
     The counts are integers: ``p = count / num_draws`` lies on an exact grid,
     which the symmetry test needs to recognise ties between ``p`` and ``1 - p``.
+    The drift is :func:`loss_drift` of the losses.
     """
     tail = max(1, num_svi_steps // 10)
 
@@ -174,9 +177,48 @@ def _replication_fn(
             parallel=True,
         )(key_draw, *args, **kwargs)
         below = {n: jnp.sum(draws[n] < theta[n], axis=0) for n in latent_names}
-        return below, losses[-1], jnp.mean(losses[-tail:])
+        return below, losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses)
 
     return one
+
+
+#: Replications whose loss drift exceeds this many standard errors have not
+#: converged.
+DRIFT_THRESHOLD = 3.0
+#: Fraction of unconverged replications above which vsbc warns.
+UNCONVERGED_WARNING = 0.1
+
+
+def loss_drift(losses: jax.Array) -> jax.Array:
+    r"""How far a fit still was from convergence at its end.
+
+    With :math:`t = \max(2, \lfloor n/10 \rfloor)` and the means
+    :math:`\bar L_{\rm prev}`, :math:`\bar L_{\rm last}` of the last two
+    blocks of :math:`t` losses, the decrease of the mean loss over the last
+    tenth of the steps in standard errors,
+
+    .. math::
+
+        d = \frac{\bar L_{\rm prev} - \bar L_{\rm last}}
+        {\sqrt{(s^2_{\rm prev} + s^2_{\rm last}) / t}},
+
+    is of order one for a fit that fluctuates around its optimum and large
+    while the loss still falls (``nan`` with fewer than 4 steps). The
+    denominator has a floor of :math:`10^{-5}(1 + |\bar L_{\rm last}|)`
+    for losses without Monte Carlo noise.
+
+    :param losses: ``(n,)`` the losses of the SVI steps.
+    """
+    n = losses.shape[0]
+    if n < 4:
+        return jnp.asarray(jnp.nan, losses.dtype)
+    t = min(max(2, n // 10), n // 2)
+    prev, last = losses[-2 * t : -t], losses[-t:]
+    var = (jnp.var(prev, ddof=1) + jnp.var(last, ddof=1)) / t
+    diff = jnp.mean(prev) - jnp.mean(last)
+    # a relative floor: a deterministic loss (a point-mass guide) has no noise
+    floor = 1e-5 * (1.0 + jnp.abs(jnp.mean(last)))
+    return diff / (jnp.sqrt(var) + floor)
 
 
 def _dispatcher(one: Callable, chain_method: str | Callable) -> Callable:
@@ -403,6 +445,7 @@ def _setup(
     """
     key_trace, key_prior, key_warmup, key_fit = random.split(rng_key, 4)
     model_trace = _abstract_trace(model, key_trace, args, kwargs)
+    check_full_data(model_trace, "vsbc")
     try:
         observed, latent_names = _resolve_observed_sites(model_trace, observed_sites)
     except ValueError as err:
@@ -511,8 +554,11 @@ def vsbc(
     per scalar component, with :math:`L` = ``num_draws``. If the method's
     marginals are unbiased on average, :math:`p` and :math:`1 - p` have the
     same distribution; each component is tested with a two-sample
-    Kolmogorov–Smirnov test of :math:`p` against :math:`1 - p` (asymptotic
-    p-value, as the :math:`p` lie on a grid), corrected for multiplicity over
+    Kolmogorov–Smirnov statistic of :math:`p` against :math:`1 - p`, whose
+    p-value is exact under the null that :math:`p` is symmetric about 1/2
+    (a sign-flip null, conditional on :math:`|p - 1/2|`; the usual
+    two-sample KS p-value treats :math:`p` and :math:`1 - p` as independent,
+    which they are not), corrected for multiplicity over
     all components of all latent sites. The one-sided tests give the
     direction: ``"over"`` when :math:`p` piles up near 0 (q overestimates
     θ, the paper's right-skewed histogram), ``"under"`` when it piles up near
@@ -575,9 +621,15 @@ def vsbc(
         (one ``chain``): ``prior`` (:math:`θ^*`), ``vsbc`` (:math:`p`, same
         variables and dims), ``vsbc_symmetry`` (per scalar ``component``:
         ``ks_statistic``, ``p_value``, ``p_value_adjusted``,
-        ``p_value_over``, ``p_value_under``, ``direction``),
-        ``vsbc_fit_stats`` (``loss``: final loss; ``loss_tail``: mean loss
-        over the last 10% of steps) and ``vsbc_histogram`` (``count`` per
+        ``p_value_over``, ``p_value_under``, ``direction``, and
+        ``num_extreme``: replications with :math:`p` exactly 0 or 1, whose
+        guide put no mass on the far side of :math:`θ^*`; attribute
+        ``num_unconverged``), ``vsbc_fit_stats`` (``loss``: final loss;
+        ``loss_tail``: mean loss over the last 10% of steps; ``loss_drift``:
+        :func:`loss_drift`, the fall of the loss over the last tenth of the
+        steps in standard errors; ``converged``: drift at most 3; a warning
+        is raised when more than 10% of the replications have not converged)
+        and ``vsbc_histogram`` (``count`` per
         ``component`` and ``bin``, with ``bin_left``/``bin_right`` coords).
 
     **References**
@@ -616,7 +668,7 @@ def vsbc(
         simulated_data_to_args=simulated_data_to_args,
     )
     theta = inputs[2]
-    below, final_loss, tail_loss = _run_replications(
+    below, final_loss, tail_loss, drift = _run_replications(
         one,
         inputs,
         num_simulations,
@@ -643,8 +695,12 @@ def vsbc(
     )
 
     component = {"component": labels, "variable": ("component", variable)}
+    extreme = np.sum((below_flat == 0) | (below_flat == num_draws), axis=0)
     sym_ds = xr.Dataset(
-        {k: ("component", v) for k, v in symmetry.items()},
+        {
+            **{k: ("component", v) for k, v in symmetry.items()},
+            "num_extreme": ("component", extreme),
+        },
         coords=component,
         attrs={
             "test": "Kolmogorov-Smirnov statistic of p against 1 - p; exact "
@@ -673,7 +729,29 @@ def vsbc(
     vsbc_ds = draws_dataset(
         p, dims=dims, attrs={**attrs, "quantity": "p = Pr_q(theta < theta*)"}
     )
-    fit_ds = draws_dataset({"loss": final_loss, "loss_tail": tail_loss}, attrs=attrs)
+    converged = ~(drift > DRIFT_THRESHOLD)  # nan (too few steps) counts as converged
+    num_unconverged = int(np.sum(~converged))
+    if num_unconverged > UNCONVERGED_WARNING * num_simulations:
+        warnings.warn(
+            f"vsbc: {num_unconverged} of {num_simulations} replications had not "
+            f"converged after {num_svi_steps} SVI steps (loss still falling by more "
+            f"than {DRIFT_THRESHOLD:g} standard errors over the last tenth of the "
+            "steps, vsbc_fit_stats.loss_drift): their p values measure an "
+            "unfinished fit, not the method. Increase num_svi_steps or the step "
+            "size.",
+            UserWarning,
+            stacklevel=2,
+        )
+    sym_ds.attrs["num_unconverged"] = num_unconverged
+    fit_ds = draws_dataset(
+        {
+            "loss": final_loss,
+            "loss_tail": tail_loss,
+            "loss_drift": drift,
+            "converged": converged,
+        },
+        attrs={**attrs, "drift_threshold": DRIFT_THRESHOLD},
+    )
     idata = az.InferenceData(
         prior=prior_ds,
         vsbc=vsbc_ds,
@@ -787,9 +865,9 @@ def plot_vsbc(
                 ax=ax,
             )
         ax.set_title(
-            f"{label}\np = {float(row['p_value_adjusted']):.2g}, "
+            f"{label}\nsymmetry test p-value {float(row['p_value_adjusted']):.2g}: "
             f"{row['direction'].item()}",
             fontsize=9,
         )
-        ax.set_xlabel("p")
+        ax.set_xlabel("Pr_q(θ < θ*)")
     return axes

@@ -1,0 +1,91 @@
+"""Validation of user arguments: one place for "a positive integer", "a real
+number in a range", "True or False" and "a plate name".
+
+Every check rejects the value before anything is traced, with a message that
+names the function and the argument. Numbers must be numbers: a string such
+as ``"0.1"`` or a bool is refused rather than converted.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+__all__ = ["check_bool", "check_data_plate", "check_int", "check_real"]
+
+
+def check_int(value: Any, name: str, where: str, *, minimum: int) -> int:
+    """An ``int`` (or NumPy integer) of at least ``minimum``.
+
+    :param value: the argument.
+    :param name: its name, for the message.
+    :param where: the function or class, for the message.
+    :param minimum: the smallest value allowed.
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or value < minimum
+    ):
+        raise ValueError(
+            f"{where}: {name} must be an integer >= {minimum}, got {value!r}."
+        )
+    return int(value)
+
+
+def check_real(
+    value: Any,
+    name: str,
+    where: str,
+    *,
+    low: float = -math.inf,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+    """A finite real number in ``[low, high]`` (ends open on request).
+
+    :param value: the argument (a Python or NumPy real, not a string or bool).
+    :param name: its name, for the message.
+    :param where: the function or class, for the message.
+    :param low: lower end of the range.
+    :param high: upper end of the range.
+    :param low_open: exclude ``low``.
+    :param high_open: exclude ``high``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{where}: {name} must be a real number, got {type(value).__name__} "
+            f"{value!r}."
+        )
+    x = float(value)
+    above = x > low if low_open else x >= low
+    below = x < high if high_open else x <= high
+    if not (math.isfinite(x) and above and below):
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        raise ValueError(
+            f"{where}: {name} must be finite and in {lo}{low:g}, {high:g}{hi}, "
+            f"got {value!r}."
+        )
+    return x
+
+
+def check_bool(value: Any, name: str, where: str) -> bool:
+    """``True`` or ``False`` (not a truthy value of another type)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{where}: {name} must be True or False, got {value!r}.")
+    return value
+
+
+def check_data_plate(value: Any, where: str) -> str | None:
+    """The name of a plate (``str``) or ``None``."""
+    if value is not None and not isinstance(value, str):
+        raise TypeError(
+            f"{where}: data_plate must be the name of a plate (str) or None, "
+            f"got {value!r}."
+        )
+    return value

@@ -1,0 +1,262 @@
+"""Diagnostics and held-out scores on the edges a new user reaches:
+subsampled plates, observed values computed in the model, float64
+log-likelihoods for ArviZ, argument order, recompilation, unconverged VSBC
+replications, plots that keep their labels."""
+
+import warnings
+
+import arviz as az
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from jax import random
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+
+from numpyro_pvi import PACmELBO, PredictiveELBO, diagnostics, predictive_score
+from numpyro_pvi._draws import _cached_draws
+from numpyro_pvi.diagnostics.vsbc import loss_drift
+
+matplotlib.use("Agg")
+pytestmark = pytest.mark.xdist_group("diagnostics_edges")
+
+N = 20
+X = jnp.linspace(-1.0, 1.0, N)
+Y = 0.5 + X + 0.3 * random.normal(random.PRNGKey(0), (N,))
+
+
+def model(x, y=None, subsample_size=None):
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("obs", x.shape[0], subsample_size=subsample_size) as idx:
+        y_i = None if y is None else y[idx]
+        numpyro.sample("y", dist.Normal(a + b * x[idx], sigma), obs=y_i)
+
+
+@pytest.fixture(scope="module")
+def fit():
+    guide = AutoNormal(model)
+    svi = SVI(model, guide, optax.adam(0.05), Trace_ELBO())
+    return guide, svi.run(random.PRNGKey(1), 300, X, Y, progress_bar=False).params
+
+
+# -- subsampled plates: score everything or refuse --------------------------
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda g, p: predictive_score(random.PRNGKey(0), p, model, g, X, Y, 5),
+        lambda g, p: diagnostics.psis(random.PRNGKey(0), p, model, g, X, Y, 5),
+        lambda g, p: diagnostics.to_inference_data(
+            random.PRNGKey(0), p, model, g, X, Y, 5
+        ),
+        lambda g, p: diagnostics.heterogeneity(
+            random.PRNGKey(0), p, p, model, g, g, X, Y, 5
+        ),
+        lambda g, p: diagnostics.vsbc(
+            random.PRNGKey(0),
+            model,
+            g,
+            optax.adam(0.01),
+            Trace_ELBO(),
+            X,
+            Y,
+            5,
+            num_simulations=2,
+            num_svi_steps=2,
+            progress_bar=False,
+        ),
+    ],
+    ids=["predictive_score", "psis", "to_inference_data", "heterogeneity", "vsbc"],
+)
+def test_subsampled_data_plate_is_refused(fit, call):
+    guide, params = fit
+    with pytest.raises(ValueError, match="'obs' is subsampled"):
+        call(guide, params)
+
+
+def test_predictive_score_scores_every_observation(fit):
+    guide, params = fit
+    scores = predictive_score(random.PRNGKey(0), params, model, guide, X, Y)
+    assert scores.shape == (N,)
+
+
+# -- observed values computed inside the model -------------------------------
+
+
+def log_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("log_y", dist.Normal(mu, 1.0), obs=jnp.log(y))
+
+
+def test_export_takes_observed_values_computed_by_the_model():
+    y = jnp.exp(Y)
+    guide = AutoNormal(log_model)
+    params = (
+        SVI(log_model, guide, optax.adam(0.05), Trace_ELBO())
+        .run(random.PRNGKey(0), 50, y, progress_bar=False)
+        .params
+    )
+    fit = diagnostics.to_inference_data(random.PRNGKey(1), params, log_model, guide, y)
+    np.testing.assert_allclose(fit.observed_data["log_y"].values, Y, rtol=1e-5)
+
+
+# -- ArviZ's PSIS-LOO on the export ------------------------------------------
+
+
+def test_loo_on_export_is_finite_and_says_what_it_assumes(fit):
+    guide, params = fit
+    idata = diagnostics.to_inference_data(
+        random.PRNGKey(2), params, model, guide, X, Y, num_draws=500
+    )
+    assert idata.log_likelihood["y"].dtype == np.float64
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no divide by zero
+        loo = az.loo(idata, reff=1.0)
+    assert np.isfinite(loo.elpd_loo)
+    assert "Bayesian posterior" in idata.attrs["psis_loo"]
+    assert "predictive_score" in idata.attrs["psis_loo"]
+
+
+# -- one argument order: (rng_key, params, model, guide, *args) --------------
+
+
+def test_predictive_score_old_order_warns_and_gives_the_same_result(fit):
+    guide, params = fit
+    new = predictive_score(random.PRNGKey(3), params, model, guide, X, Y)
+    with pytest.warns(FutureWarning, match="rng_key, params, model, guide"):
+        old = predictive_score(random.PRNGKey(3), model, guide, params, X, Y)
+    np.testing.assert_array_equal(new, old)
+
+
+def test_heterogeneity_old_order_warns_and_gives_the_same_result(fit):
+    guide, params = fit
+    new = diagnostics.heterogeneity(
+        random.PRNGKey(3), params, params, model, guide, guide, X, Y, num_draws=50
+    )
+    with pytest.warns(FutureWarning, match="pvi_params, vi_params, model"):
+        old = diagnostics.heterogeneity(
+            random.PRNGKey(3), model, guide, params, guide, params, X, Y, num_draws=50
+        )
+    np.testing.assert_array_equal(new["ratio"], old["ratio"])
+
+
+@pytest.mark.parametrize("function", ["psis", "to_inference_data"])
+def test_swapped_call_says_which_argument_is_which(fit, function):
+    guide, params = fit
+    with pytest.raises(TypeError, match=r"param_map \(2nd\) must be the dict"):
+        getattr(diagnostics, function)(random.PRNGKey(0), model, guide, params, X, Y)
+
+
+def test_predictive_score_compiles_once_per_shape(fit):
+    guide, params = fit
+    predictive_score(random.PRNGKey(0), params, model, guide, X, Y, num_draws=100)
+    size = _cached_draws._cache_size()
+    predictive_score(
+        random.PRNGKey(1), params, model, guide, X + 1.0, Y - 1.0, num_draws=100
+    )
+    assert _cached_draws._cache_size() == size
+
+
+# -- small things ------------------------------------------------------------
+
+
+def test_numbers_must_be_numbers():
+    with pytest.raises(TypeError, match="lam must be a real number"):
+        PredictiveELBO("log", lam="0.1")
+    with pytest.raises(TypeError, match="beta must be a real number"):
+        PACmELBO(beta="1")
+
+
+def test_pacm_errors_name_its_own_arguments():
+    with pytest.raises(ValueError, match="num_particles") as err:
+        PACmELBO(num_particles=0)
+    assert "score" not in str(err.value)
+
+
+def test_losses_print_their_hyper_parameters():
+    assert repr(PACmELBO(num_particles=4, beta=0.5)) == (
+        "PACmELBO(num_particles=4, beta=0.5)"
+    )
+    text = repr(PredictiveELBO("crps", num_particles=8, lam=0.1))
+    assert text == (
+        "PredictiveELBO(score=CRPS(), num_particles=8, regularizer='prior', lam=0.1)"
+    )
+
+
+def test_point_mass_guide_warns():
+    from numpyro.infer.autoguide import AutoDelta
+
+    guide = AutoDelta(model)
+    svi = SVI(model, guide, optax.adam(0.01), PredictiveELBO("log", num_particles=2))
+    with pytest.warns(UserWarning, match="point mass"):
+        svi.run(random.PRNGKey(0), 2, X, Y, progress_bar=False)
+
+
+def _label_inside(fig, artist):
+    fig.canvas.draw()
+    box = artist.get_window_extent(fig.canvas.get_renderer())
+    return box.x0 >= 0 and box.y0 >= 0 and box.x1 <= fig.bbox.x1
+
+
+def test_plots_keep_their_axis_labels_inside_the_figure(fit):
+    guide, params = fit
+    idata = diagnostics.psis(random.PRNGKey(0), params, model, guide, X, Y)
+    axes = diagnostics.plot_psis(idata)
+    fig = axes[0].figure
+    assert _label_inside(fig, axes[0].yaxis.label)
+    assert _label_inside(fig, axes[0].xaxis.label)
+    ds = diagnostics.heterogeneity(
+        random.PRNGKey(0), params, params, model, guide, guide, X, Y, num_draws=50
+    )
+    ax = diagnostics.plot_heterogeneity(ds)
+    assert _label_inside(ax.figure, ax.yaxis.get_ticklabels()[0])
+    assert _label_inside(ax.figure, ax.xaxis.label)
+
+
+# -- VSBC convergence --------------------------------------------------------
+
+
+def test_loss_drift_separates_falling_from_fluctuating_losses():
+    noise = random.normal(random.PRNGKey(0), (1000,))
+    assert abs(float(loss_drift(10.0 + noise))) < 4.0
+    assert float(loss_drift(10.0 + noise - jnp.linspace(0, 20, 1000))) > 10.0
+    assert np.isnan(float(loss_drift(jnp.ones(3))))
+    # without Monte Carlo noise: converged is 0, still falling is flagged
+    assert float(loss_drift(jnp.full(100, 123.0))) == 0.0
+    assert float(loss_drift(100.0 - jnp.linspace(0, 1, 100))) > 3.0
+
+
+def test_vsbc_flags_unconverged_replications_and_says_so():
+    def simple(y=None):
+        t = numpyro.sample("t", dist.Normal(0.0, 3.0))
+        with numpyro.plate("n", 10):
+            numpyro.sample("y", dist.Normal(t, 1.0), obs=y)
+
+    with pytest.warns(UserWarning, match="had not converged"):
+        idata = diagnostics.vsbc(
+            random.PRNGKey(0),
+            simple,
+            AutoNormal(simple),
+            optax.sgd(1e-4),  # far too small: the loss is still falling
+            Trace_ELBO(num_particles=32),
+            observed_sites=["y"],
+            num_simulations=8,
+            num_svi_steps=200,
+            num_draws=50,
+            progress_bar=False,
+        )
+    stats = idata.vsbc_fit_stats
+    unconverged = int((~stats["converged"].values).sum())
+    assert unconverged >= 6  # θ* near the initial value converges early
+    assert idata.vsbc_symmetry.attrs["num_unconverged"] == unconverged
+    assert "num_extreme" in idata.vsbc_symmetry
+    axes = diagnostics.plot_vsbc(idata)
+    assert "p = " not in axes[0].get_title()

@@ -1,0 +1,221 @@
+"""Handler scales on several observed sites of one data plate.
+
+The joint density (PSIS's ``lp``, the exported log-likelihood, the posterior
+regularizer, the contrastive objectives, the stratified ELBO) applies every
+site's own scale exactly as NumPyro does; a per-observation score needs one
+weight per observation and refuses sites with different scales, naming them.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from jax import random
+from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoDelta, AutoNormal
+from numpyro.infer.util import log_density
+
+from numpyro_pvi import (
+    PACmELBO,
+    PredictiveELBO,
+    SoftCVIELBO,
+    StratifiedELBO,
+    diagnostics,
+    predictive_score,
+)
+
+N = 6
+X = jnp.linspace(-1.0, 1.0, N)
+Y1, Y2 = 2.0 * X + 0.3, jnp.full(N, 3.0)
+Y3 = jnp.stack([X, -X], axis=-1)
+
+
+def two_sites(x, y1, y2, s2=5.0):
+    t = numpyro.sample("t", dist.Normal(0.0, 1.0))
+    with numpyro.plate("N", x.shape[0]):
+        numpyro.sample("y1", dist.Normal(t * x, 1.0), obs=y1)
+        with numpyro.handlers.scale(scale=s2):
+            numpyro.sample("y2", dist.Normal(t, 1.0), obs=y2)
+
+
+def three_sites(x, y1, y2, y3):
+    """Three observed sites with three scales, a vector-valued one, and a
+    local latent with a scale of its own."""
+    t = numpyro.sample("t", dist.Normal(0.0, 1.0))
+    with numpyro.plate("N", x.shape[0]):
+        with numpyro.handlers.scale(scale=2.0):
+            u = numpyro.sample("u", dist.Normal(0.0, 1.0))
+        numpyro.sample("y1", dist.Normal(t * x + u, 1.0), obs=y1)
+        with numpyro.handlers.scale(scale=5.0):
+            numpyro.sample("y2", dist.Normal(t, 1.0), obs=y2)
+        with numpyro.handlers.scale(scale=0.25):
+            numpyro.sample(
+                "y3", dist.Normal(t * y3, 2.0).to_event(1), obs=jnp.zeros_like(y3)
+            )
+
+
+def shared_scale(x, y1, y2):
+    """Both sites of an observation under the same scale: accepted."""
+    t = numpyro.sample("t", dist.Normal(0.0, 1.0))
+    with numpyro.plate("N", x.shape[0]), numpyro.handlers.scale(scale=3.0):
+        numpyro.sample("y1", dist.Normal(t * x, 1.0), obs=y1)
+        numpyro.sample("y2", dist.Normal(t, 1.0), obs=y2)
+
+
+CASES = {
+    "two sites": (two_sites, (X, Y1, Y2)),
+    "three sites": (three_sites, (X, Y1, Y2, Y3)),
+}
+
+
+def _params(model, guide, args):
+    """A guide's parameters away from their initial values."""
+    from numpyro.infer import SVI
+
+    svi = SVI(model, guide, numpyro.optim.Adam(0.05), Trace_ELBO())
+    return svi.run(random.PRNGKey(0), 30, *args, progress_bar=False).params
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_psis_lp_is_numpyro_log_density(case):
+    model, args = CASES[case]
+    guide = AutoNormal(model)
+    params = _params(model, guide, args)
+    idata = diagnostics.psis(
+        random.PRNGKey(1), params, model, guide, *args, num_draws=8
+    )
+    for s in range(8):
+        draw = {k: v.values[0, s] for k, v in idata.posterior.items()}
+        expected, _ = log_density(model, args, {}, draw)
+        np.testing.assert_allclose(
+            idata.sample_stats["lp"].values[0, s], expected, rtol=1e-5
+        )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_exported_log_likelihood_applies_each_scale(case):
+    model, args = CASES[case]
+    guide = AutoNormal(model)
+    params = _params(model, guide, args)
+    fit = diagnostics.to_inference_data(
+        random.PRNGKey(2), params, model, guide, *args, num_draws=4
+    )
+    (name,) = fit.log_likelihood.data_vars
+    assert fit.log_likelihood[name].dtype == np.float64
+    for s in range(4):
+        draw = {k: v.values[0, s] for k, v in fit.posterior.items()}
+        joint, _ = log_density(model, args, {}, draw)
+        prior = sum(
+            float(jnp.sum(site["fn"].log_prob(site["value"])) * (site["scale"] or 1))
+            for site in numpyro.handlers.trace(
+                numpyro.handlers.substitute(numpyro.handlers.seed(model, 0), draw)
+            )
+            .get_trace(*args)
+            .values()
+            if site["type"] == "sample" and not site["is_observed"]
+        )
+        np.testing.assert_allclose(
+            fit.log_likelihood[name].values[0, s].sum(), joint - prior, rtol=1e-5
+        )
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        PredictiveELBO("log", num_particles=4),
+        PredictiveELBO("crps", num_particles=4),
+        PACmELBO(num_particles=2),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_score_refuses_different_scales_naming_the_sites(case, loss):
+    model, args = CASES[case]
+    guide = AutoNormal(model)
+    params = _params(model, guide, args)
+    with pytest.raises(ValueError, match="different scales") as err:
+        loss.loss(random.PRNGKey(0), params, model, guide, *args)
+    message = str(err.value)
+    assert "'y1'" in message and "'y2'" in message and "5.0" in message
+
+
+def test_pacm_with_point_mass_equals_trace_elbo_when_accepted():
+    """PAC^m (m = 1, β = 1) with AutoDelta is the negative ELBO exactly; with
+    one scale per observation the score weights each observation by it."""
+    guide = AutoDelta(shared_scale)
+    args = (X, Y1, Y2)
+    params = _params(shared_scale, guide, args)
+    expected = Trace_ELBO().loss(random.PRNGKey(3), params, shared_scale, guide, *args)
+    with pytest.warns(UserWarning, match="point mass"):
+        got = PACmELBO(num_particles=1, beta=1.0).loss(
+            random.PRNGKey(4), params, shared_scale, guide, *args
+        )
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_joint_density_objectives_match_trace_elbo_with_different_scales(case):
+    """The stratified ELBO (i.i.d. draws here) and the posterior regularizer
+    use the joint density: with a point mass they equal Trace_ELBO."""
+    model, args = CASES[case]
+    guide = AutoDelta(model)
+    params = _params(model, guide, args)
+    expected = Trace_ELBO().loss(random.PRNGKey(3), params, model, guide, *args)
+    got = StratifiedELBO().loss(random.PRNGKey(4), params, model, guide, *args)
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_posterior_regularizer_is_the_scaled_negative_elbo():
+    """loss(λ=2) − loss(λ=1) is the posterior regularizer, the negative ELBO of
+    a point mass, with the shared scale applied to every site."""
+    guide = AutoDelta(shared_scale)
+    args = (X, Y1, Y2)
+    params = _params(shared_scale, guide, args)
+    expected = Trace_ELBO().loss(random.PRNGKey(3), params, shared_scale, guide, *args)
+
+    def loss(lam):
+        return PredictiveELBO(
+            "log", num_particles=1, regularizer="posterior", lam=lam
+        ).loss(random.PRNGKey(4), params, shared_scale, guide, *args)
+
+    with pytest.warns(UserWarning, match="point mass"):
+        np.testing.assert_allclose(loss(2.0) - loss(1.0), expected, rtol=1e-5)
+
+
+def test_softcvi_log_joint_applies_each_scale():
+    """SoftCVI's labels use log p(θ, x): different scales are accepted."""
+    model, args = CASES["two sites"]
+    guide = AutoNormal(model)
+    params = _params(model, guide, args)
+    loss = SoftCVIELBO(num_particles=4).loss(
+        random.PRNGKey(0), params, model, guide, *args
+    )
+    assert jnp.isfinite(loss)
+
+
+def test_held_out_score_ignores_scales():
+    """predictive_score applies no weights, so scales do not matter to it."""
+    model, args = CASES["two sites"]
+    guide = AutoNormal(model)
+    params = _params(model, guide, args)
+    a = predictive_score(random.PRNGKey(5), params, model, guide, *args, num_draws=50)
+    b = predictive_score(
+        random.PRNGKey(5), params, model, guide, *args, s2=1.0, num_draws=50
+    )
+    assert a.shape == (N,)
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_traced_scales_that_differ_are_refused():
+    """Scales passed in as (traced) model arguments cannot be compared at
+    trace time: refused unless one scale covers the whole observation."""
+    guide = AutoNormal(two_sites)
+    args = (X, Y1, Y2)
+    params = _params(two_sites, guide, args)
+    loss = PredictiveELBO("log", num_particles=2)
+    with pytest.raises(ValueError, match="traced"):
+        jax.jit(
+            lambda s: loss.loss(random.PRNGKey(0), params, two_sites, guide, *args, s)
+        )(jnp.asarray(5.0))
