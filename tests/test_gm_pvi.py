@@ -14,7 +14,7 @@ from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoMultivariateNormal
 
-from numpyro_pvi import PACmELBO, PredictiveELBO, predictive_score
+from numpyro_pvi import PACmELBO, PredictiveELBO, StratifiedELBO, predictive_score
 from numpyro_pvi._particles import LOG_LIK, particle_terms
 from numpyro_pvi.guides import (
     AutoGaussianMixture,
