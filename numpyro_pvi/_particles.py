@@ -661,7 +661,14 @@ def particle_terms(
                     guide, param_map, fixed, rerun_key, args, kwargs
                 )
         if component is not None:
-            out.update(_stratum_log_weights(guide_trace, model_trace, plate))
+            out.update(
+                _stratum_log_weights(
+                    guide_trace,
+                    model_trace,
+                    plate,
+                    whole_data=data_plate == WHOLE_DATA,
+                )
+            )
         if LATENTS in requests:
             out["latents"] = {s["name"]: s["value"] for s in _latent_sites(model_trace)}
         if OBSERVED in requests:
@@ -750,10 +757,15 @@ class _draw_from_component(Messenger):
 
 
 def _stratum_log_weights(
-    guide_trace: dict[str, Any], model_trace: dict[str, Any], plate: _DataPlate
+    guide_trace: dict[str, Any],
+    model_trace: dict[str, Any],
+    plate: _DataPlate,
+    *,
+    whole_data: bool,
 ) -> dict[str, jax.Array]:
     """Log weights of the strata: averaged ``(K,)`` and per observation of
-    this (sub)sample ``(b, K)``."""
+    this (sub)sample ``(b, K)``. With ``whole_data`` (expectations over the
+    guide only, e.g. the stratified ELBO) the averaged weights serve all."""
     sites = [
         s for s in _latent_sites(guide_trace) if hasattr(s["fn"], "stratum_log_weights")
     ]
@@ -765,7 +777,7 @@ def _stratum_log_weights(
     fn = sites[0]["fn"]
     mean_log_w = fn.stratum_log_weights  # (K,)
     per_obs = fn.observation_log_weights  # (n, K) or None
-    if per_obs is None:
+    if per_obs is None or whole_data:
         b = max(plate.subsample_size, 1)
         return {
             "log_omega_bar": mean_log_w,

@@ -9,14 +9,15 @@ every observation (diagnostics and held-out scores).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import random
 from numpyro.handlers import replay, seed, substitute, trace
 
-__all__ = ["check_full_data", "replay_trace"]
+__all__ = ["check_full_data", "model_structure", "replay_trace"]
 
 
 def replay_trace(
@@ -29,9 +30,12 @@ def replay_trace(
 ) -> dict[str, Any]:
     """The structure of one trace of ``model`` replayed against ``guide``.
 
-    Traced abstractly (``jax.eval_shape``, nothing is computed): values
-    computed from draws are abstract (shapes only); observed values passed
-    in as data stay concrete.
+    Traced abstractly (``jax.eval_shape``, nothing is computed). Only the
+    static structure is kept, so that no tracer outlives the trace: per site
+    its ``name``, ``type``, ``is_observed``, ``cond_indep_stack``, plate
+    ``args`` (sizes), ``fn.event_dim``, ``fn.support.is_discrete`` and a
+    ``value`` with the right shape and dtype but no data (read values from
+    an evaluated trace).
     """
     captured = {}
 
@@ -40,10 +44,62 @@ def replay_trace(
         seeded_guide = substitute(seed(guide, guide_key), data=params)
         guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
         seeded = substitute(replay(seed(model, model_key), guide_trace), data=params)
-        captured["trace"] = trace(seeded).get_trace(*args, **kwargs)
+        tr = trace(seeded).get_trace(*args, **kwargs)
+        captured["trace"] = {name: _static_site(site) for name, site in tr.items()}
         return 0
 
     jax.eval_shape(run, rng_key, param_map)
+    return captured["trace"]
+
+
+class _Support(NamedTuple):
+    is_discrete: bool
+
+
+class _SiteFn(NamedTuple):
+    """What the structure keeps of a sample site's distribution."""
+
+    event_dim: int
+    support: _Support
+
+
+def _static_site(site: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`replay_trace` keeps of a site: no traced value."""
+    value = site.get("value")
+    static = {
+        "name": site["name"],
+        "type": site["type"],
+        "is_observed": site.get("is_observed", False),
+        "cond_indep_stack": site.get("cond_indep_stack", []),
+        # a read-only view of the shape and dtype, no memory
+        "value": np.broadcast_to(
+            np.zeros((), jax.dtypes.canonicalize_dtype(jnp.result_type(value))),
+            jnp.shape(value),
+        ),
+    }
+    if site["type"] == "plate":
+        static["args"] = tuple(int(a) if a is not None else None for a in site["args"])
+    fn = site.get("fn")
+    if site["type"] == "sample":
+        static["fn"] = _SiteFn(
+            int(fn.event_dim), _Support(bool(fn.support.is_discrete))
+        )
+    return static
+
+
+def model_structure(
+    model: Callable, rng_key: jax.Array, args: tuple, kwargs: dict
+) -> dict[str, Any]:
+    """The structure of one trace of ``model`` alone (as :func:`replay_trace`
+    keeps it), traced abstractly."""
+    captured: dict[str, Any] = {}
+
+    def run(key: jax.Array) -> int:
+        tr = trace(seed(model, key)).get_trace(*args, **kwargs)
+        captured["trace"] = {name: _static_site(site) for name, site in tr.items()}
+        return 0
+
+    jax.eval_shape(run, rng_key)
     return captured["trace"]
 
 

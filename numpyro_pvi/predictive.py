@@ -368,7 +368,10 @@ class PredictiveELBO(ELBO):
     ) -> tuple[jax.Array, RejectionStats | None]:
         """The loss and, for the rejection estimator, its statistics."""
         warn_point_mass(guide, self._objective_name())
-        plate_key, particle_key, accept_key = random.split(rng_key, 3)
+        particle_key, accept_key = random.split(rng_key)
+        # the plate key particle_terms derives from particle_key, kept for
+        # the further rounds of the rejection estimator (same subsample)
+        plate_key = random.split(particle_key)[0]
         terms = self.particle_terms(
             particle_key, param_map, model, guide, *args, plate_key=plate_key, **kwargs
         )

@@ -28,13 +28,13 @@ import numpy as np
 import xarray as xr
 from jax import lax, random
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from numpyro.handlers import block, condition, seed, trace
+from numpyro.handlers import block, condition, seed
 from numpyro.infer import SVI, Predictive
 from numpyro.infer.calibration import _resolve_observed_sites, _validate_latent_sites
 from numpyro.primitives import Messenger
 from scipy import stats
 
-from numpyro_pvi._structure import check_full_data
+from numpyro_pvi._structure import check_full_data, model_structure
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
 
 __all__ = ["plot_vsbc", "vsbc"]
@@ -62,23 +62,6 @@ class _unobserve(Messenger):
 # --------------------------------------------------------------------------
 # simulated data → model arguments
 # --------------------------------------------------------------------------
-
-
-def _abstract_trace(model: Callable, key: jax.Array, args: tuple, kwargs: dict) -> dict:
-    """A trace of ``model`` with abstract values: site structure, no computation.
-
-    Only static metadata of the sites is used (names, types, shapes,
-    distributions' supports, plates), so the model is traced under
-    :func:`jax.eval_shape` instead of being run op by op.
-    """
-    captured: dict[str, Any] = {}
-
-    def run(key: jax.Array) -> int:
-        captured.update(trace(seed(model, key)).get_trace(*args, **kwargs))
-        return 0
-
-    jax.eval_shape(run, key)
-    return captured
 
 
 def _data_injector(
@@ -444,7 +427,7 @@ def _setup(
         model trace and the latent site names.
     """
     key_trace, key_prior, key_warmup, key_fit = random.split(rng_key, 4)
-    model_trace = _abstract_trace(model, key_trace, args, kwargs)
+    model_trace = model_structure(model, key_trace, args, kwargs)
     check_full_data(model_trace, "vsbc")
     try:
         observed, latent_names = _resolve_observed_sites(model_trace, observed_sites)
