@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
-from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.handlers import block, replay, seed, substitute, trace
+from numpyro.infer.autoguide import AutoGuide
 
 __all__ = ["check_full_data", "model_structure", "replay_trace"]
 
@@ -37,6 +38,7 @@ def replay_trace(
     ``value`` with the right shape and dtype but no data (read values from
     an evaluated trace).
     """
+    _set_up_autoguide(guide, rng_key, param_map, args, kwargs)
     captured = {}
 
     def run(key: jax.Array, params: dict[str, jax.Array]) -> int:
@@ -50,6 +52,25 @@ def replay_trace(
 
     jax.eval_shape(run, rng_key, param_map)
     return captured["trace"]
+
+
+def _set_up_autoguide(
+    guide: Callable,
+    rng_key: jax.Array,
+    param_map: dict[str, jax.Array],
+    args: tuple,
+    kwargs: dict,
+) -> None:
+    """Run an autoguide that has not run yet once, outside any trace.
+
+    An autoguide builds its prototype (a trace of the model) on its first
+    call and keeps it; built under ``jit`` or ``eval_shape`` it would keep
+    tracers. ``SVI.init`` builds it for fitted guides; a guide given only its
+    parameters (e.g. loaded from disk) is built here.
+    """
+    if isinstance(guide, AutoGuide) and guide.prototype_trace is None:
+        with block():
+            substitute(seed(guide, rng_key), data=param_map)(*args, **kwargs)
 
 
 class _Support(NamedTuple):
