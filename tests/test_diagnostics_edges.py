@@ -260,3 +260,6 @@ def test_vsbc_flags_unconverged_replications_and_says_so():
     assert "num_extreme" in idata.vsbc_symmetry
     axes = diagnostics.plot_vsbc(idata)
     assert "p = " not in axes[0].get_title()
+    assert f"{unconverged} of 8 replications had not converged" in (
+        axes[0].figure.get_suptitle()
+    )

@@ -761,7 +761,8 @@ def plot_vsbc(
     """Plot VSBC results, one panel per scalar component.
 
     ``kind="hist"`` draws the histogram of :math:`p` with the corrected
-    p-value and direction in each title (as Figures 1, 6 and 8 of Yao et al.
+    p-value and direction in each title (and, above the panels, how many
+    replications had not converged) (as Figures 1, 6 and 8 of Yao et al.
     2018); ``kind="ecdf"`` draws the ECDF difference of :math:`p` against the
     uniform distribution with simultaneous 94% bands (:func:`arviz.plot_ecdf`;
     uniformity is what an exact posterior gives, symmetry what VSBC tests).
@@ -817,6 +818,14 @@ def plot_vsbc(
     for ax in axes[n:]:
         fig.delaxes(ax)
     axes = axes[:n]
+    unconverged = int(sym.attrs.get("num_unconverged", 0))
+    if unconverged:
+        fig.suptitle(
+            f"{unconverged} of {int(sym.attrs['num_simulations'])} replications had "
+            "not converged: their p measure an unfinished fit",
+            fontsize=9,
+            color="tab:red",
+        )
     p_by_label = {}
     for var in var_names:
         values = np.asarray(idata.vsbc[var])  # (chain, draw, *shape)
