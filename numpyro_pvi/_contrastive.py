@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 from jax.lax import stop_gradient
 from numpyro.infer.autoguide import (
     AutoBNAFNormal,
@@ -32,6 +31,7 @@ from numpyro_pvi._particles import (
     LOG_LIK,
     LOG_Q_FIXED,
     WHOLE_DATA,
+    log_joint,
     particle_terms,
 )
 
@@ -134,9 +134,8 @@ def fixed_draw_terms(
         objective=name,
         require_reparam=False,
     )
-    log_joint = terms.log_prior + jnp.sum(terms.log_lik_scaled, axis=1)
     return FixedDraws(
-        log_joint=stop_gradient(log_joint),
+        log_joint=stop_gradient(log_joint(terms)),
         log_q=stop_gradient(terms.log_q),
         log_q_phi=terms.log_q_fixed,
     )

@@ -51,6 +51,7 @@ __all__ = [
     "Y_SIM",
     "ParticleTerms",
     "find_data_plate",
+    "log_joint",
     "log_mean_exp",
     "particle_logsumexp",
     "particle_sum",
@@ -273,21 +274,26 @@ def find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> str 
     return _find_data_plate(model_trace, data_plate, warn=False).name
 
 
-def _plate_axis_first(x: jax.Array, plate: _DataPlate, event_ndim: int) -> jax.Array:
+def _plate_axis_first(
+    x: jax.Array, plate: _DataPlate, event_ndim: int, xp: Any = jnp
+) -> jax.Array:
     """Move the data-plate axis of ``x`` (batch + event dims) to the front and
-    broadcast it to the subsample size; returns shape ``(b, rest...)``."""
-    x = jnp.asarray(x)
+    broadcast it to the subsample size; returns shape ``(b, rest...)``.
+    ``xp=numpy`` keeps a constant a (concrete) NumPy array under ``jit``."""
+    x = xp.asarray(x)
     axis = plate.dim - event_ndim  # negative axis in the full shape
     if x.ndim < -axis:
-        x = jnp.reshape(x, (1,) * (-axis - x.ndim) + x.shape)
-    x = jnp.moveaxis(x, axis, 0)
-    return jnp.broadcast_to(x, (plate.subsample_size,) + x.shape[1:])
+        x = xp.reshape(x, (1,) * (-axis - x.ndim) + x.shape)
+    x = xp.moveaxis(x, axis, 0)
+    return xp.broadcast_to(x, (plate.subsample_size,) + x.shape[1:])
 
 
-def _per_observation(x: jax.Array, plate: _DataPlate, event_ndim: int) -> jax.Array:
+def _per_observation(
+    x: jax.Array, plate: _DataPlate, event_ndim: int, xp: Any = jnp
+) -> jax.Array:
     """``(b, d)``: one flattened row per observation."""
-    x = _plate_axis_first(x, plate, event_ndim)
-    return jnp.reshape(x, (plate.subsample_size, -1))
+    x = _plate_axis_first(x, plate, event_ndim, xp)
+    return xp.reshape(x, (plate.subsample_size, -1))
 
 
 # --------------------------------------------------------------------------
@@ -317,21 +323,21 @@ def _site_log_lik(
     )
 
 
-def _site_scale_rows(site: dict[str, Any], plate: _DataPlate) -> jax.Array:
+def _site_scale_rows(site: dict[str, Any], plate: _DataPlate, xp: Any) -> jax.Array:
     """``(b, c)``: the site's scale at each scalar component of each
-    observation (``(1, c)`` without a data plate)."""
+    observation (``(1, c)`` without a data plate), computed with ``xp``."""
     # the batch shape from shapes alone: a likelihood-free site has no log_prob
     fn, value = site["fn"], site["value"]
     batch_shape = jnp.broadcast_shapes(
         fn.batch_shape, jnp.shape(value)[: max(jnp.ndim(value) - fn.event_dim, 0)]
     )
     scale = site["scale"]
-    scale = jnp.broadcast_to(
-        jnp.asarray(1.0 if scale is None else scale, dtype=float), batch_shape
+    scale = xp.broadcast_to(
+        xp.asarray(1.0 if scale is None else scale, dtype=float), batch_shape
     )
     if plate.name is None:
-        return jnp.reshape(scale, (1, -1))
-    return _per_observation(scale, plate, 0)
+        return xp.reshape(scale, (1, -1))
+    return _per_observation(scale, plate, 0, xp)
 
 
 def _observation_weight(observed: list[dict[str, Any]], plate: _DataPlate) -> jax.Array:
@@ -339,28 +345,24 @@ def _observation_weight(observed: list[dict[str, Any]], plate: _DataPlate) -> ja
 
     A predictive score is a function of the whole observation, so it can be
     weighted by one number only: scales that differ between the sites (or
-    the components) of one observation have no single meaning and are
-    refused, naming the sites and their scales.
+    the components) of one observation have no single meaning. Constant
+    scales (the usual case, subsample scales included) are compared when
+    the model is traced and refused with an error naming the sites and their
+    scales. Scales that are traced values (computed from a model argument
+    under ``jit``) can only be compared when the program runs: an
+    observation whose sites' scales differ then gets a NaN weight, so the
+    loss is NaN rather than a wrong number.
     """
-    rows = [_site_scale_rows(s, plate) for s in observed]
-    names = [s["name"] for s in observed]
-    if any(isinstance(r, jax.core.Tracer) for r in rows):
-        scales = [s["scale"] for s in observed]
-        same = all(sc is scales[0] for sc in scales)
-        if not (same and all(r.shape[1] == 1 for r in rows)):
-            raise ValueError(
-                f"The observed sites {names} have handler scales that are traced "
-                "values (passed in as model arguments), which cannot be checked "
-                "to be equal for every site of an observation, as a predictive "
-                "score needs. Use one scale for the whole observation (one "
-                "numpyro.handlers.scale around all its sites) or constant scales."
-            )
-        return rows[0][:, 0]
-    values = np.concatenate([np.asarray(r) for r in rows], axis=1)
+    if any(isinstance(s["scale"], jax.core.Tracer) for s in observed):
+        rows = jnp.concatenate([_site_scale_rows(s, plate, jnp) for s in observed], 1)
+        equal = jnp.all(rows == rows[:, :1], axis=1)
+        return jnp.where(equal, rows[:, 0], jnp.nan)
+    rows = [_site_scale_rows(s, plate, np) for s in observed]
+    values = np.concatenate(rows, axis=1)
     if not np.allclose(values, values[:, :1], rtol=1e-6, atol=0.0):
         per_site = {
-            n: np.unique(np.asarray(r)).round(6).tolist()
-            for n, r in zip(names, rows, strict=True)
+            s["name"]: np.unique(r).round(6).tolist()
+            for s, r in zip(observed, rows, strict=True)
         }
         raise ValueError(
             "The observed sites of one observation have different scales "
@@ -573,8 +575,8 @@ def particle_terms(
         densities: any of ``"log_lik"`` (with ``log_lik_scaled``),
         ``"weight"``, ``"y_sim"``, ``"log_pmf"``, ``"log_q_fixed"``,
         ``"latents"``, ``"guide_draws"``, ``"observed"``. ``"weight"`` raises
-        when the
-        observed sites of one observation have different handler scales.
+        when the observed sites of one observation have different constant
+        handler scales (traced scales that differ give a NaN weight).
     :param data_plate: name of the plate that indexes observations, or
         ``None`` to use the plate shared by all observed sites.
     :param objective: the calling objective's name, for error messages.
@@ -822,6 +824,16 @@ def particle_weights(terms: ParticleTerms) -> jax.Array:
         return terms.particle_weight
     m = terms.log_q.shape[0]
     return jnp.full((m,), 1.0 / m, dtype=terms.log_q.dtype)
+
+
+def log_joint(terms: ParticleTerms) -> jax.Array:
+    """``(M,)`` the log joint density ``log p(θ_j, y)`` of each particle, every
+    site with its own scale as in :func:`numpyro.infer.util.log_density`
+    (needs ``"log_lik"``).
+
+    :param terms: particle terms.
+    """
+    return terms.log_prior + jnp.sum(terms.log_lik_scaled, axis=1)
 
 
 def particle_sum(x: jax.Array, weights: jax.Array | None = None) -> jax.Array:

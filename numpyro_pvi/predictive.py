@@ -21,6 +21,7 @@ from numpyro_pvi._particles import (
     OBS_WEIGHT,
     ParticleTerms,
     guide_log_density,
+    log_joint,
     particle_terms,
     particle_weights,
     seed_plates,
@@ -387,9 +388,9 @@ class PredictiveELBO(ELBO):
             )
         objective = data_score
         if self._uses_regularizer:
-            per_particle = terms.log_q - terms.log_prior
-            if self.regularizer == "posterior":
-                per_particle = per_particle - jnp.sum(terms.log_lik_scaled, axis=1)
+            # KL(q || prior), or the negative ELBO: log q - log p(θ, y)
+            log_p = log_joint(terms) if self.regularizer == "posterior" else None
+            per_particle = terms.log_q - (terms.log_prior if log_p is None else log_p)
             kl = jnp.sum(particle_weights(terms) * per_particle)
             objective = objective - self.lam * kl
         return -objective, stats

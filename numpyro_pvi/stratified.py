@@ -9,7 +9,13 @@ import jax
 import jax.numpy as jnp
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._particles import LOG_LIK, WHOLE_DATA, particle_terms, particle_weights
+from numpyro_pvi._particles import (
+    LOG_LIK,
+    WHOLE_DATA,
+    log_joint,
+    particle_terms,
+    particle_weights,
+)
 from numpyro_pvi._validation import check_int
 
 __all__ = ["StratifiedELBO"]
@@ -105,6 +111,5 @@ class StratifiedELBO(ELBO):
             require_observed=False,
             stratify=isinstance(getattr(guide, "num_strata", None), int),
         )
-        log_joint = terms.log_prior + jnp.sum(terms.log_lik_scaled, axis=1)
-        elbo = jnp.sum(particle_weights(terms) * (log_joint - terms.log_q))
+        elbo = jnp.sum(particle_weights(terms) * (log_joint(terms) - terms.log_q))
         return {"loss": -elbo, "mutable_state": None}

@@ -13,7 +13,7 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 from jax import random
-from numpyro.infer import Trace_ELBO
+from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDelta, AutoNormal
 from numpyro.infer.util import log_density
 
@@ -73,8 +73,6 @@ CASES = {
 def _params(model, guide, args):
     """A guide's parameters away from their initial values (the initial ones
     shifted: no fit needed, and no compilation)."""
-    from numpyro.infer import SVI
-
     svi = SVI(model, guide, numpyro.optim.Adam(0.05), Trace_ELBO())
     params = svi.get_params(svi.init(random.PRNGKey(0), *args))
     return jax.tree.map(lambda v: v * 0.9 + 0.05, params)
@@ -210,14 +208,59 @@ def test_held_out_score_ignores_scales():
     np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
-def test_traced_scales_that_differ_are_refused():
-    """Scales passed in as (traced) model arguments cannot be compared at
-    trace time: refused unless one scale covers the whole observation."""
+def subsampled_shared_scale(x, y1, y2, b, s):
+    t = numpyro.sample("t", dist.Normal(0.0, 1.0))
+    with numpyro.plate("N", x.shape[0], subsample_size=b) as i:
+        with numpyro.handlers.scale(scale=s):
+            numpyro.sample("y1", dist.Normal(t * x[i], 1.0), obs=y1[i])
+            numpyro.sample("y2", dist.Normal(t, 1.0), obs=y2[i])
+
+
+def test_shared_scale_with_subsampling_is_accepted_under_jit():
+    """Under jit (SVI.run) each site's scale is its own product of the handler
+    scale and the subsample scale N/b: equal values, different objects."""
+    guide = AutoNormal(subsampled_shared_scale)
+    svi = SVI(
+        subsampled_shared_scale,
+        guide,
+        numpyro.optim.Adam(0.01),
+        PredictiveELBO("log", num_particles=2),
+    )
+    for s in (3.0, jnp.full(3, 3.0)):
+        losses = svi.run(
+            random.PRNGKey(0), 3, X, Y1, Y2, 3, s, progress_bar=False
+        ).losses
+        assert jnp.all(jnp.isfinite(losses))
+
+
+def test_different_scales_are_refused_under_jit():
     guide = AutoNormal(two_sites)
+    svi = SVI(
+        two_sites,
+        guide,
+        numpyro.optim.Adam(0.01),
+        PredictiveELBO("log", num_particles=2),
+    )
+    with pytest.raises(ValueError, match="different scales"):
+        svi.run(random.PRNGKey(0), 2, X, Y1, Y2, progress_bar=False)
+
+
+def test_traced_scales_are_compared_when_the_program_runs():
+    """Scales computed from a traced argument cannot be compared at trace time:
+    equal ones give the loss with constant scales, different ones NaN."""
+    guide = AutoNormal(shared_scale)
     args = (X, Y1, Y2)
-    params = _params(two_sites, guide, args)
+    params = _params(shared_scale, guide, args)
     loss = PredictiveELBO("log", num_particles=2)
-    with pytest.raises(ValueError, match="traced"):
-        jax.jit(
-            lambda s: loss.loss(random.PRNGKey(0), params, two_sites, guide, *args, s)
-        )(jnp.asarray(5.0))
+    key = random.PRNGKey(0)
+    constant = loss.loss(key, params, shared_scale, guide, *args)
+    traced = jax.jit(
+        lambda s: loss.loss(key, params, subsampled_shared_scale, guide, *args, None, s)
+    )(jnp.asarray(3.0))
+    np.testing.assert_allclose(traced, constant, rtol=1e-5)
+    guide2 = AutoNormal(two_sites)
+    params2 = _params(two_sites, guide2, args)
+    differ = jax.jit(lambda s: loss.loss(key, params2, two_sites, guide2, *args, s))(
+        jnp.asarray(5.0)
+    )
+    assert jnp.isnan(differ)

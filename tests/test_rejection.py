@@ -106,11 +106,8 @@ def test_loss_value_is_the_log_score_estimate():
     reparam = PredictiveELBO("log", num_particles=16, regularizer=None).loss(
         key, params, model, guide, Y
     )
-    assert jnp.isfinite(rejection)
-    # same estimator of the value (different draws): close, both near the exact
-    exact = -jnp.sum(dist.Normal(0.5, math.sqrt(2.0)).log_prob(Y))
-    assert abs(float(rejection) - float(exact)) < 3.0
-    assert abs(float(reparam) - float(exact)) < 3.0
+    # the same key draws the same particles: the same log-score estimate
+    np.testing.assert_allclose(rejection, reparam, rtol=1e-6)
 
 
 def test_bad_options_are_refused():

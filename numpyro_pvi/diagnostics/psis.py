@@ -20,7 +20,7 @@ import xarray as xr
 from scipy.special import logsumexp
 
 from numpyro_pvi._draws import check_fitted_call, guide_draws
-from numpyro_pvi._particles import LATENTS, LOG_LIK, WHOLE_DATA
+from numpyro_pvi._particles import LATENTS, LOG_LIK, WHOLE_DATA, log_joint
 from numpyro_pvi._structure import check_full_data, replay_trace
 from numpyro_pvi._validation import check_int
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
@@ -189,7 +189,7 @@ def psis(
         require_observed=False,
         function="psis",
     )
-    lp = terms.log_prior + jnp.sum(terms.log_lik_scaled, axis=1)
+    lp = log_joint(terms)
     log_ratio = lp - terms.log_q
     eps = jnp.finfo(jnp.result_type(log_ratio)).eps
     smooth = pareto_smooth(log_ratio, constant_rtol=math.sqrt(float(eps)))
