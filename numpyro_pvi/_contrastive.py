@@ -27,13 +27,8 @@ from numpyro.infer.autoguide import (
 )
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._particles import (
-    LOG_LIK,
-    LOG_Q_FIXED,
-    WHOLE_DATA,
-    log_joint,
-    particle_terms,
-)
+from numpyro_pvi._particles import ParticleSpec, particle_terms
+from numpyro_pvi.particles import LOG_LIK, LOG_Q_FIXED, WHOLE_DATA, log_joint
 
 __all__ = ["DENSITY_GUIDES", "FixedDraws", "check_density_guide", "fixed_draw_terms"]
 
@@ -120,20 +115,16 @@ def fixed_draw_terms(
     """
     name = type(elbo).__name__
     check_density_guide(guide, name)
-    terms = particle_terms(
-        rng_key,
-        param_map,
-        model,
-        guide,
-        args,
-        kwargs,
-        num_particles=elbo.num_particles,
-        vectorize_particles_fn=elbo.vectorize_particles_fn,
-        requests=(LOG_LIK, LOG_Q_FIXED),
+    # an i.i.d. set of draws: the objectives are defined on one
+    spec = ParticleSpec.of(
+        elbo,
+        (LOG_LIK, LOG_Q_FIXED),
         data_plate=WHOLE_DATA,
         objective=name,
         require_reparam=False,
+        stratified=False,
     )
+    terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
     return FixedDraws(
         log_joint=stop_gradient(log_joint(terms)),
         log_q=stop_gradient(terms.log_q),

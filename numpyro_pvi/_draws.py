@@ -12,19 +12,22 @@ guide, *args)`` as in :func:`numpyro.infer.psis_diagnostic`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_pvi._particles import ParticleTerms, particle_terms
+from numpyro_pvi._particles import ParticleSpec, particle_terms
+from numpyro_pvi._structure import check_full_data, replay_trace
 from numpyro_pvi._validation import check_int
+from numpyro_pvi.particles import ParticleTerms
 
-__all__ = ["check_fitted_call", "guide_draws"]
+__all__ = ["check_fitted_call", "guide_draws", "structured_draws"]
 
 
 def check_fitted_call(
@@ -85,17 +88,13 @@ def guide_draws(
     guide: Callable,
     args: tuple,
     kwargs: dict,
+    spec: ParticleSpec,
     *,
-    num_draws: int,
-    requests: Iterable[str],
     chunk_size: int | None = None,
-    data_plate: str | None = None,
-    require_observed: bool = True,
-    stratify: bool = False,
     reduce: Callable[[ParticleTerms], Any] | None = None,
-    function: str = "diagnostic",
 ) -> Any:
-    """``num_draws`` draws of the guide and their per-draw quantities.
+    """The particle terms of ``spec.num_particles`` draws of a fitted guide,
+    without gradient.
 
     One jit-compiled call of :func:`numpyro_pvi._particles.particle_terms`,
     vectorised with ``vmap``, or over chunks of ``chunk_size`` draws (a
@@ -103,25 +102,26 @@ def guide_draws(
     per model, guide and static arguments: array arguments of the model are
     inputs of the program, every other argument is a compile-time constant.
 
+    :param spec: what to draw (its ``vectorize`` is replaced as above).
+    :param chunk_size: draws per chunk (``None``: all at once).
     :param reduce: applied to the :class:`ParticleTerms` inside the program
         (hashable, e.g. a bound method of a score); its result is returned
         instead of the terms.
     """
     if chunk_size is not None:
-        chunk_size = check_int(chunk_size, "chunk_size", function, minimum=1)
-        if chunk_size >= num_draws:
+        chunk_size = check_int(chunk_size, "chunk_size", spec.objective, minimum=1)
+        if chunk_size >= spec.num_particles:
             chunk_size = None
+    vectorize = (
+        _vmap
+        if chunk_size is None
+        else functools.partial(_chunked_map, chunk=chunk_size)
+    )
     options = dict(
         model=model,
         guide=guide,
-        num_draws=num_draws,
-        requests=tuple(sorted(requests)),
-        chunk_size=chunk_size,
-        data_plate=data_plate,
-        require_observed=require_observed,
-        stratify=stratify,
+        spec=dataclasses.replace(spec, require_reparam=False, vectorize=vectorize),
         reduce=reduce,
-        function=function,
     )
     leaves, treedef = jax.tree.flatten((args, kwargs))
     is_array = [isinstance(x, jax.Array | np.ndarray) for x in leaves]
@@ -138,6 +138,29 @@ def guide_draws(
     )
 
 
+def structured_draws(
+    rng_key: jax.Array,
+    param_map: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    args: tuple,
+    kwargs: dict,
+    spec: ParticleSpec,
+    *,
+    chunk_size: int | None = None,
+) -> tuple[ParticleTerms, dict[str, Any]]:
+    """:func:`guide_draws` and the model's static structure (the trace of
+    :func:`~numpyro_pvi._structure.replay_trace`), the data checked complete:
+    what every diagnostic on a fitted guide starts from."""
+    draw_key, trace_key = jax.random.split(rng_key)
+    tr = replay_trace(trace_key, param_map, model, guide, args, kwargs)
+    check_full_data(tr, spec.objective)
+    terms = guide_draws(
+        draw_key, param_map, model, guide, args, kwargs, spec, chunk_size=chunk_size
+    )
+    return terms, tr
+
+
 def _draws(
     rng_key: jax.Array,
     param_map: dict[str, jax.Array],
@@ -146,53 +169,15 @@ def _draws(
     *,
     model: Callable,
     guide: Callable,
-    num_draws: int,
-    requests: tuple[str, ...],
-    chunk_size: int | None,
-    data_plate: str | None,
-    require_observed: bool,
-    stratify: bool,
+    spec: ParticleSpec,
     reduce: Callable | None,
-    function: str,
 ) -> Any:
-    if chunk_size is None:
-        vectorize = lambda f, keys: jax.vmap(f)(keys)  # noqa: E731
-    else:
-        vectorize = functools.partial(_chunked_map, chunk=chunk_size)
-    terms = particle_terms(
-        rng_key,
-        param_map,
-        model,
-        guide,
-        args,
-        kwargs,
-        num_particles=num_draws,
-        vectorize_particles_fn=vectorize,
-        requests=requests,
-        data_plate=data_plate,
-        objective=function,
-        require_reparam=False,
-        require_observed=require_observed,
-        stratify=stratify,
-    )
+    terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
     return terms if reduce is None else jax.lax.stop_gradient(reduce(terms))
 
 
 @functools.partial(
-    jax.jit,
-    static_argnames=(
-        "structure",
-        "model",
-        "guide",
-        "num_draws",
-        "requests",
-        "chunk_size",
-        "data_plate",
-        "require_observed",
-        "stratify",
-        "reduce",
-        "function",
-    ),
+    jax.jit, static_argnames=("structure", "model", "guide", "spec", "reduce")
 )
 def _cached_draws(
     rng_key: jax.Array,
@@ -209,14 +194,22 @@ def _cached_draws(
     return _draws(rng_key, param_map, args, kwargs, **options)
 
 
-def _chunked_map(f: Callable, keys: jax.Array, *, chunk: int) -> Any:
-    """``vmap`` of ``f`` over chunks of ``chunk`` keys, the chunks in a
-    ``lax.map`` (outputs may have zero-size axes, unlike ``lax.map``'s own
-    ``batch_size``)."""
-    num = keys.shape[0]
+def _vmap(f: Callable, xs: Any) -> Any:
+    return jax.vmap(f)(xs)
+
+
+def _chunked_map(f: Callable, xs: Any, *, chunk: int) -> Any:
+    """``vmap`` of ``f`` over chunks of ``chunk`` rows of ``xs`` (a pytree),
+    the chunks in a ``lax.map`` (outputs may have zero-size axes, unlike
+    ``lax.map``'s own ``batch_size``)."""
+    num = jax.tree.leaves(xs)[0].shape[0]
     num_chunks = -(-num // chunk)
-    padded = jnp.concatenate([keys, keys[: num_chunks * chunk - num]])
-    out = jax.lax.map(jax.vmap(f), padded.reshape((num_chunks, chunk) + keys.shape[1:]))
+
+    def blocks(x: jax.Array) -> jax.Array:
+        padded = jnp.concatenate([x, x[: num_chunks * chunk - num]])
+        return padded.reshape((num_chunks, chunk) + x.shape[1:])
+
+    out = jax.lax.map(jax.vmap(f), jax.tree.map(blocks, xs))
     return jax.tree.map(
         lambda x: x.reshape((num_chunks * chunk,) + x.shape[2:])[:num], out
     )

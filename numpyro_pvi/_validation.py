@@ -12,9 +12,17 @@ import math
 import numbers
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["check_bool", "check_data_plate", "check_int", "check_real"]
+__all__ = [
+    "check_bool",
+    "check_data_plate",
+    "check_int",
+    "check_real",
+    "check_real_or_array",
+]
 
 
 def check_int(value: Any, name: str, where: str, *, minimum: int) -> int:
@@ -89,3 +97,19 @@ def check_data_plate(value: Any, where: str) -> str | None:
             f"got {value!r}."
         )
     return value
+
+
+def check_real_or_array(
+    value: Any, name: str, where: str, *, low: float = -math.inf
+) -> float | jax.Array:
+    """A real number as :func:`check_real`, or a scalar JAX array (possibly
+    traced, e.g. one value of a grid under ``vmap``), returned as it is:
+    its range cannot be checked before the program runs."""
+    if isinstance(value, jax.Array):
+        if jnp.ndim(value) != 0:
+            raise ValueError(
+                f"{where}: {name} must be a scalar, got an array of shape "
+                f"{jnp.shape(value)}; vmap over a grid of values instead."
+            )
+        return value
+    return check_real(value, name, where, low=low)

@@ -9,9 +9,10 @@ from typing import Any
 import jax
 
 from numpyro_pvi._draws import check_fitted_call, guide_draws
-from numpyro_pvi._particles import ParticleTerms
+from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi._structure import check_full_data, replay_trace
 from numpyro_pvi._validation import check_data_plate, check_int
+from numpyro_pvi.particles import ParticleTerms
 from numpyro_pvi.scores import Score, get_score
 
 __all__ = ["predictive_score"]
@@ -81,13 +82,6 @@ def predictive_score(
         "predictive_score", params, model, guide, legacy_order=True
     )
     score = get_score(score)
-    stratify = isinstance(getattr(guide, "num_strata", None), int)
-    if stratify and not score.supports_stratified:
-        raise NotImplementedError(
-            f"predictive_score: score={score!r} does not support the stratified "
-            f"expectations of the mixture guide {type(guide).__name__}; use "
-            "a built-in score (log, crps, energy, quadratic)."
-        )
     num_draws = check_int(
         num_draws, "num_draws", "predictive_score", minimum=score.min_particles
     )
@@ -104,10 +98,8 @@ def predictive_score(
         guide,
         args,
         kwargs,
-        num_draws=num_draws,
-        requests=score.requires,
-        data_plate=data_plate,
-        stratify=stratify,
+        ParticleSpec(
+            num_draws, score.requires, data_plate, objective="predictive_score"
+        ),
         reduce=_Estimate(score),
-        function="predictive_score",
     )

@@ -14,20 +14,25 @@ from jax.lax import stop_gradient
 from numpyro.infer.autoguide import AutoDelta, AutoLaplaceApproximation
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._particles import (
+from numpyro_pvi._particles import ParticleSpec, particle_terms
+from numpyro_pvi._rejection import RejectionStats, rejection_score_function
+from numpyro_pvi._tracing import guide_log_density, seed_plates
+from numpyro_pvi._validation import (
+    check_data_plate,
+    check_int,
+    check_real,
+    check_real_or_array,
+)
+from numpyro_pvi.particles import (
     GUIDE_DRAWS,
     LOG_LIK,
     LOG_Q_FIXED,
     OBS_WEIGHT,
     ParticleTerms,
-    guide_log_density,
+    StratifiedGuide,
+    expected_log_q,
     log_joint,
-    particle_terms,
-    particle_weights,
-    seed_plates,
 )
-from numpyro_pvi._rejection import RejectionStats, rejection_score_function
-from numpyro_pvi._validation import check_data_plate, check_int, check_real
 from numpyro_pvi.scores import LogScore, Score, get_score
 
 __all__ = ["PredictiveELBO"]
@@ -128,7 +133,9 @@ class PredictiveELBO(ELBO):
         instance.
     :param int num_particles: number :math:`M` of draws from the guide.
     :param regularizer: ``"prior"``, ``"posterior"`` or ``None``.
-    :param float lam: weight :math:`\lambda \ge 0` of the regularizer.
+    :param lam: weight :math:`\lambda \ge 0` of the regularizer: a real
+        number, or a scalar JAX array (e.g. traced, so that one compiled
+        program fits a grid of values under ``vmap``).
     :param data_plate: name of the plate that indexes observations; by
         default the plate shared by all observed sites.
     :param vectorize_particles: ``True`` (``vmap``), ``False`` (``lax.map``)
@@ -169,7 +176,7 @@ class PredictiveELBO(ELBO):
                 f"{name}: regularizer must be one of {_REGULARIZERS}, got "
                 f"{regularizer!r}."
             )
-        self.lam = check_real(lam, "lam", name, low=0.0)
+        self.lam = check_real_or_array(lam, "lam", name, low=0.0)
         if log_score_estimator not in _ESTIMATORS:
             raise ValueError(
                 f"{name}: log_score_estimator must be one of {_ESTIMATORS}, got "
@@ -218,7 +225,7 @@ class PredictiveELBO(ELBO):
             f"score={self.score!r}",
             f"num_particles={self.num_particles}",
             f"regularizer={self.regularizer!r}",
-            f"lam={self.lam:g}",
+            f"lam={self.lam:g}" if isinstance(self.lam, float) else f"lam={self.lam}",
         ]
         if self.data_plate is not None:
             fields.append(f"data_plate={self.data_plate!r}")
@@ -232,7 +239,10 @@ class PredictiveELBO(ELBO):
 
     @property
     def _uses_regularizer(self) -> bool:
-        return self.regularizer is not None and self.lam > 0
+        # an array lam (a grid value under vmap) is used whatever its value
+        return self.regularizer is not None and (
+            not isinstance(self.lam, float) or self.lam > 0
+        )
 
     def particle_terms(
         self,
@@ -248,7 +258,7 @@ class PredictiveELBO(ELBO):
 
         :param plate_key: key of the subsampled plates' indices (default:
             derived from ``rng_key``).
-        :return: :class:`~numpyro_pvi._particles.ParticleTerms` of
+        :return: :class:`~numpyro_pvi.particles.ParticleTerms` of
             ``num_particles`` draws.
         """
         requests = set(self.score.requires) | {OBS_WEIGHT}
@@ -257,34 +267,21 @@ class PredictiveELBO(ELBO):
         rejection = self.log_score_estimator == "rejection"
         if rejection:
             requests.add(LOG_Q_FIXED)
-        stratify = isinstance(getattr(guide, "num_strata", None), int)
-        if stratify and (rejection or not self.score.supports_stratified):
-            what = (
-                "log_score_estimator='rejection'"
-                if rejection
-                else f"score={self.score!r}"
-            )
+        if rejection and isinstance(guide, StratifiedGuide):
             raise NotImplementedError(
-                f"{type(self).__name__}: {what} does not support the stratified "
-                f"expectations of the mixture guide {type(guide).__name__}; use "
-                "a built-in score (log, crps, energy, quadratic) with "
-                "log_score_estimator='reparam', or a guide without components."
+                f"{type(self).__name__}: log_score_estimator='rejection' does not "
+                "support the stratified expectations of the mixture guide "
+                f"{type(guide).__name__}; use log_score_estimator='reparam', or a "
+                "guide without components."
             )
-        return particle_terms(
-            rng_key,
-            param_map,
-            model,
-            guide,
-            args,
-            kwargs,
-            num_particles=self.num_particles,
-            vectorize_particles_fn=self.vectorize_particles_fn,
-            requests=requests,
+        spec = ParticleSpec.of(
+            self,
+            requests,
             data_plate=self.data_plate,
-            objective=type(self).__name__,
             require_reparam=not rejection or self._uses_regularizer,
-            stratify=stratify,
-            plate_key=plate_key,
+        )
+        return particle_terms(
+            rng_key, param_map, model, guide, args, kwargs, spec, plate_key=plate_key
         )
 
     def _rejection(
@@ -301,6 +298,12 @@ class PredictiveELBO(ELBO):
         """``(b,)`` surrogate of the rejection estimator and its statistics."""
 
         def draw_round(key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+            spec = ParticleSpec.of(
+                self,
+                (LOG_LIK, GUIDE_DRAWS),
+                data_plate=self.data_plate,
+                require_reparam=False,
+            )
             more = particle_terms(
                 key,
                 stop_gradient(param_map),
@@ -308,12 +311,7 @@ class PredictiveELBO(ELBO):
                 guide,
                 args,
                 kwargs,
-                num_particles=self.num_particles,
-                vectorize_particles_fn=self.vectorize_particles_fn,
-                requests=(LOG_LIK, GUIDE_DRAWS),
-                data_plate=self.data_plate,
-                objective=type(self).__name__,
-                require_reparam=False,
+                spec,
                 plate_key=plate_key,
             )
             return more.log_lik, more.guide_draws
@@ -388,10 +386,10 @@ class PredictiveELBO(ELBO):
             )
         objective = data_score
         if self._uses_regularizer:
-            # KL(q || prior), or the negative ELBO: log q - log p(θ, y)
+            # KL(q || prior), or the negative ELBO: E_q[log q - log p(θ, y)]
             log_p = log_joint(terms) if self.regularizer == "posterior" else None
-            per_particle = terms.log_q - (terms.log_prior if log_p is None else log_p)
-            kl = jnp.sum(particle_weights(terms) * per_particle)
+            log_p = terms.log_prior if log_p is None else log_p
+            kl = expected_log_q(terms) - jnp.sum(terms.particle_weight * log_p)
             objective = objective - self.lam * kl
         return -objective, stats
 

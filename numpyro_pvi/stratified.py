@@ -9,14 +9,9 @@ import jax
 import jax.numpy as jnp
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._particles import (
-    LOG_LIK,
-    WHOLE_DATA,
-    log_joint,
-    particle_terms,
-    particle_weights,
-)
+from numpyro_pvi._particles import ParticleSpec, particle_terms
 from numpyro_pvi._validation import check_int
+from numpyro_pvi.particles import LOG_LIK, WHOLE_DATA, expected_log_q, log_joint
 
 __all__ = ["StratifiedELBO"]
 
@@ -96,20 +91,9 @@ class StratifiedELBO(ELBO):
         *args: Any,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        terms = particle_terms(
-            rng_key,
-            param_map,
-            model,
-            guide,
-            args,
-            kwargs,
-            num_particles=self.num_particles,
-            vectorize_particles_fn=self.vectorize_particles_fn,
-            requests=(LOG_LIK,),
-            data_plate=WHOLE_DATA,
-            objective="StratifiedELBO",
-            require_observed=False,
-            stratify=isinstance(getattr(guide, "num_strata", None), int),
+        spec = ParticleSpec.of(
+            self, (LOG_LIK,), data_plate=WHOLE_DATA, require_observed=False
         )
-        elbo = jnp.sum(particle_weights(terms) * (log_joint(terms) - terms.log_q))
+        terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
+        elbo = jnp.sum(terms.particle_weight * log_joint(terms)) - expected_log_q(terms)
         return {"loss": -elbo, "mutable_state": None}

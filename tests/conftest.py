@@ -132,3 +132,28 @@ def four_devices():
 def _fixed_seed():
     np.random.seed(0)
     yield
+
+
+def run_particles(
+    key,
+    params,
+    model,
+    guide,
+    args,
+    kwargs,
+    *,
+    num_particles,
+    requests=("log_lik",),
+    vectorize_particles_fn=None,
+    plate_key=None,
+    **options,
+):
+    """``particle_terms`` with its spec given as keywords (tests only)."""
+    from numpyro_pvi._particles import ParticleSpec, particle_terms
+
+    if vectorize_particles_fn is not None:
+        options["vectorize"] = vectorize_particles_fn
+    spec = ParticleSpec(num_particles, frozenset(requests), **options)
+    return particle_terms(
+        key, params, model, guide, args, kwargs, spec, plate_key=plate_key
+    )

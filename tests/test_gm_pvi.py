@@ -10,18 +10,19 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
+from conftest import run_particles
 from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoMultivariateNormal
 
 from numpyro_pvi import PACmELBO, PredictiveELBO, StratifiedELBO, predictive_score
-from numpyro_pvi._particles import LOG_LIK, particle_terms
 from numpyro_pvi.guides import (
     AutoGaussianMixture,
     fit_gm_pvi,
     linear_predictor_score,
     prune_components,
 )
+from numpyro_pvi.particles import LOG_LIK, require_iid
 from numpyro_pvi.scores import CRPS, EnergyScore, LogScore, QuadraticScore
 
 SIGMA = 0.5
@@ -213,7 +214,7 @@ def test_stratified_weights_follow_the_subsample():
     x, y = _data(n=20)
     guide, params = _fixed_guide(linreg, x, y)
     t = jax.jit(
-        lambda key, p: particle_terms(
+        lambda key, p: run_particles(
             key,
             p,
             linreg,
@@ -223,7 +224,6 @@ def test_stratified_weights_follow_the_subsample():
             num_particles=3,
             vectorize_particles_fn=lambda f, xs: jax.vmap(f)(xs),
             requests=(LOG_LIK, "y_sim"),
-            stratify=True,
         )
     )(random.PRNGKey(0), params)
     assert t.log_lik.shape == (9, 5)
@@ -337,8 +337,10 @@ def test_bad_input():
     # a score without a stratified estimator, and the rejection estimator
     guide, params = _fixed_guide(linreg, x, y)
 
-    class PlainLogScore(LogScore):
-        supports_stratified = False
+    class PlainLogScore(LogScore):  # an estimator for i.i.d. draws only
+        def estimate(self, terms):
+            require_iid(terms, "PlainLogScore")
+            return super().estimate(terms)
 
     for bad in (
         PredictiveELBO(PlainLogScore(), num_particles=2),
@@ -498,7 +500,7 @@ def _exact_mixture_crps(x, y, log_omega):
 
 
 def _score_terms(key, guide, params, model, x, y, m, score):
-    return particle_terms(
+    return run_particles(
         key,
         params,
         model,
@@ -508,7 +510,6 @@ def _score_terms(key, guide, params, model, x, y, m, score):
         num_particles=m,
         vectorize_particles_fn=lambda f, xs: jax.vmap(f)(xs),
         requests=score.requires,
-        stratify=True,
     )
 
 

@@ -6,10 +6,11 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import pytest
+from conftest import run_particles
 from jax import random
 from numpyro.infer.autoguide import AutoDelta, AutoNormal
 
-from numpyro_pvi._particles import (
+from numpyro_pvi.particles import (
     LOG_LIK,
     LOG_PMF,
     LOG_Q_FIXED,
@@ -18,7 +19,6 @@ from numpyro_pvi._particles import (
     log_mean_exp,
     particle_logsumexp,
     particle_sum,
-    particle_terms,
 )
 
 
@@ -29,7 +29,7 @@ def _vmap(f, keys):
 def _terms(model, guide, *args, num_particles=4, requests=(LOG_LIK, OBS_WEIGHT), **kw):
     key = random.PRNGKey(0)
     params = guide_params(guide, model, *args)
-    return particle_terms(
+    return run_particles(
         key,
         params,
         model,
@@ -114,7 +114,7 @@ def test_subsampling_local_latents_and_weights():
     y = jnp.arange(10.0)
     guide = AutoNormal(local_latent_model)
     params = guide_params(guide, local_latent_model, y, 4)
-    terms = particle_terms(
+    terms = run_particles(
         random.PRNGKey(5),
         params,
         local_latent_model,
@@ -137,7 +137,7 @@ def test_handler_scale_enters_weight_and_latent_densities():
     scaled = numpyro.handlers.scale(local_latent_model, 0.5)
     guide = AutoDelta(scaled)
     params = guide_params(guide, scaled, y)
-    terms = particle_terms(
+    terms = run_particles(
         random.PRNGKey(0),
         params,
         scaled,
@@ -220,7 +220,7 @@ def test_log_q_fixed_has_value_of_log_q_and_score_function_gradient():
             numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
 
     def f(params):
-        t = particle_terms(
+        t = run_particles(
             random.PRNGKey(0),
             params,
             model,

@@ -14,15 +14,22 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
-from conftest import X64
+from conftest import X64, run_particles
 from jax import random
 from jax.scipy.stats import norm
 from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoDelta
 
 from numpyro_pvi import PredictiveELBO, predictive_score, scores
-from numpyro_pvi._particles import ParticleTerms, particle_terms
-from numpyro_pvi.scores import CRPS, EnergyScore, LogScore, QuadraticScore, Score
+from numpyro_pvi.particles import ParticleTerms
+from numpyro_pvi.scores import (
+    CRPS,
+    EnergyScore,
+    LogScore,
+    QuadraticScore,
+    Score,
+    pair_sums,
+)
 
 RTOL = 1e-10 if X64 else 2e-5
 
@@ -36,6 +43,9 @@ def _terms(**fields):
         log_lik=None,
         weight=jnp.ones(b),
         subsample_scale=jnp.asarray(1.0),
+        log_w=jnp.full((m, b), -jnp.log(m)),
+        particle_weight=jnp.full((m,), 1.0 / m),
+        num_strata=1,
     )
     return ParticleTerms(**{**base, **fields})
 
@@ -90,14 +100,14 @@ def _naive_pair_sum(x, v=None):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("m", [2, 7, 64, scores._PAIR_SIGN_MAX + 3])
+@pytest.mark.parametrize("m", [2, 7, 64, pair_sums._PAIR_SIGN_MAX + 3])
 def test_pair_sum_value_and_gradient_match_all_pairs(m):
     # Both algorithms (sign sums up to _PAIR_SIGN_MAX, sorting beyond): the
     # value and the gradient (sign(x_j - x_k) summed; distinct draws, so the
     # all-pairs gradient is unique) equal those of the explicit pair array.
     x = random.normal(random.PRNGKey(m), (m, 5))
     want, want_grad = jax.value_and_grad(lambda x: _naive_pair_sum(x).sum())(x)
-    got, grad = jax.value_and_grad(lambda x: scores._pair_abs_sum(x).sum())(x)
+    got, grad = jax.value_and_grad(lambda x: pair_sums.pair_abs_sum(x).sum())(x)
     np.testing.assert_allclose(got, want, rtol=RTOL)
     np.testing.assert_allclose(grad, want_grad, rtol=RTOL, atol=RTOL)
 
@@ -111,15 +121,15 @@ def test_weighted_pair_sum_value_and_gradients_match_all_pairs():
     v = random.uniform(random.PRNGKey(1), (12, 4))
     args = (x, v)
     want = jax.grad(lambda x, v: _naive_pair_sum(x, v).sum(), (0, 1))(*args)
-    got = jax.grad(lambda x, v: scores._weighted_pair_abs_sum(x, v).sum(), (0, 1))(
+    got = jax.grad(lambda x, v: pair_sums.weighted_pair_abs_sum(x, v).sum(), (0, 1))(
         *args
     )
     np.testing.assert_allclose(
-        scores._weighted_pair_abs_sum(x, v), _naive_pair_sum(x, v), rtol=RTOL
+        pair_sums.weighted_pair_abs_sum(x, v), _naive_pair_sum(x, v), rtol=RTOL
     )
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL)
-    fwd = jax.jacfwd(lambda v: scores._weighted_pair_abs_sum(x, v))(v)
+    fwd = jax.jacfwd(lambda v: pair_sums.weighted_pair_abs_sum(x, v))(v)
     np.testing.assert_allclose(
         fwd, jax.jacfwd(lambda v: _naive_pair_sum(x, v))(v), rtol=RTOL, atol=RTOL
     )
@@ -332,7 +342,7 @@ def test_quadratic_several_components_match_product_support_enumeration():
         numpyro.sample("logits", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
 
     terms = jax.jit(
-        lambda key: particle_terms(
+        lambda key: run_particles(
             key,
             {},
             multi_component_model,

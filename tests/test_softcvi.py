@@ -30,7 +30,7 @@ from scipy import stats
 
 from numpyro_pvi import SNISForwardKL, SoftCVIELBO
 from numpyro_pvi._contrastive import fixed_draw_terms
-from numpyro_pvi._particles import _guide_sample_values, guide_log_density
+from numpyro_pvi._tracing import guide_log_density, guide_sample_values
 
 # float64 reaches ~1e-13; float32 rounding of log p - log q (|log p| ~ 30)
 # leaves ~1e-5 relative noise in the labels.
@@ -212,7 +212,7 @@ def test_guide_log_density_at_fixed_draws(guide_class, closed_form):
     )
 
     def fixed(p):
-        draws = _guide_sample_values(guide, tr)
+        draws = guide_sample_values(guide, tr)
         return guide_log_density(guide, p, draws, random.PRNGKey(5), (Y_SMALL,), {})
 
     # at the parameters of the draw: the density of the sampling pass (for

@@ -9,11 +9,12 @@ import arviz as az
 import jax
 import numpy as np
 
-from numpyro_pvi._draws import check_fitted_call, guide_draws
-from numpyro_pvi._particles import LATENTS, LOG_LIK, OBSERVED, find_data_plate
-from numpyro_pvi._structure import check_full_data, replay_trace
+from numpyro_pvi._data_plate import find_data_plate
+from numpyro_pvi._draws import check_fitted_call, structured_draws
+from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi._validation import check_data_plate, check_int
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
+from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED
 
 __all__ = ["PSIS_LOO_NOTE", "to_inference_data"]
 
@@ -84,21 +85,21 @@ def to_inference_data(
     param_map, model, guide = check_fitted_call(where, param_map, model, guide)
     num_draws = check_int(num_draws, "num_draws", where, minimum=1)
     data_plate = check_data_plate(data_plate, where)
-    draw_key, trace_key = jax.random.split(rng_key)
-    tr = replay_trace(trace_key, param_map, model, guide, args, kwargs)
-    check_full_data(tr, where)
-    terms = guide_draws(
-        draw_key,
+    terms, tr = structured_draws(
+        rng_key,
         param_map,
         model,
         guide,
         args,
         kwargs,
-        num_draws=num_draws,
-        requests=(LOG_LIK, LATENTS, OBSERVED),
+        ParticleSpec(
+            num_draws,
+            (LOG_LIK, LATENTS, OBSERVED),
+            data_plate,
+            objective="to_inference_data",
+            stratified=False,
+        ),
         chunk_size=chunk_size,
-        data_plate=data_plate,
-        function="to_inference_data",
     )
     plate = find_data_plate(tr, data_plate)
     dims = site_dims(tr)

@@ -19,10 +19,11 @@ import numpy as np
 import xarray as xr
 
 from numpyro_pvi._draws import check_fitted_call, guide_draws
-from numpyro_pvi._particles import LATENTS, WHOLE_DATA
+from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi._structure import check_full_data, replay_trace
 from numpyro_pvi._validation import check_int, check_real
 from numpyro_pvi.diagnostics._idata import guide_name
+from numpyro_pvi.particles import LATENTS, WHOLE_DATA
 
 __all__ = ["heterogeneity", "plot_heterogeneity"]
 
@@ -136,11 +137,14 @@ def heterogeneity(
             guide,
             args,
             kwargs,
-            num_draws=num_draws,
-            requests=(LATENTS,),
-            data_plate=WHOLE_DATA,  # only the latents are needed
-            require_observed=False,
-            function="heterogeneity",
+            ParticleSpec(
+                num_draws,
+                (LATENTS,),
+                WHOLE_DATA,  # only the latents are needed
+                objective="heterogeneity",
+                require_observed=False,
+                stratified=False,
+            ),
         )
         labels, flat = _component_sd(terms.latents)
         stats[tag] = (labels, flat.mean(axis=0), flat.std(axis=0, ddof=1))

@@ -19,11 +19,11 @@ import pandas as pd
 import xarray as xr
 from scipy.special import logsumexp
 
-from numpyro_pvi._draws import check_fitted_call, guide_draws
-from numpyro_pvi._particles import LATENTS, LOG_LIK, WHOLE_DATA, log_joint
-from numpyro_pvi._structure import check_full_data, replay_trace
+from numpyro_pvi._draws import check_fitted_call, structured_draws
+from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi._validation import check_int
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
+from numpyro_pvi.particles import LATENTS, LOG_LIK, WHOLE_DATA, log_joint
 
 __all__ = ["pareto_smooth", "plot_psis", "psis", "psis_summary"]
 
@@ -170,25 +170,25 @@ def psis(
     """
     param_map, model, guide = check_fitted_call("psis", param_map, model, guide)
     num_draws = check_int(num_draws, "num_draws", "psis", minimum=2)
-    draw_key, trace_key = jax.random.split(rng_key)
-    tr = replay_trace(trace_key, param_map, model, guide, args, kwargs)
-    check_full_data(tr, "psis")
-    dims = site_dims(tr)
     # log p(θ, y) is the joint density: every site with its own scale
-    terms = guide_draws(
-        draw_key,
+    terms, tr = structured_draws(
+        rng_key,
         param_map,
         model,
         guide,
         args,
         kwargs,
-        num_draws=num_draws,
-        requests=(LOG_LIK, LATENTS),
+        ParticleSpec(
+            num_draws,
+            (LOG_LIK, LATENTS),
+            WHOLE_DATA,
+            objective="psis",
+            require_observed=False,
+            stratified=False,
+        ),
         chunk_size=chunk_size,
-        data_plate=WHOLE_DATA,
-        require_observed=False,
-        function="psis",
     )
+    dims = site_dims(tr)
     lp = log_joint(terms)
     log_ratio = lp - terms.log_q
     eps = jnp.finfo(jnp.result_type(log_ratio)).eps

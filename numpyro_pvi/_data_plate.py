@@ -1,0 +1,322 @@
+"""The data plate: which plate indexes the observations, and each observed
+site's per-observation arrays along it.
+
+Several observed sites at one index of the data plate form one observation.
+The functions here turn one site of a model trace into arrays with the
+observations first: its log-likelihood ``(b,)``, its handler scale
+``(b, c)``, simulated draws ``(b, d)`` and the log pmf over its finite
+support ``(K, b, c)``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+from numpyro.distributions import (
+    Distribution,
+    ExpandedDistribution,
+    Independent,
+    MaskedDistribution,
+)
+
+from numpyro_pvi._tracing import site_log_prob
+from numpyro_pvi.particles import WHOLE_DATA
+
+__all__ = [
+    "DataPlate",
+    "find_data_plate",
+    "observation_weight",
+    "observed_values",
+    "per_observation",
+    "plate_axis_first",
+    "plate_of",
+    "site_log_lik",
+    "site_log_pmf",
+    "simulated_values",
+]
+
+
+def observed_sites(tr: dict[str, Any]) -> list[dict[str, Any]]:
+    """The observed sample sites of a trace, in order."""
+    return [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
+
+
+class DataPlate(NamedTuple):
+    """The plate that indexes observations, as one trace shows it."""
+
+    name: str | None  # None: no data plate, the data form one observation
+    dim: int  # negative batch dim of the plate
+    size: int  # full size N
+    subsample_size: int  # b
+
+
+def plate_of(
+    model_trace: dict[str, Any], data_plate: str | None, *, warn: bool = True
+) -> DataPlate:
+    """The data plate of a model trace: the plate named ``data_plate``, else
+    the one shared by every observed site (``WHOLE_DATA``: none, the data
+    form one observation)."""
+    observed = observed_sites(model_trace)
+    if not observed:
+        raise ValueError(
+            "The model has no observed site: predictive objectives score "
+            "observations, so pass the data to a sample statement with obs=..."
+        )
+    if data_plate == WHOLE_DATA:
+        return DataPlate(None, 0, 1, 1)
+    plates = {
+        name: site for name, site in model_trace.items() if site["type"] == "plate"
+    }
+    if data_plate is not None:
+        if data_plate not in plates:
+            raise ValueError(
+                f"data_plate='{data_plate}' is not a plate of the model; its plates "
+                f"are {sorted(plates) or 'none'}."
+            )
+        for site in observed:
+            if data_plate not in {f.name for f in site["cond_indep_stack"]}:
+                raise ValueError(
+                    f"Observed site '{site['name']}' is not inside "
+                    f"data_plate='{data_plate}': every observed site must be "
+                    "indexed by the data plate."
+                )
+        frame = next(f for f in observed[0]["cond_indep_stack"] if f.name == data_plate)
+    else:
+        frames = [{f for f in s["cond_indep_stack"]} for s in observed]
+        shared = set.intersection(*frames)
+        if not shared:
+            if not warn:
+                return DataPlate(None, 0, 1, 1)
+            warnings.warn(
+                "No plate is shared by all observed sites "
+                f"({[s['name'] for s in observed]}), so the data are treated as "
+                "one observation. Put the observations in a plate, or name it "
+                "with data_plate=..., to score them one by one.",
+                UserWarning,
+                stacklevel=4,
+            )
+            return DataPlate(None, 0, 1, 1)
+        if len(shared) > 1:
+            subsampled = [f for f in shared if plates[f.name]["args"][0] > f.size]
+            if len(subsampled) != 1:
+                raise ValueError(
+                    "The observed sites share several plates "
+                    f"{sorted(f.name for f in shared)}; pass data_plate=... to "
+                    "say which one indexes the observations."
+                )
+            shared = set(subsampled)
+        (frame,) = shared
+    full_size = int(plates[frame.name]["args"][0])
+    return DataPlate(frame.name, frame.dim, full_size, int(frame.size))
+
+
+def find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> str | None:
+    """The name of the data plate of a model trace (``None``: the data form one
+    observation), found as :func:`particle_terms` finds it, without warning."""
+    return plate_of(model_trace, data_plate, warn=False).name
+
+
+def plate_axis_first(
+    x: jax.Array, plate: DataPlate, event_ndim: int, xp: Any = jnp
+) -> jax.Array:
+    """Move the data-plate axis of ``x`` (batch + event dims) to the front and
+    broadcast it to the subsample size; returns shape ``(b, rest...)``.
+    ``xp=numpy`` keeps a constant a (concrete) NumPy array under ``jit``."""
+    x = xp.asarray(x)
+    axis = plate.dim - event_ndim  # negative axis in the full shape
+    if x.ndim < -axis:
+        x = xp.reshape(x, (1,) * (-axis - x.ndim) + x.shape)
+    x = xp.moveaxis(x, axis, 0)
+    return xp.broadcast_to(x, (plate.subsample_size,) + x.shape[1:])
+
+
+def per_observation(
+    x: jax.Array, plate: DataPlate, event_ndim: int, xp: Any = jnp
+) -> jax.Array:
+    """``(b, d)``: one flattened row per observation."""
+    x = plate_axis_first(x, plate, event_ndim, xp)
+    return xp.reshape(x, (plate.subsample_size, -1))
+
+
+# --------------------------------------------------------------------------
+# per-site extraction
+# --------------------------------------------------------------------------
+
+
+def site_log_lik(site: dict[str, Any], plate: DataPlate) -> tuple[jax.Array, jax.Array]:
+    """``(b,)`` log-likelihood of each observation, unscaled and with the
+    site's own scale applied (``(1,)`` without a data plate)."""
+    log_prob, scaled = site_log_prob(site)
+    if plate.name is None:
+        return jnp.sum(log_prob)[None], jnp.sum(scaled)[None]
+    return (
+        jnp.sum(per_observation(log_prob, plate, 0), axis=1),
+        jnp.sum(per_observation(scaled, plate, 0), axis=1),
+    )
+
+
+def _site_scale_rows(site: dict[str, Any], plate: DataPlate, xp: Any) -> jax.Array:
+    """``(b, c)``: the site's scale at each scalar component of each
+    observation (``(1, c)`` without a data plate), computed with ``xp``."""
+    # the batch shape from shapes alone: a likelihood-free site has no log_prob
+    fn, value = site["fn"], site["value"]
+    batch_shape = jnp.broadcast_shapes(
+        fn.batch_shape, jnp.shape(value)[: max(jnp.ndim(value) - fn.event_dim, 0)]
+    )
+    scale = site["scale"]
+    scale = xp.broadcast_to(
+        xp.asarray(1.0 if scale is None else scale, dtype=float), batch_shape
+    )
+    if plate.name is None:
+        return xp.reshape(scale, (1, -1))
+    return per_observation(scale, plate, 0, xp)
+
+
+def observation_weight(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
+    """``(b,)`` the scale shared by every observed site of each observation.
+
+    A predictive score is a function of the whole observation, so it can be
+    weighted by one number only: scales that differ between the sites (or
+    the components) of one observation have no single meaning. Constant
+    scales (the usual case, subsample scales included) are compared when
+    the model is traced and refused with an error naming the sites and their
+    scales. Scales that are traced values (computed from a model argument
+    under ``jit``) can only be compared when the program runs: an
+    observation whose sites' scales differ then gets a NaN weight, so the
+    loss is NaN rather than a wrong number.
+    """
+    if any(isinstance(s["scale"], jax.core.Tracer) for s in observed):
+        rows = jnp.concatenate([_site_scale_rows(s, plate, jnp) for s in observed], 1)
+        equal = jnp.all(rows == rows[:, :1], axis=1)
+        return jnp.where(equal, rows[:, 0], jnp.nan)
+    rows = [_site_scale_rows(s, plate, np) for s in observed]
+    values = np.concatenate(rows, axis=1)
+    if not np.allclose(values, values[:, :1], rtol=1e-6, atol=0.0):
+        per_site = {
+            s["name"]: np.unique(r).round(6).tolist()
+            for s, r in zip(observed, rows, strict=True)
+        }
+        raise ValueError(
+            "The observed sites of one observation have different scales "
+            f"({per_site}; subsample scale included): a predictive score is a "
+            "function of the whole observation and can be weighted by one "
+            "number only. Apply numpyro.handlers.scale to all sites of an "
+            "observation alike, or score the sites separately (one data plate "
+            "per site). The ELBO, PSIS and to_inference_data accept such models."
+        )
+    return jnp.asarray(values[:, 0])
+
+
+def _describe(fn: Distribution) -> str:
+    """The name of a distribution under its Expanded/Independent/Masked
+    wrappers, for messages."""
+    while isinstance(fn, (ExpandedDistribution, Independent, MaskedDistribution)):
+        fn = fn.base_dist
+    return type(fn).__name__
+
+
+def _site_draw(
+    site: dict[str, Any], plate: DataPlate, key: jax.Array, reparam: bool = True
+) -> jax.Array:
+    fn = site["fn"]
+    if reparam and not fn.has_rsample:
+        raise ValueError(
+            f"Observed site '{site['name']}' ({_describe(fn)}) has no "
+            "reparameterised sampler, which this score needs to differentiate "
+            "simulated observations. Use a reparameterisable likelihood (or "
+            "numpyro_pvi.distributions.Simulator), or score='log'."
+        )
+    draw = fn.sample(key)
+    shape = jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"]))
+    draw = jnp.broadcast_to(draw, shape)
+    return per_observation(draw, plate, fn.event_dim)
+
+
+#: Supports of at most this many values are enumerated one value at a time.
+_UNROLLED_SUPPORT = 16
+
+
+def _site_log_pmf(site: dict[str, Any], plate: DataPlate) -> jax.Array:
+    fn = site["fn"]
+    if not getattr(fn, "has_enumerate_support", False):
+        raise ValueError(
+            f"Observed site '{site['name']}' ({_describe(fn)}) has no finite "
+            "support to enumerate, which the quadratic (Brier) score needs. Use "
+            "score='log', 'crps' or 'energy' for this likelihood."
+        )
+    # Independent (.to_event) and Expanded wrappers: enumerate the innermost
+    # distribution; reinterpreted batch dims become components of the observation
+    base = fn
+    while isinstance(base, (Independent, ExpandedDistribution)):
+        base = base.base_dist
+    try:
+        support = base.enumerate_support(expand=False)  # (K, 1, ..., 1[, event])
+    except NotImplementedError:
+        raise ValueError(
+            f"Observed site '{site['name']}' ({_describe(fn)}) cannot "
+            "enumerate its support, which the quadratic (Brier) score needs. Use "
+            "score='log', 'crps' or 'energy' for this likelihood."
+        ) from None
+    component_ndim = len(fn.event_shape) - base.event_dim
+    shape = fn.batch_shape + fn.event_shape[:component_ndim]
+
+    def rows(log_pmf: jax.Array) -> jax.Array:  # (*base batch) -> (b, c)
+        log_pmf = jnp.broadcast_to(
+            log_pmf, jnp.broadcast_shapes(jnp.shape(log_pmf), shape)
+        )
+        rows = plate_axis_first(log_pmf, plate, component_ndim)
+        return jnp.reshape(rows, (plate.subsample_size, -1))
+
+    # The support axis leads, so that each support value's pmf is one
+    # contiguous (b, c) block: with a short trailing support axis XLA's CPU
+    # loops were several times slower. Short supports are enumerated one
+    # value at a time (fused far better than one broadcast log_prob).
+    if support.shape[0] <= _UNROLLED_SUPPORT:
+        return jnp.stack([rows(base.log_prob(v)) for v in support])
+    return jax.vmap(rows)(base.log_prob(support))
+
+
+def _pad_support(arrays: list[jax.Array]) -> jax.Array:
+    """Concatenate ``(K_s, b, c_s)`` site pmfs into ``(K, b, c)``, padding
+    shorter supports with ``-inf``."""
+    k = max(a.shape[0] for a in arrays)
+    padded = [
+        jnp.pad(
+            a,
+            [(0, k - a.shape[0])] + [(0, 0)] * (a.ndim - 1),
+            constant_values=-jnp.inf,
+        )
+        for a in arrays
+    ]
+    return jnp.concatenate(padded, axis=-1)
+
+
+def observed_values(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
+    """``(b, d)`` the observed values, one flattened row per observation."""
+    return jnp.concatenate(
+        [per_observation(s["value"], plate, s["fn"].event_dim) for s in observed],
+        axis=1,
+    )
+
+
+def simulated_values(
+    observed: list[dict[str, Any]], plate: DataPlate, key: jax.Array, reparam: bool
+) -> jax.Array:
+    """``(b, d)`` one draw of every observed site given the latents, laid out
+    like :func:`observed_values` (reparameterised when ``reparam``)."""
+    keys = random.split(key, len(observed))
+    return jnp.concatenate(
+        [_site_draw(s, plate, k, reparam) for s, k in zip(observed, keys, strict=True)],
+        axis=1,
+    )
+
+
+def site_log_pmf(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
+    """``(K, b, c)`` the log pmf over the finite support of every scalar
+    component of each observation (shorter supports padded with ``-inf``)."""
+    return _pad_support([_site_log_pmf(s, plate) for s in observed])

@@ -1,0 +1,195 @@
+"""Tracing one particle: a draw of the guide and the model replayed against it.
+
+:func:`trace_particle` is the one place where a guide is run and the model is
+replayed on its draw; :func:`guide_log_density` re-runs the guide at given
+values of its sample sites (score-function and contrastive estimators).
+Subsampled plates are seeded apart from the sample sites
+(:func:`seed_plates`) so that every particle sees the same subsample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.lax import stop_gradient
+from numpyro.distributions import Delta
+from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.infer.util import _without_rsample_stop_gradient, is_identically_one
+from numpyro.util import check_model_guide_match
+
+from numpyro_pvi.particles import StratifiedGuide
+
+__all__ = [
+    "guide_log_density",
+    "guide_sample_values",
+    "latent_sites",
+    "require_reparam_guide",
+    "seed_plates",
+    "site_log_prob",
+    "sum_log_density",
+    "trace_particle",
+]
+
+
+def site_log_prob(site: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
+    """A sample site's log density, unscaled and with its handler scale."""
+    fn, value = site["fn"], site["value"]
+    if site.get("intermediates"):
+        log_prob = fn.log_prob(value, site["intermediates"])
+    else:
+        log_prob = fn.log_prob(value)
+    scale = site["scale"]
+    if scale is None or is_identically_one(scale):
+        return log_prob, log_prob
+    return log_prob, scale * log_prob
+
+
+def latent_sites(tr: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    """The latent (unobserved) sample sites of a trace."""
+    return (s for s in tr.values() if s["type"] == "sample" and not s["is_observed"])
+
+
+def sum_log_density(sites: Iterable[dict[str, Any]]) -> jax.Array:
+    """The summed log density of ``sites``, each with its handler scale."""
+    return sum((jnp.sum(site_log_prob(s)[1]) for s in sites), start=jnp.zeros(()))
+
+
+def require_reparam_guide(guide_trace: dict[str, Any], objective: str) -> None:
+    """Raise if a latent site of the guide has no reparameterised sampler.
+
+    :param guide_trace: a trace of the guide.
+    :param objective: the objective's name, for the message.
+    """
+    for site in latent_sites(guide_trace):
+        if not site["fn"].has_rsample:
+            raise ValueError(
+                f"{objective}: the guide's latent site '{site['name']}' "
+                f"({type(site['fn']).__name__}) has no reparameterised sampler, "
+                "and this estimator differentiates through the draws. Use a "
+                "continuous guide for that site, or an objective that does not "
+                "need reparameterisation (SoftCVIELBO, SNISForwardKL, or "
+                "PredictiveELBO(log_score_estimator='rejection'))."
+            )
+
+
+def _is_deterministic_transform(site: dict[str, Any]) -> bool:
+    """Delta sites of a guide (e.g. the constrained sites of AutoContinuous
+    guides) are functions of earlier draws, not draws of their own."""
+    fn = site["fn"]
+    while hasattr(fn, "base_dist") and not isinstance(fn, Delta):
+        fn = fn.base_dist
+    return isinstance(fn, Delta)
+
+
+def guide_sample_values(
+    guide: Callable, guide_trace: dict[str, Any]
+) -> dict[str, jax.Array]:
+    """The values of the guide's own (non-deterministic) latent sample sites,
+    with their gradient stopped: what fixes a draw of the guide."""
+    fixed = {
+        name: stop_gradient(site["value"])
+        for name, site in guide_trace.items()
+        if site["type"] == "sample"
+        and not site["is_observed"]
+        and not _is_deterministic_transform(site)
+    }
+    if not fixed and any(True for _ in latent_sites(guide_trace)):
+        raise ValueError(
+            f"The guide ({type(guide).__name__}) has only point-mass (Delta) latent "
+            "sites, so it has no log density to evaluate, which this objective "
+            "needs. Use AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
+            "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide "
+            "whose latent sites have densities."
+        )
+    return fixed
+
+
+def guide_log_density(
+    guide: Callable,
+    param_map: dict[str, jax.Array],
+    draws: dict[str, jax.Array],
+    key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+) -> jax.Array:
+    """``log q_φ`` at fixed values of the guide's sample sites (scaled as
+    NumPyro scales sites); its gradient in ``param_map`` is the score function.
+
+    :param guide: the guide (seeded for its plates, as in
+        :func:`particle_terms`).
+    :param param_map: the parameters, with their gradient.
+    :param draws: the values of the guide's own sample sites
+        (``ParticleTerms.guide_draws`` of one particle).
+    :param key: random key for the guide's other randomness.
+    :param args: positional arguments of the guide.
+    :param kwargs: keyword arguments of the guide.
+    """
+    rerun = substitute(substitute(seed(guide, key), data=draws), data=param_map)
+    try:
+        tr = trace(rerun).get_trace(*args, **kwargs)
+        return sum_log_density(latent_sites(tr))
+    except NotImplementedError as err:
+        raise ValueError(
+            f"The guide ({type(guide).__name__}) cannot evaluate its log density "
+            "at given points (it has no inverse transform), which this objective "
+            "needs. Use AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
+            "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide."
+        ) from err
+
+
+def seed_plates(fn: Callable, plate_key: jax.Array) -> Callable:
+    """``fn`` whose subsampled plates draw their indices from ``plate_key``
+    (sample sites are left unseeded), as :func:`particle_terms` seeds model
+    and guide."""
+    return seed(fn, plate_key, hide_types=["sample", "prng_key", "control_flow"])
+
+
+def trace_particle(
+    guide_key: jax.Array,
+    model_key: jax.Array,
+    draw_params: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    args: tuple,
+    kwargs: dict,
+    *,
+    strata: StratifiedGuide | None = None,
+    component: jax.Array | None = None,
+    require_reparam: bool = True,
+    objective: str = "objective",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Draw one particle from the guide and replay the model against it.
+
+    :param guide_key: the key of the guide's sample sites (plates are
+        seeded apart, see :func:`seed_plates`).
+    :param model_key: the key of the model's other sample sites.
+    :param draw_params: the parameters the guide draws with.
+    :param model: the model, plates seeded.
+    :param guide: the guide, plates seeded.
+    :param args: positional arguments of model and guide.
+    :param kwargs: keyword arguments of model and guide.
+    :param strata: the guide as a
+        :class:`~numpyro_pvi.particles.StratifiedGuide` (unseeded), to draw
+        from its stratum ``component``; ``None`` for an ordinary draw.
+    :param component: the stratum to draw from.
+    :param require_reparam: raise when a latent site of the guide has no
+        reparameterised sampler.
+    :param objective: the calling objective's name, for messages.
+    :return: ``(guide_trace, model_trace)``.
+    """
+    seeded_guide = substitute(seed(guide, guide_key), data=draw_params)
+    if strata is not None:
+        seeded_guide = strata.draw_stratum(seeded_guide, component)
+    with _without_rsample_stop_gradient():
+        guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
+    if require_reparam:
+        require_reparam_guide(guide_trace, objective)
+    seeded_model = substitute(
+        replay(seed(model, model_key), guide_trace), data=draw_params
+    )
+    model_trace = trace(seeded_model).get_trace(*args, **kwargs)
+    check_model_guide_match(model_trace, guide_trace)
+    return guide_trace, model_trace

@@ -1,0 +1,275 @@
+r"""What a score or objective is computed from: the terms of ``M`` particles.
+
+The particle machinery (:mod:`numpyro_pvi._particles`) draws particles
+:math:`\theta_j` from the guide, replays the model against each of them and
+returns a :class:`ParticleTerms`: arrays with a leading particle axis, and the
+weight with which each particle enters. This module is the public side of
+that exchange: the type, the names of the quantities a :class:`Score
+<numpyro_pvi.scores.Score>` can request, the reductions over particles every
+built-in score uses, and the :class:`StratifiedGuide` protocol through which
+a guide asks for stratified draws.
+
+**Weights are always carried.** ``M`` i.i.d. draws are one stratum, every
+particle with weight :math:`1/M`. A guide that is a :class:`StratifiedGuide`
+(a mixture, :class:`~numpyro_pvi.guides.AutoGaussianMixture`) is drawn from
+stratum by stratum, ``M`` draws from each of its ``K`` components, particle
+:math:`(k, m)` entering the predictive of observation :math:`i` with weight
+:math:`v_{ki} = \omega_k(x_i)/M`. An estimator written with the weights is
+correct for both; ``terms.num_strata == 1`` (a Python integer) lets it take
+an unweighted fast path chosen when the program is traced.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "GUIDE_DRAWS",
+    "LATENTS",
+    "LOG_LIK",
+    "LOG_PMF",
+    "LOG_Q_FIXED",
+    "OBSERVED",
+    "OBS_WEIGHT",
+    "REQUESTS",
+    "WHOLE_DATA",
+    "Y_SIM",
+    "ParticleTerms",
+    "StratifiedGuide",
+    "expected_log_q",
+    "log_joint",
+    "log_mean_exp",
+    "particle_logsumexp",
+    "particle_sum",
+    "predictive_log_density",
+    "require_iid",
+]
+
+#: Per-observation log-likelihoods ``log_lik`` (with ``log_lik_scaled``).
+LOG_LIK = "log_lik"
+#: Reparameterised simulated observations ``y_sim`` (with ``y_obs``).
+Y_SIM = "y_sim"
+#: The log pmf over a finite support, ``log_pmf``.
+LOG_PMF = "log_pmf"
+#: ``log q`` at the draws with their gradient stopped, ``log_q_fixed``.
+LOG_Q_FIXED = "log_q_fixed"
+#: The model's latent values, ``latents``.
+LATENTS = "latents"
+#: The per-observation weight of a score in a data-set sum, ``weight``.
+OBS_WEIGHT = "weight"
+#: The values of the guide's own sample sites, ``guide_draws``.
+GUIDE_DRAWS = "guide_draws"
+#: The observed values as the model computes them, ``observed``.
+OBSERVED = "observed"
+#: Every quantity that can be requested.
+REQUESTS = frozenset(
+    {LOG_LIK, Y_SIM, LOG_PMF, LOG_Q_FIXED, LATENTS, OBS_WEIGHT, GUIDE_DRAWS, OBSERVED}
+)
+
+#: ``data_plate=WHOLE_DATA`` treats all observed sites as one observation,
+#: without looking for a data plate (objectives that need only the total
+#: log-likelihood: ``log_lik`` is then ``(M, 1)`` with every site scale applied).
+WHOLE_DATA = "<whole data set>"
+
+
+class ParticleTerms(NamedTuple):
+    """The terms of ``M`` particles: what every objective and score reads.
+
+    Shapes use ``M`` for particles (``K * M`` when stratified: strata are
+    consecutive blocks of ``M``), ``b`` for the observations of the data
+    plate in this (sub)sample, ``d`` for the flattened size of one
+    observation and ``c``, ``K`` for the scalar components of one
+    observation and the size of their common finite support. Fields that
+    were not requested are ``None``.
+
+    :ivar log_prior: ``(M,)`` log density of the latent sites under the model
+        (scaled as NumPyro scales them).
+    :ivar log_q: ``(M,)`` log density of the guide at its draws (scaled).
+    :ivar log_w: ``(M, b)`` log weight of particle ``j`` in the predictive of
+        observation ``i``: ``-log M`` for i.i.d. draws, ``log ω_k(x_i) - log
+        M`` for the draws of stratum ``k``. Always present.
+    :ivar particle_weight: ``(M,)`` weight of each particle in expectations
+        over the guide (sums to one). Always present.
+    :ivar num_strata: the number of strata (a Python integer; 1 for i.i.d.
+        draws).
+    :ivar subsample_scale: scalar ``N / b`` of the data plate (1 without
+        subsampling).
+    :ivar log_lik: ``(M, b)`` log-likelihood of each observation (unscaled):
+        what a predictive score of the observation is computed from.
+    :ivar log_lik_scaled: ``(M, b)`` the same with each observed site's own
+        scale applied (subsample scale ``N / b`` times any handler scale):
+        ``log_prior + log_lik_scaled.sum(1)`` is the log joint density
+        :func:`numpyro.infer.util.log_density` gives.
+    :ivar weight: ``(b,)`` weight of each observation's score in a data-set
+        sum: the scale shared by every observed site of the observation.
+    :ivar y_obs: ``(b, d)`` the observed values, one flattened row per
+        observation (several observed sites concatenated).
+    :ivar y_sim: ``(M, b, d)`` reparameterised draws from ``p(y_i | θ_j)``.
+    :ivar log_pmf: ``(M, K, b, c)`` log pmf over the finite support (``K``
+        values, ``-inf`` padding shorter supports) of each component ``c``.
+    :ivar log_q_fixed: ``(M,)`` ``log q_φ`` at the draws with their gradient
+        stopped: its gradient is the score function ``∇_φ log q_φ(θ)``.
+    :ivar latents: ``{site: (M, *shape)}`` the model's latent values at each
+        particle (constrained space, as the model sees them).
+    :ivar guide_draws: ``{site: (M, *shape)}`` the values of the guide's own
+        sample sites (e.g. ``_auto_latent`` of an ``AutoContinuous`` guide).
+    :ivar observed: ``{site: value}`` the observed values as the model
+        computes them.
+    :ivar entropy: the guide's entropy (or a lower bound of it) in closed
+        form when the guide supplies one
+        (:meth:`StratifiedGuide.entropy_term`), used by
+        :func:`expected_log_q` instead of the Monte Carlo mean of ``log_q``.
+    """
+
+    log_prior: jax.Array
+    log_q: jax.Array
+    log_w: jax.Array
+    particle_weight: jax.Array
+    num_strata: int
+    subsample_scale: jax.Array
+    log_lik: jax.Array | None = None
+    log_lik_scaled: jax.Array | None = None
+    weight: jax.Array | None = None
+    y_obs: jax.Array | None = None
+    y_sim: jax.Array | None = None
+    log_pmf: jax.Array | None = None
+    log_q_fixed: jax.Array | None = None
+    latents: dict[str, jax.Array] | None = None
+    guide_draws: dict[str, jax.Array] | None = None
+    observed: dict[str, jax.Array] | None = None
+    entropy: jax.Array | None = None
+
+
+@runtime_checkable
+class StratifiedGuide(Protocol):
+    """A guide drawn from stratum by stratum (the guide side of stratification).
+
+    The particle machinery draws ``M`` particles from each of the guide's
+    ``num_strata`` strata when an objective asks for stratified draws, and
+    weights them with :meth:`stratum_log_weights`.
+    :class:`~numpyro_pvi.guides.AutoGaussianMixture` implements it.
+    """
+
+    @property
+    def num_strata(self) -> int:
+        """The number ``K`` of strata."""
+
+    def draw_stratum(self, fn: object, component: jax.Array) -> object:
+        """``fn`` (this guide, seeded and substituted) drawing its stratified
+        site from stratum ``component`` only; that site's log density stays
+        the whole guide's."""
+
+    def stratum_log_weights(
+        self, params: dict[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """``(K,)`` log weights of the strata in expectations over the guide,
+        and ``(N, K)`` per-observation log weights ``log ω_k(x_i)`` over the
+        data plate, or ``None`` when they do not depend on the observation."""
+
+    def entropy_term(self, params: dict[str, jax.Array]) -> jax.Array | None:
+        """The guide's entropy (or a bound) in closed form, used in place of
+        the Monte Carlo mean of ``-log q``; ``None`` to use the mean."""
+
+
+# --------------------------------------------------------------------------
+# reductions over particles
+# --------------------------------------------------------------------------
+
+
+def particle_sum(x: jax.Array, weights: jax.Array | None = None) -> jax.Array:
+    r""":math:`\sum_j w_j x_j` over the leading (particle) axis (``w = 1`` when
+    ``weights`` is ``None``; ``weights`` is ``(M,)`` or ``x.shape``).
+
+    Computed as a contraction (``dot_general``) rather than a reduction: on
+    CPU, XLA reduces a leading axis column by column, and once the ``(M, b)``
+    array outgrows the cache that strided loop is an order of magnitude
+    slower than a matrix-vector product (``benchmarks/RESULTS.md``).
+    """
+    if weights is not None and jnp.ndim(weights) > 1:
+        x = weights * x
+        weights = None
+    if weights is None:
+        weights = jnp.ones(x.shape[0], x.dtype)
+    return jnp.tensordot(weights, x, axes=(0, 0), precision=jax.lax.Precision.HIGHEST)
+
+
+def _particle_max(x: jax.Array) -> jax.Array:
+    """Maximum over the leading axis by halving (contiguous elementwise
+    maxima; overlapping halves when odd)."""
+    while x.shape[0] > 1:
+        n, h = x.shape[0], (x.shape[0] + 1) // 2
+        x = jnp.maximum(x[:h], x[n - h :])
+    return x[0]
+
+
+def particle_logsumexp(x: jax.Array) -> jax.Array:
+    """``log Σ_j exp(x_j)`` over the leading (particle) axis, stable for
+    ``±inf`` entries like :func:`jax.nn.logsumexp` (an all ``-inf`` slice
+    gives ``-inf``), with the fast contraction of :func:`particle_sum`."""
+    shift = jax.lax.stop_gradient(_particle_max(x))
+    shift = jnp.where(jnp.isfinite(shift), shift, 0.0)
+    return jnp.log(particle_sum(jnp.exp(x - shift))) + shift
+
+
+def log_mean_exp(x: jax.Array, axis: int = 0) -> jax.Array:
+    """``log((1/M) Σ_j exp(x_j))`` along ``axis``, stable for ``-inf`` entries.
+
+    An all ``-inf`` slice gives ``-inf`` (not NaN).
+    """
+    m = x.shape[axis]
+    return particle_logsumexp(jnp.moveaxis(x, axis, 0)) - math.log(m)
+
+
+def predictive_log_density(terms: ParticleTerms, log_f: jax.Array) -> jax.Array:
+    r"""``(b, ...)`` :math:`\log \sum_j v_{ji} f_j`: the predictive mean of
+    :math:`f_j = \exp(\text{log\_f}_j)` (``(M, b, ...)``, e.g. ``log_lik``)
+    under the particles' weights; ``log_mean_exp`` for one stratum.
+
+    :param terms: the particle terms (for their weights).
+    :param log_f: ``(M, b, ...)`` per-particle log values.
+    """
+    if terms.num_strata == 1:
+        return log_mean_exp(log_f, axis=0)
+    log_w = jnp.reshape(terms.log_w, terms.log_w.shape + (1,) * (log_f.ndim - 2))
+    return particle_logsumexp(log_f + log_w)
+
+
+def log_joint(terms: ParticleTerms) -> jax.Array:
+    """``(M,)`` the log joint density ``log p(θ_j, y)`` of each particle, every
+    site with its own scale as in :func:`numpyro.infer.util.log_density`
+    (needs ``"log_lik"``).
+
+    :param terms: particle terms.
+    """
+    return terms.log_prior + jnp.sum(terms.log_lik_scaled, axis=1)
+
+
+def expected_log_q(terms: ParticleTerms) -> jax.Array:
+    r""":math:`\mathbb{E}_q \log q`: minus the guide's closed-form entropy
+    term when it has one (``terms.entropy``), else the weighted mean of
+    ``log_q`` over the particles.
+
+    :param terms: particle terms.
+    """
+    if terms.entropy is not None:
+        return -terms.entropy
+    return jnp.sum(terms.particle_weight * terms.log_q)
+
+
+def require_iid(terms: ParticleTerms, name: str) -> None:
+    """Raise :class:`NotImplementedError` for stratified terms: for an
+    estimator written for ``M`` i.i.d. equally weighted draws only.
+
+    :param terms: particle terms.
+    :param name: the estimator's name, for the message.
+    """
+    if terms.num_strata != 1:
+        raise NotImplementedError(
+            f"{name} assumes M i.i.d. draws of weight 1/M, but the guide was "
+            f"drawn from stratified ({terms.num_strata} strata, weights in "
+            "terms.log_w): use the weights, or a guide without strata."
+        )

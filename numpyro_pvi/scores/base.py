@@ -1,0 +1,139 @@
+"""The :class:`Score` protocol and the logarithmic score."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from numpyro_pvi.particles import (
+    LOG_LIK,
+    ParticleTerms,
+    predictive_log_density,
+)
+
+__all__ = ["LogScore", "Score", "simulations", "strata"]
+
+
+class Score:
+    r"""Base class of positively oriented scoring rules estimated from particles.
+
+    Subclasses set :attr:`requires` (a subset of ``{"log_lik", "y_sim",
+    "log_pmf"}``: per-observation log-likelihoods, reparameterised simulated
+    observations, or the log pmf over a finite support) and implement
+    :meth:`estimate`. :attr:`min_particles` is the smallest number of
+    particles the estimator is defined for.
+
+    ``terms.log_lik`` is ``(M, b)``; ``terms.y_sim`` is ``(M, b, d)`` with
+    ``terms.y_obs`` ``(b, d)`` (one flattened row per observation, several
+    observed sites concatenated); ``terms.log_pmf`` is ``(M, K, b, c)`` (the
+    support axis ``K`` before the observations, components ``c`` last); see
+    :class:`~numpyro_pvi.particles.ParticleTerms`.
+
+    **Weights.** Particle ``j`` enters the predictive of observation ``i``
+    with weight ``exp(terms.log_w[j, i])``: ``1/M`` for i.i.d. draws
+    (``terms.num_strata == 1``), the strata weights of a mixture guide
+    otherwise. An estimator must use them (e.g. through
+    :func:`~numpyro_pvi.particles.predictive_log_density`), or call
+    :func:`~numpyro_pvi.particles.require_iid` to refuse stratified draws,
+    as the example does.
+
+    **Example**: a user-defined score, the (negated) interval score of the
+    central :math:`(1-\alpha)` prediction interval :math:`[l, u]` (Gneiting
+    & Raftery 2007, §6.2),
+    :math:`S = -(u - l) - \tfrac{2}{\alpha}(l - y)_+ - \tfrac{2}{\alpha}(y - u)_+`,
+    with :math:`l, u` the empirical quantiles of the simulated observations:
+
+    .. code-block:: python
+
+        import jax.numpy as jnp
+        from numpyro_pvi.particles import require_iid
+        from numpyro_pvi.scores import Score
+
+        class IntervalScore(Score):
+            name = "interval"
+            requires = frozenset({"y_sim"})
+            min_particles = 2
+
+            def __init__(self, alpha=0.1):
+                self.alpha = alpha
+
+            def estimate(self, terms):
+                require_iid(terms, "IntervalScore")  # unweighted quantiles
+                y, sims = terms.y_obs[:, 0], terms.y_sim[..., 0]  # (b,), (M, b)
+                lo = jnp.quantile(sims, self.alpha / 2, axis=0)
+                hi = jnp.quantile(sims, 1 - self.alpha / 2, axis=0)
+                miss = jnp.maximum(lo - y, 0) + jnp.maximum(y - hi, 0)
+                return -(hi - lo) - 2 / self.alpha * miss
+
+        loss = PredictiveELBO(IntervalScore(0.1), num_particles=64)
+
+    **References**
+
+    1. Gneiting, T. & Raftery, A. E. (2007). *Strictly proper scoring rules,
+       prediction, and estimation*. JASA 102(477), 359-378.
+    """
+
+    name: ClassVar[str] = "score"
+    requires: ClassVar[frozenset[str]] = frozenset()
+    min_particles: ClassVar[int] = 1
+
+    def estimate(self, terms: ParticleTerms) -> jax.Array:
+        """Per-observation score estimates.
+
+        :param terms: the particle terms of ``M`` draws from the guide.
+        :return: array of shape ``(b,)``, differentiable in the guide's
+            parameters.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    def __eq__(self, other: object) -> bool:
+        # value objects: equal scores share compiled programs
+        return type(other) is type(self) and vars(other) == vars(self)
+
+    def __hash__(self) -> int:
+        return hash((type(self), tuple(sorted(vars(self).items()))))
+
+
+class LogScore(Score):
+    r"""The logarithmic score of the predictive distribution.
+
+    .. math::
+
+        S_{\log}(q, y_i) = \log q(y_i)
+        \approx \log \frac{1}{M} \sum_{j=1}^M p(y_i \mid \theta_j),
+        \qquad \theta_j \sim q_\phi,
+
+    computed in log space (``logsumexp`` minus ``log M``).
+
+    **References**
+
+    1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
+       predictively optimal posterior distribution*. Table 1, row 1.
+    """
+
+    name = "log"
+    requires = frozenset({LOG_LIK})
+
+    def estimate(self, terms: ParticleTerms) -> jax.Array:
+        return predictive_log_density(terms, terms.log_lik)
+
+
+def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]:
+    if terms.y_sim is None or terms.y_obs is None:
+        raise ValueError(
+            f"score={score!r} needs simulated observations: request 'y_sim' from "
+            "the particle machinery."
+        )
+    return terms.y_sim, terms.y_obs
+
+
+def strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:
+    """Stratified weights ``v_j = ω_k(x_i) / M`` ``(K M, b)``, ``K`` and ``M``."""
+    k = terms.num_strata
+    m = terms.log_w.shape[0] // k
+    return jnp.exp(terms.log_w), k, m

@@ -1,0 +1,143 @@
+"""The quadratic (Brier) score of a finite support."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from numpyro_pvi.particles import (
+    LOG_LIK,
+    LOG_PMF,
+    ParticleTerms,
+    particle_sum,
+    predictive_log_density,
+)
+from numpyro_pvi.scores.base import Score, strata
+
+__all__ = ["QuadraticScore"]
+
+
+class QuadraticScore(Score):
+    r"""The quadratic (Brier) score of a forecast with finite support.
+
+    .. math::
+
+        S_{\rm quad}(q, y_i) = 2\, q(y_i) - \sum_{j} q(j)^2, \qquad
+        q(j) = \mathbb{E}_{q_\phi(\theta)}\, p(j \mid \theta),
+
+    (the negated Brier score plus one), for observed sites with a finite
+    support (Bernoulli, Categorical, Binomial, ... via
+    ``enumerate_support``). With :math:`f_m(j) = p(j \mid \theta_m)`,
+    :math:`q(y_i)` is estimated by :math:`\frac{1}{M}\sum_m f_m(y_i)` (in log
+    space) and :math:`q(j)^2` by the *unbiased* pair estimate
+
+    .. math::
+
+        \widehat{q(j)^2} = \frac{1}{M(M-1)} \sum_{m \ne k} f_m(j)\, f_k(j)
+        = \frac{(\sum_m f_m(j))^2 - \sum_m f_m(j)^2}{M(M-1)},
+
+    not the plug-in square :math:`(\frac{1}{M}\sum_m f_m(j))^2`, whose bias
+    :math:`\mathrm{Var}_q[f(j)]/M` rewards guides with a spread-out
+    predictive and so makes the estimated objective improper. The estimate
+    of :math:`S` is unbiased for every :math:`M \ge 2`.
+
+    When one observation has several components :math:`c` (several batch
+    elements of its observed sites at one index of the data plate, e.g. a
+    row of Bernoulli outcomes or several observed sites) its support is the
+    product of the component supports, and given :math:`\theta` the
+    components are independent (NumPyro's batch semantics), so
+
+    .. math::
+
+        \sum_{j_1..j_c} q(j)^2 \approx \frac{1}{M(M-1)} \sum_{m\ne k}
+        \prod_{l=1}^c \sum_{j} f_{m,l}(j) f_{k,l}(j),
+
+    computed in :math:`O(M^2 b\, c K)` without enumerating the product
+    support (:math:`O(M b K)` for one component). This assumes no observed
+    site's distribution depends on the observed value of another.
+
+    Under stratified sampling (mixture guides, ``M`` draws per component
+    :math:`k`, :math:`v_a = \omega_{k(a)}(x_i)/M`) :math:`q(y_i) \approx
+    \sum_a v_a f_a(y_i)` and the pair estimate weights :math:`\langle f_a,
+    f_b\rangle` by :math:`v_a v_b`, times :math:`M/(M-1)` when :math:`a \ne
+    b` are draws of one component; it stays unbiased.
+
+    **References**
+
+    1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
+       predictively optimal posterior distribution*. Table 1, row 2.
+    2. Gneiting, T. & Raftery, A. E. (2007). *Strictly proper scoring rules,
+       prediction, and estimation*. JASA 102(477), §3.2.
+    3. Brier, G. W. (1950). *Verification of forecasts expressed in terms of
+       probability*. Monthly Weather Review 78(1), 1-3.
+    """
+
+    name = "quadratic"
+    requires = frozenset({LOG_LIK, LOG_PMF})
+    min_particles = 2
+
+    def estimate(self, terms: ParticleTerms) -> jax.Array:
+        if terms.log_pmf is None or terms.log_lik is None:
+            raise ValueError(
+                "score='quadratic' needs the log pmf over the finite support and "
+                "the log-likelihoods: request 'log_pmf' and 'log_lik'."
+            )
+        if terms.num_strata > 1:
+            return self._stratified(terms)
+        m, _, _, c = terms.log_pmf.shape
+        q_obs = jnp.exp(predictive_log_density(terms, terms.log_lik))  # (b,)
+        pmf = jnp.exp(terms.log_pmf)  # (M, K, b, c); padding -> 0
+        if c == 1:
+            total = particle_sum(pmf[..., 0])  # (K, b)
+            own = particle_sum(jnp.square(pmf[..., 0]))
+            sum_sq = jnp.sum(jnp.square(total) - own, axis=0) / (m * (m - 1))
+        else:
+            overlap = jnp.einsum("mkbc,nkbc->mnbc", pmf, pmf)  # (M, M, b, c)
+            positive = overlap > 0
+            log_overlap = jnp.where(
+                positive, jnp.log(jnp.where(positive, overlap, 1.0)), -jnp.inf
+            )
+            log_pair = jnp.sum(log_overlap, axis=-1)  # (M, M, b)
+            off_diagonal = ~jnp.eye(m, dtype=bool)[:, :, None]
+            log_pair = jnp.where(off_diagonal, log_pair, -jnp.inf)
+            sum_sq = jnp.exp(
+                jax.nn.logsumexp(log_pair, axis=(0, 1)) - math.log(m * (m - 1))
+            )
+        return 2.0 * q_obs - sum_sq
+
+    @staticmethod
+    def _stratified(terms: ParticleTerms) -> jax.Array:
+        """Pairs ``a != b`` weighted ``v_a v_b``, times ``M/(M-1)`` within a
+        stratum, of the overlaps ``<f_a, f_b>``."""
+        v, k, m = strata(terms)
+        n, _, b, c = terms.log_pmf.shape
+        q_obs = jnp.exp(predictive_log_density(terms, terms.log_lik))
+        pmf = jnp.exp(terms.log_pmf)  # (N, K, b, c)
+        if c == 1:
+            f = pmf[..., 0]  # (N, K, b)
+            wf = v[:, None, :] * f
+            total = jnp.sum(jnp.square(particle_sum(wf)) - particle_sum(wf**2), 0)
+            f_k = f.reshape((k, m) + f.shape[1:])  # (strata, M, K, b)
+            within = jnp.square(jnp.sum(f_k, axis=1)) - jnp.sum(f_k**2, axis=1)
+            v_k = v.reshape(k, m, b)[:, 0, :]  # w_k(x_i) / M
+            within = jnp.sum(jnp.square(v_k) * jnp.sum(within, 1), 0) / (m - 1)
+            return 2.0 * q_obs - total - within
+        overlap = jnp.einsum("mkbc,nkbc->mnbc", pmf, pmf)  # (N, N, b, c)
+        positive = overlap > 0
+        log_overlap = jnp.where(
+            positive, jnp.log(jnp.where(positive, overlap, 1.0)), -jnp.inf
+        )
+        stratum = jnp.arange(n) // m
+        same = stratum[:, None] == stratum[None, :]
+        log_c = jnp.where(same, math.log(m / (m - 1)), 0.0)[:, :, None]
+        log_pair = (
+            jnp.sum(log_overlap, axis=-1)
+            + log_c
+            + terms.log_w[:, None, :]
+            + terms.log_w[None, :, :]
+        )  # (N, N, b)
+        off_diagonal = ~jnp.eye(n, dtype=bool)[:, :, None]
+        log_pair = jnp.where(off_diagonal, log_pair, -jnp.inf)
+        return 2.0 * q_obs - jnp.exp(jax.nn.logsumexp(log_pair, axis=(0, 1)))
