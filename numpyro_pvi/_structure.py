@@ -18,6 +18,8 @@ from jax import random
 from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoGuide
 
+from numpyro_pvi.distributions import simulators_without_density
+
 __all__ = ["check_full_data", "model_structure", "replay_trace"]
 
 
@@ -69,7 +71,7 @@ def _set_up_autoguide(
     parameters (e.g. loaded from disk) is built here.
     """
     if isinstance(guide, AutoGuide) and guide.prototype_trace is None:
-        with block():
+        with simulators_without_density(), block():
             substitute(seed(guide, rng_key), data=param_map)(*args, **kwargs)
 
 

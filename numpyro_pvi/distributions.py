@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -13,14 +13,17 @@ import jax.numpy as jnp
 from jax import random
 from numpyro.distributions import constraints
 from numpyro.distributions.distribution import Distribution, ExpandedDistribution
+from numpyro.handlers import block, seed
 
-__all__ = ["Simulator"]
+__all__ = ["Simulator", "setup_guide", "simulators_without_density"]
 
 _LIKELIHOOD_FREE = (
     "this site is likelihood-free: use score='crps' or 'energy' "
     "(PredictiveELBO(score='crps') for scalar observations, "
     "PredictiveELBO(score='energy') for vector ones, with regularizer='prior' or "
-    "None), which need only simulations from the model."
+    "None), which need only simulations from the model. If this arose while "
+    "an autoguide set itself up (SVI.init, svi.run), set it up first with "
+    "numpyro_pvi.distributions.setup_guide(guide, rng_key, *args)."
 )
 
 
@@ -164,12 +167,12 @@ class Simulator(Distribution):
     def log_prob(self, value: Any, intermediates: Any = None) -> jax.Array:
         """Not available: raises :class:`NotImplementedError`.
 
-        The one exception is an autoguide's prototype setup, which evaluates
-        the model's joint density only to find valid initial values of the
-        latent sites: there the site contributes a constant ``0`` so that
-        autoguides can be built for likelihood-free models.
+        The one exception is inside :func:`simulators_without_density`, the
+        scope in which an autoguide sets itself up (:func:`setup_guide`):
+        NumPyro evaluates the model's joint density there only to find valid
+        initial values of the latent sites, and the site contributes ``0``.
         """
-        if _in_autoguide_setup():
+        if _WITHOUT_DENSITY.get():
             shape = jax.lax.broadcast_shapes(
                 self.batch_shape,
                 jnp.shape(value)[: max(jnp.ndim(value) - self.event_dim, 0)],
@@ -178,14 +181,45 @@ class Simulator(Distribution):
         raise NotImplementedError(f"Simulator.log_prob: {_LIKELIHOOD_FREE}")
 
 
-def _in_autoguide_setup() -> bool:
-    """Whether the caller runs inside ``AutoGuide._setup_prototype``."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_setup_prototype" and code.co_filename.endswith(
-            os.path.join("numpyro", "infer", "autoguide.py")
-        ):
-            return True
-        frame = frame.f_back
-    return False
+#: Whether Simulator sites contribute 0 to a density (autoguide setup only).
+_WITHOUT_DENSITY = contextvars.ContextVar("simulators_without_density", default=False)
+
+
+@contextlib.contextmanager
+def simulators_without_density() -> Iterator[None]:
+    """A scope in which :class:`Simulator` sites contribute ``0`` to the log
+    density instead of raising: for setting up an autoguide of a
+    likelihood-free model, whose initialisation evaluates the model's
+    density only to find valid initial latent values. Never fit inside it:
+    every objective would silently ignore the simulated sites."""
+    token = _WITHOUT_DENSITY.set(True)
+    try:
+        yield
+    finally:
+        _WITHOUT_DENSITY.reset(token)
+
+
+def setup_guide(guide: Callable, rng_key: jax.Array, *args: Any, **kwargs: Any):
+    """Set up an autoguide of a model with :class:`Simulator` sites.
+
+    An autoguide builds its prototype on its first call, evaluating the
+    model's density to initialise the latents, which a simulator cannot
+    give. Call this once before ``SVI``: it makes that first call with the
+    simulated sites contributing ``0`` (:func:`simulators_without_density`),
+    and returns the guide, ready for ``SVI(model, guide, ...)``.
+    The package's own guides and diagnostics do this themselves.
+
+    .. code-block:: python
+
+        guide = setup_guide(AutoNormal(model), random.PRNGKey(0), y)
+        svi = SVI(model, guide, optax.adam(1e-2), PredictiveELBO("crps"))
+
+    :param guide: the autoguide (not yet run).
+    :param rng_key: random key of its initialisation.
+    :param args: the model's arguments.
+    :param kwargs: the model's keyword arguments.
+    :return: ``guide``.
+    """
+    with simulators_without_density(), block():
+        seed(guide, rng_key)(*args, **kwargs)
+    return guide

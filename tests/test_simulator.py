@@ -9,14 +9,14 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
+from conftest import run_particles
 from jax import random
 from jax.scipy.stats import norm
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._particles import particle_terms
-from numpyro_pvi.distributions import Simulator
+from numpyro_pvi.distributions import Simulator, setup_guide
 
 # module-scoped fixtures: one xdist worker runs the whole module
 pytestmark = pytest.mark.xdist_group("simulator")
@@ -107,10 +107,20 @@ def population_data():
 
 def test_simulator_site_in_subsampled_plate_gives_per_particle_draws(population_data):
     y = population_data
-    guide = AutoNormal(lf_model)  # the autoguide can be built for the model
+    # an autoguide of a likelihood-free model is set up explicitly
+    with pytest.raises(NotImplementedError, match="setup_guide"):
+        SVI(lf_model, AutoNormal(lf_model), optax.adam(0.1), Trace_ELBO()).init(
+            random.PRNGKey(0), y
+        )
+    guide = setup_guide(AutoNormal(lf_model), random.PRNGKey(1), y)
+    assert guide.prototype_trace is not None
+    state = SVI(lf_model, guide, optax.adam(0.1), PredictiveELBO("crps")).init(
+        random.PRNGKey(0), y
+    )
+    assert set(state.optim_state[1][0]) == {"mu_auto_loc", "mu_auto_scale"}
     params = {"mu_auto_loc": jnp.asarray(3.0), "mu_auto_scale": jnp.asarray(2.0)}
     terms = jax.jit(
-        lambda key: particle_terms(
+        lambda key: run_particles(
             key,
             params,
             lf_model,
