@@ -15,14 +15,13 @@ from numpyro.infer.autoguide import AutoNormal
 from scipy import stats
 
 from numpyro_pvi import PredictiveELBO, SoftCVIELBO, diagnostics
-from numpyro_pvi.diagnostics.vsbc import (
-    _adjust,
-    _reflection_tail,
-    _reflection_walk,
-    _symmetry,
-    plot_vsbc,
-    vsbc,
+from numpyro_pvi.diagnostics.symmetry import (
+    adjust_p_values,
+    reflection_tail,
+    reflection_walk,
+    symmetry_test,
 )
+from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
 
 # --------------------------------------------------------------------------
 # the symmetry test
@@ -35,7 +34,7 @@ def test_statistic_is_the_two_sample_ks_of_p_against_one_minus_p():
     for _ in range(100):
         below = rng.integers(0, grid + 1, size=15)
         p = below / grid
-        walk, _ = _reflection_walk(below, grid)
+        walk, _ = reflection_walk(below, grid)
         for alternative, stat in (
             ("two-sided", np.abs(walk).max()),
             ("greater", max(0.0, -walk.min())),
@@ -51,17 +50,17 @@ def test_reflection_p_values_are_exact_by_enumeration():
     grid, n = 6, 10
     below = np.array([0, 1, 1, 2, 3, 3, 4, 5, 6, 6])  # ties and one p = 1/2
     centred = np.abs(2 * below - grid)
-    walk, sizes = _reflection_walk(below, grid)
+    walk, sizes = reflection_walk(below, grid)
     two, over = int(np.abs(walk).max()), int(max(0, -walk.min()))
     hits_two = hits_over = 0
     for signs in itertools.product((-1, 1), repeat=n):
-        w, _ = _reflection_walk((np.array(signs) * centred + grid) // 2, grid)
+        w, _ = reflection_walk((np.array(signs) * centred + grid) // 2, grid)
         hits_two += np.abs(w).max() >= two
         hits_over += max(0, -w.min()) >= over
-    assert _reflection_tail(sizes, two, two_sided=True) == pytest.approx(
+    assert reflection_tail(sizes, two, two_sided=True) == pytest.approx(
         hits_two / 2**n, abs=1e-12
     )
-    assert _reflection_tail(sizes, over, two_sided=False) == pytest.approx(
+    assert reflection_tail(sizes, over, two_sided=False) == pytest.approx(
         hits_over / 2**n, abs=1e-12
     )
 
@@ -70,7 +69,7 @@ def test_symmetry_test_holds_its_level_where_two_sample_ks_does_not():
     rng = np.random.default_rng(2)
     reps, num, draws = 400, 40, 1000
     below = rng.integers(0, draws + 1, size=(num, reps))
-    ours = _symmetry(below, draws, None, 0.05)["p_value"]
+    ours = symmetry_test(below, draws, None, 0.05)["p_value"]
     asymptotic = np.array(
         [
             stats.ks_2samp(b / draws, 1 - b / draws, method="asymp").pvalue
@@ -92,21 +91,23 @@ def test_direction_from_the_one_sided_tests(a, b, expected):
     rng = np.random.default_rng(3)
     draws = 1000
     below = np.round(rng.beta(a, b, size=(60, 1)) * draws).astype(int)
-    result = _symmetry(below, draws, "holm", 0.05)
+    result = symmetry_test(below, draws, "holm", 0.05)
     assert result["direction"][0] == expected
 
 
 def test_holm_and_bh_corrections():
     p = np.array([0.01, 0.04, 0.03, 0.005])
     # Holm: sorted p times (m, m-1, ...), running maximum, capped at 1
-    np.testing.assert_allclose(_adjust(p, "holm"), [0.03, 0.06, 0.06, 0.02])
+    np.testing.assert_allclose(adjust_p_values(p, "holm"), [0.03, 0.06, 0.06, 0.02])
     # BH: sorted p times m / rank, running minimum from the largest
-    np.testing.assert_allclose(_adjust(p, "bh"), [0.02, 0.04, 0.04, 0.02])
+    np.testing.assert_allclose(adjust_p_values(p, "bh"), [0.02, 0.04, 0.04, 0.02])
     np.testing.assert_allclose(
-        _adjust(p, "bh"), stats.false_discovery_control(p, method="bh")
+        adjust_p_values(p, "bh"), stats.false_discovery_control(p, method="bh")
     )
-    np.testing.assert_allclose(_adjust(p, None), p)
-    np.testing.assert_allclose(_adjust(np.array([0.5, 0.6]), "holm"), [1.0, 1.0])
+    np.testing.assert_allclose(adjust_p_values(p, None), p)
+    np.testing.assert_allclose(
+        adjust_p_values(np.array([0.5, 0.6]), "holm"), [1.0, 1.0]
+    )
 
 
 # --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import xarray as xr
 from numpyro.infer.autoguide import AutoGuide
 
 __all__ = [
+    "component_labels",
     "draws_dataset",
     "guide_name",
     "root_attrs",
@@ -93,3 +94,10 @@ def draws_dataset(
         attrs=dict(attrs or {}),
         library=numpyro,
     )
+
+
+def component_labels(name: str, shape: tuple[int, ...]) -> list[str]:
+    """``name`` or ``name[i, j]`` for every scalar component of a site."""
+    if not shape:
+        return [name]
+    return [f"{name}[{', '.join(map(str, idx))}]" for idx in np.ndindex(*shape)]

@@ -14,8 +14,6 @@ all local devices (``jax.sharding``), in chunks for progress reporting.
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -23,387 +21,40 @@ from typing import Any
 
 import arviz as az
 import jax
-import jax.numpy as jnp
 import numpy as np
 import xarray as xr
-from jax import lax, random
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from numpyro.handlers import block, condition, seed
-from numpyro.infer import SVI, Predictive
+from jax import random
+from numpyro.handlers import block, seed
+from numpyro.infer import Predictive
 from numpyro.infer.calibration import _resolve_observed_sites, _validate_latent_sites
-from numpyro.primitives import Messenger
-from scipy import stats
 
 from numpyro_pvi._structure import check_full_data, model_structure
-from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
+from numpyro_pvi.diagnostics._idata import (
+    component_labels,
+    draws_dataset,
+    root_attrs,
+    site_dims,
+)
+from numpyro_pvi.diagnostics._replications import (
+    DRIFT_THRESHOLD,
+    UNCONVERGED_WARNING,
+    loss_drift,
+    replication_fn,
+    run_replications,
+)
+from numpyro_pvi.diagnostics._simulated_data import data_injector, unobserve
+from numpyro_pvi.diagnostics.symmetry import symmetry_test
+from numpyro_pvi.diagnostics.vsbc_plot import plot_vsbc
+from numpyro_pvi.distributions import simulators_without_density
 
-__all__ = ["plot_vsbc", "vsbc"]
+__all__ = ["loss_drift", "plot_vsbc", "vsbc"]
 
 _CHAIN_METHODS = ("sequential", "vectorized", "sharded")
 _CORRECTIONS = ("holm", "bh", None)
-#: Number of chunks the replications are split into when a progress bar is shown.
-_PROGRESS_CHUNKS = 10
-_AXIS = "replication"
-
-
-class _unobserve(Messenger):
-    """Sample the named sites from the model even when they are observed."""
-
-    def __init__(self, fn: Callable, names: Sequence[str]) -> None:
-        self.names = frozenset(names)
-        super().__init__(fn)
-
-    def process_message(self, msg: dict[str, Any]) -> None:
-        if msg["type"] == "sample" and msg["name"] in self.names:
-            msg["value"] = None
-            msg["is_observed"] = False
-
-
-# --------------------------------------------------------------------------
-# simulated data → model arguments
-# --------------------------------------------------------------------------
-
-
-def _data_injector(
-    model: Callable,
-    observed: Sequence[str],
-    args: tuple,
-    kwargs: dict,
-    simulated_data_to_args: Callable | None,
-) -> Callable[[dict], tuple[tuple, dict]]:
-    """Return ``data -> (args, kwargs)`` that passes simulated data to the model.
-
-    An observed site whose name is a parameter of ``model`` receives its
-    simulated value through that argument (so a guide that reads the data sees
-    the simulated data); every observed site is also conditioned on, which
-    overrides any ``obs=`` the model was called with.
-    """
-    if simulated_data_to_args is not None:
-        if not callable(simulated_data_to_args):
-            raise TypeError("`simulated_data_to_args` must be callable.")
-
-        def inject_custom(data: dict) -> tuple[tuple, dict]:
-            out = simulated_data_to_args(data, *args, **kwargs)
-            if not (isinstance(out, tuple) and len(out) == 2):
-                raise ValueError(
-                    "`simulated_data_to_args` must return a pair (args, kwargs)."
-                )
-            return tuple(out[0]), dict(out[1])
-
-        return inject_custom
-
-    try:
-        signature = inspect.signature(model)
-    except (TypeError, ValueError):  # builtins, some callables
-        return lambda data: (args, kwargs)
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    names = [
-        n
-        for n in observed
-        if n in signature.parameters and signature.parameters[n].kind in kinds
-    ]
-
-    def inject(data: dict) -> tuple[tuple, dict]:
-        if not names:
-            return args, kwargs
-        bound = signature.bind_partial(*args, **kwargs)
-        for n in names:
-            bound.arguments[n] = data[n]
-        return tuple(bound.args), dict(bound.kwargs)
-
-    return inject
-
-
-# --------------------------------------------------------------------------
-# one replication and the dispatch over replications
-# --------------------------------------------------------------------------
-
-
-def _replication_fn(
-    model: Callable,
-    guide: Callable,
-    optim: Any,
-    loss: Any,
-    inject: Callable,
-    latent_names: Sequence[str],
-    num_svi_steps: int,
-    num_draws: int,
-) -> Callable:
-    """``(key, data, θ*) -> (#{draws < θ*}, final loss, mean of the last 10%
-    losses, loss drift)``.
-
-    The counts are integers: ``p = count / num_draws`` lies on an exact grid,
-    which the symmetry test needs to recognise ties between ``p`` and ``1 - p``.
-    The drift is :func:`loss_drift` of the losses.
-    """
-    tail = max(1, num_svi_steps // 10)
-
-    def one(inputs: tuple) -> tuple[dict, jax.Array, jax.Array]:
-        key, data, theta = inputs
-        key_svi, key_draw = random.split(key)
-        args, kwargs = inject(data)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Found non-auxiliary vars")
-            svi = SVI(condition(model, data), guide, optim, loss)
-            state = svi.init(key_svi, *args, **kwargs)
-            state, losses = lax.scan(
-                lambda s, _: svi.update(s, *args, **kwargs),
-                state,
-                None,
-                length=num_svi_steps,
-            )
-        draws = Predictive(
-            guide,
-            params=svi.get_params(state),
-            num_samples=num_draws,
-            return_sites=list(latent_names),
-            parallel=True,
-        )(key_draw, *args, **kwargs)
-        below = {n: jnp.sum(draws[n] < theta[n], axis=0) for n in latent_names}
-        return below, losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses)
-
-    return one
-
-
-#: Replications whose loss drift exceeds this many standard errors have not
-#: converged.
-DRIFT_THRESHOLD = 3.0
-#: Fraction of unconverged replications above which vsbc warns.
-UNCONVERGED_WARNING = 0.1
-
-
-def loss_drift(losses: jax.Array) -> jax.Array:
-    r"""How far a fit still was from convergence at its end.
-
-    With :math:`t = \max(2, \lfloor n/10 \rfloor)` and the means
-    :math:`\bar L_{\rm prev}`, :math:`\bar L_{\rm last}` of the last two
-    blocks of :math:`t` losses, the decrease of the mean loss over the last
-    tenth of the steps in standard errors,
-
-    .. math::
-
-        d = \frac{\bar L_{\rm prev} - \bar L_{\rm last}}
-        {\sqrt{(s^2_{\rm prev} + s^2_{\rm last}) / t}},
-
-    is of order one for a fit that fluctuates around its optimum and large
-    while the loss still falls (``nan`` with fewer than 4 steps). The
-    denominator has a floor of :math:`10^{-5}(1 + |\bar L_{\rm last}|)`
-    for losses without Monte Carlo noise.
-
-    :param losses: ``(n,)`` the losses of the SVI steps.
-    """
-    n = losses.shape[0]
-    if n < 4:
-        return jnp.asarray(jnp.nan, losses.dtype)
-    t = min(max(2, n // 10), n // 2)
-    prev, last = losses[-2 * t : -t], losses[-t:]
-    var = (jnp.var(prev, ddof=1) + jnp.var(last, ddof=1)) / t
-    diff = jnp.mean(prev) - jnp.mean(last)
-    # a relative floor: a deterministic loss (a point-mass guide) has no noise
-    floor = 1e-5 * (1.0 + jnp.abs(jnp.mean(last)))
-    return diff / (jnp.sqrt(var) + floor)
-
-
-def _dispatcher(one: Callable, chain_method: str | Callable) -> Callable:
-    """Compile-once map of ``one`` over the leading axis of its input pytree.
-
-    ``"sharded"`` places the batch over all local devices (a 1-axis mesh) and
-    maps each device's replications with ``vmap``; the batch size must be a
-    multiple of the device count.
-    """
-    if chain_method == "sequential":
-        return jax.jit(lambda xs: lax.map(one, xs))
-    if chain_method == "vectorized":
-        return jax.jit(jax.vmap(one))
-    if chain_method != "sharded":
-        return jax.jit(chain_method(one))
-    mesh = Mesh(np.asarray(jax.local_devices()), (_AXIS,))
-    spec = PartitionSpec(_AXIS)
-    sharding = NamedSharding(mesh, spec)
-    # Each device maps its own replications; there are no collectives.
-    # (The varying-axes check is off: with it on, JAX 0.10 gave results that
-    # differed from ``vmap`` for SVI loops inside ``lax.scan``.)
-    sharded = jax.jit(
-        jax.shard_map(
-            jax.vmap(one), mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False
-        )
-    )
-    return lambda xs: sharded(jax.device_put(xs, sharding))
-
-
-def _run_replications(
-    one: Callable,
-    inputs: Any,
-    num: int,
-    chain_method: str | Callable,
-    chunk_size: int | None,
-    progress_bar: bool,
-) -> Any:
-    """Map ``one`` over the leading axis of ``inputs`` in equal, padded chunks.
-
-    The replication count is padded (by repeating the last replication) to a
-    whole number of chunks, each a multiple of the device count when sharded,
-    so every chunk has one shape and compiles once; padded results are
-    dropped. Every replication has its own key and data, so the result does
-    not depend on the chunking.
-    """
-    from tqdm.auto import tqdm
-
-    num_devices = jax.local_device_count() if chain_method == "sharded" else 1
-    if chunk_size is None:
-        chunk_size = math.ceil(num / _PROGRESS_CHUNKS) if progress_bar else num
-    chunk_size = math.ceil(min(chunk_size, num) / num_devices) * num_devices
-    num_chunks = math.ceil(num / chunk_size)
-    pad = num_chunks * chunk_size - num
-    if pad:
-        inputs = jax.tree.map(
-            lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]), inputs
-        )
-    run = _dispatcher(one, chain_method)
-    outputs = []
-    with tqdm(
-        total=num, disable=not progress_bar, desc="VSBC", unit="replication"
-    ) as bar:
-        for c in range(num_chunks):
-            chunk = jax.tree.map(
-                lambda x, c=c: x[c * chunk_size : (c + 1) * chunk_size], inputs
-            )
-            outputs.append(jax.device_get(run(chunk)))
-            bar.update(min(chunk_size, num - c * chunk_size))
-    return jax.tree.map(lambda *xs: np.concatenate(xs)[:num], *outputs)
-
-
-# --------------------------------------------------------------------------
-# statistics
-# --------------------------------------------------------------------------
-
-
-def _holm(p_values: np.ndarray) -> np.ndarray:
-    """Holm (1979) step-down adjusted p-values."""
-    p = np.asarray(p_values, dtype=float)
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    adjusted = np.maximum.accumulate((m - np.arange(m)) * p[order])
-    out = np.empty(m)
-    out[order] = np.minimum(adjusted, 1.0)
-    return out
-
-
-def _adjust(p_values: np.ndarray, correction: str | None) -> np.ndarray:
-    """Multiplicity-corrected p-values: Holm, Benjamini–Hochberg or none."""
-    p = np.asarray(p_values, dtype=float)
-    if correction is None or p.size == 0:
-        return p.copy()
-    if correction == "holm":
-        return _holm(p)
-    return stats.false_discovery_control(p, method="bh")
-
-
-def _reflection_walk(below: np.ndarray, num_draws: int) -> tuple[np.ndarray, list]:
-    r"""The KS difference process of ``p`` against ``1 - p`` as a signed walk.
-
-    With ``p_i = below_i / L``, ``a_i = |2 below_i - L|`` and ``s_i`` the sign
-    of ``p_i - 1/2``, the difference of the ECDFs at ``t < 1/2`` is
-    :math:`F_p(t) - F_{1-p}(t) = -\frac1R \sum_{i: a_i \ge (1-2t)L} s_i`
-    (and the same sums, with strict inequalities, at ``t ≥ 1/2``): its values
-    are the partial sums ``T_k`` of the signs grouped by tied magnitude, from
-    the largest magnitude down. Returns ``T`` (with ``T_0 = 0``) and the group
-    sizes.
-    """
-    centred = 2 * np.asarray(below, dtype=np.int64) - num_draws
-    keep = centred != 0
-    magnitude, sign = np.abs(centred[keep]), np.sign(centred[keep])
-    levels, group = np.unique(-magnitude, return_inverse=True)  # descending
-    sums = np.bincount(group, weights=sign, minlength=levels.size)
-    sizes = np.bincount(group, minlength=levels.size)
-    return np.concatenate([[0.0], np.cumsum(sums)]), sizes.tolist()
-
-
-@functools.lru_cache(maxsize=256)
-def _rademacher_sum_pmf(m: int) -> np.ndarray:
-    """pmf of a sum of ``m`` Rademacher signs on ``-m, ..., m`` (odd offsets 0)."""
-    pmf = np.zeros(2 * m + 1)
-    pmf[::2] = stats.binom.pmf(np.arange(m + 1), m, 0.5)
-    return pmf
-
-
-def _reflection_tail(sizes: Sequence[int], level: int, *, two_sided: bool) -> float:
-    """Exact ``P(max_k |T_k| ≥ level)`` (or ``P(max_k T_k ≥ level)``) under symmetry.
-
-    Under the null that ``p`` is symmetric about 1/2 the signs are
-    independent fair coin flips given the magnitudes, so ``T_k`` is a walk
-    whose ``g``-th step is a sum of ``sizes[g]`` Rademacher variables. The
-    probability of reaching the barrier is propagated exactly over the states
-    ``T ∈ [-n, n]`` with the barrier absorbing.
-    """
-    if level <= 0:
-        return 1.0
-    n = int(sum(sizes))
-    state = np.zeros(2 * n + 1)
-    state[n] = 1.0
-    values = np.arange(-n, n + 1)
-    barrier = np.abs(values) >= level if two_sided else values >= level
-    absorbed = 0.0
-    for m in sizes:
-        state = np.convolve(state, _rademacher_sum_pmf(m))[m : m + 2 * n + 1]
-        absorbed += state[barrier].sum()
-        state[barrier] = 0.0
-    return float(min(absorbed, 1.0))
-
-
-def _symmetry(
-    below: np.ndarray, num_draws: int, correction: str | None, alpha: float
-) -> dict[str, np.ndarray]:
-    """KS tests of ``p`` against ``1 - p`` for each column of ``below`` (R, C).
-
-    ``p = below / num_draws``. The statistic is the two-sample KS statistic
-    of ``p`` against ``1 - p`` (Yao et al. 2018); its p-values are exact
-    under the null that ``p`` is symmetric about 1/2 (conditional on
-    ``|p - 1/2|``): the two-sample KS distribution assumes independent
-    samples, which ``p`` and ``1 - p`` are not, and rejects a symmetric ``p``
-    far more often than its level (about 13% at level 5% for 40 uniform
-    ``p``). The two-sided p-value is corrected for multiplicity over the
-    columns; a column whose corrected p-value is below ``alpha`` gets the
-    direction of the one-sided test with the smaller p-value: ``"over"``
-    when the ECDF of ``p`` rises above that of ``1 - p`` (``p`` piles up near
-    0: q overestimates θ), ``"under"`` when it falls below.
-    """
-    num, cols = below.shape
-    out = {k: np.empty(cols) for k in ("ks", "two", "over", "under")}
-    for j in range(cols):
-        walk, sizes = _reflection_walk(below[:, j], num_draws)
-        over, under = int(max(0.0, -walk.min())), int(max(0.0, walk.max()))
-        out["ks"][j] = max(over, under) / num
-        out["two"][j] = _reflection_tail(sizes, max(over, under), two_sided=True)
-        out["over"][j] = _reflection_tail(sizes, over, two_sided=False)
-        out["under"][j] = _reflection_tail(sizes, under, two_sided=False)
-    adjusted = _adjust(out["two"], correction)
-    direction = np.where(
-        adjusted >= alpha, "ok", np.where(out["over"] <= out["under"], "over", "under")
-    )
-    return {
-        "ks_statistic": out["ks"],
-        "p_value": out["two"],
-        "p_value_adjusted": adjusted,
-        "p_value_over": out["over"],
-        "p_value_under": out["under"],
-        "direction": direction.astype(str),
-    }
 
 
 def _num_bins(num: int) -> int:
     return int(np.clip(math.ceil(math.sqrt(num)), 5, 20))
-
-
-# --------------------------------------------------------------------------
-# InferenceData layout
-# --------------------------------------------------------------------------
-
-
-def _component_labels(name: str, shape: tuple[int, ...]) -> list[str]:
-    if not shape:
-        return [name]
-    return [f"{name}[{', '.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
 
 
 def _setup(
@@ -437,10 +88,10 @@ def _setup(
             "observed sites with `observed_sites=`."
         ) from None
     _validate_latent_sites(model_trace, latent_names)
-    inject = _data_injector(model, observed, args, kwargs, simulated_data_to_args)
+    inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
 
     prior_predictive = Predictive(
-        _unobserve(model, observed),
+        unobserve(model, observed),
         num_samples=num_simulations,
         return_sites=list(observed) + list(latent_names),
         parallel=True,
@@ -452,12 +103,11 @@ def _setup(
     # Autoguides set up their prototype on the first call; that must happen
     # outside of jit/vmap (it stores concrete initial values on the guide).
     data0 = {n: v[0] for n, v in data.items()}
-    with warnings.catch_warnings(), block():
-        warnings.filterwarnings("ignore", message="Found non-auxiliary vars")
+    with simulators_without_density(), block():
         args0, kwargs0 = inject(data0)
         seed(guide, key_warmup)(*args0, **kwargs0)
 
-    one = _replication_fn(
+    one = replication_fn(
         model, guide, optim, loss, inject, latent_names, num_svi_steps, num_draws
     )
     keys = random.split(key_fit, num_simulations)
@@ -651,7 +301,7 @@ def vsbc(
         simulated_data_to_args=simulated_data_to_args,
     )
     theta = inputs[2]
-    below, final_loss, tail_loss, drift = _run_replications(
+    below, final_loss, tail_loss, drift = run_replications(
         one,
         inputs,
         num_simulations,
@@ -663,22 +313,56 @@ def vsbc(
     theta = {n: np.asarray(v) for n, v in theta.items()}
     shapes = {n: theta[n].shape[1:] for n in latent_names}
     dims = {n: d for n, d in site_dims(model_trace).items() if n in latent_names}
-    labels = [lab for n in latent_names for lab in _component_labels(n, shapes[n])]
+    labels = [lab for n in latent_names for lab in component_labels(n, shapes[n])]
     variable = [n for n in latent_names for _ in range(math.prod(shapes[n]))]
     p = {n: below[n] / num_draws for n in latent_names}
     below_flat = np.concatenate(
         [below[n].reshape(num_simulations, -1) for n in latent_names], axis=1
     )
-    p_flat = below_flat / num_draws
-    symmetry = _symmetry(below_flat, num_draws, correction, alpha)
-    num_bins = _num_bins(num_simulations)
-    edges = np.linspace(0.0, 1.0, num_bins + 1)
-    counts = np.stack(
-        [np.histogram(p_flat[:, j], bins=edges)[0] for j in range(p_flat.shape[1])]
+    component = {"component": labels, "variable": ("component", variable)}
+    sym_ds, hist_ds = _symmetry_datasets(
+        below_flat, num_draws, component, correction=correction, alpha=alpha
     )
 
-    component = {"component": labels, "variable": ("component", variable)}
-    extreme = np.sum((below_flat == 0) | (below_flat == num_draws), axis=0)
+    attrs = {
+        "num_svi_steps": num_svi_steps,
+        "num_draws": num_draws,
+        "chain_method": getattr(chain_method, "__name__", str(chain_method)),
+    }
+    prior_ds = draws_dataset(theta, dims=dims)
+    vsbc_ds = draws_dataset(
+        p, dims=dims, attrs={**attrs, "quantity": "p = Pr_q(theta < theta*)"}
+    )
+    fit_ds = _fit_stats(final_loss, tail_loss, drift, attrs)
+    sym_ds.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
+    idata = az.InferenceData(
+        prior=prior_ds,
+        vsbc=vsbc_ds,
+        vsbc_symmetry=sym_ds,
+        vsbc_fit_stats=fit_ds,
+        vsbc_histogram=hist_ds,
+    )
+    idata.attrs.update(root_attrs(guide, loss=type(loss).__name__, diagnostic="vsbc"))
+    return idata
+
+
+def _symmetry_datasets(
+    below: np.ndarray,
+    num_draws: int,
+    component: dict[str, Any],
+    *,
+    correction: str | None,
+    alpha: float,
+) -> tuple[xr.Dataset, xr.Dataset]:
+    """The ``vsbc_symmetry`` and ``vsbc_histogram`` groups from the
+    ``(replication, component)`` counts of draws below the true values."""
+    num_simulations = below.shape[0]
+    p = below / num_draws
+    symmetry = symmetry_test(below, num_draws, correction, alpha)
+    num_bins = _num_bins(num_simulations)
+    edges = np.linspace(0.0, 1.0, num_bins + 1)
+    counts = np.stack([np.histogram(p[:, j], bins=edges)[0] for j in range(p.shape[1])])
+    extreme = np.sum((below == 0) | (below == num_draws), axis=0)
     sym_ds = xr.Dataset(
         {
             **{k: ("component", v) for k, v in symmetry.items()},
@@ -702,164 +386,38 @@ def vsbc(
             "bin_right": ("bin", edges[1:]),
         },
     )
+    return sym_ds, hist_ds
 
-    attrs = {
-        "num_svi_steps": num_svi_steps,
-        "num_draws": num_draws,
-        "chain_method": getattr(chain_method, "__name__", str(chain_method)),
-    }
-    prior_ds = draws_dataset(theta, dims=dims)
-    vsbc_ds = draws_dataset(
-        p, dims=dims, attrs={**attrs, "quantity": "p = Pr_q(theta < theta*)"}
-    )
+
+def _fit_stats(
+    final_loss: np.ndarray, tail_loss: np.ndarray, drift: np.ndarray, attrs: dict
+) -> xr.Dataset:
+    """The ``vsbc_fit_stats`` group; warns when too many replications had not
+    converged (attribute ``num_unconverged``)."""
+    num_simulations = drift.shape[0]
     converged = ~(drift > DRIFT_THRESHOLD)  # nan (too few steps) counts as converged
     num_unconverged = int(np.sum(~converged))
     if num_unconverged > UNCONVERGED_WARNING * num_simulations:
         warnings.warn(
             f"vsbc: {num_unconverged} of {num_simulations} replications had not "
-            f"converged after {num_svi_steps} SVI steps (loss still falling by more "
-            f"than {DRIFT_THRESHOLD:g} standard errors over the last tenth of the "
-            "steps, vsbc_fit_stats.loss_drift): their p values measure an "
-            "unfinished fit, not the method. Increase num_svi_steps or the step "
-            "size.",
+            f"converged after {attrs['num_svi_steps']} SVI steps (loss still "
+            f"falling by more than {DRIFT_THRESHOLD:g} standard errors over the "
+            "last tenth of the steps, vsbc_fit_stats.loss_drift): their p values "
+            "measure an unfinished fit, not the method. Increase num_svi_steps "
+            "or the step size.",
             UserWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    sym_ds.attrs["num_unconverged"] = num_unconverged
-    fit_ds = draws_dataset(
+    return draws_dataset(
         {
             "loss": final_loss,
             "loss_tail": tail_loss,
             "loss_drift": drift,
             "converged": converged,
         },
-        attrs={**attrs, "drift_threshold": DRIFT_THRESHOLD},
+        attrs={
+            **attrs,
+            "drift_threshold": DRIFT_THRESHOLD,
+            "num_unconverged": num_unconverged,
+        },
     )
-    idata = az.InferenceData(
-        prior=prior_ds,
-        vsbc=vsbc_ds,
-        vsbc_symmetry=sym_ds,
-        vsbc_fit_stats=fit_ds,
-        vsbc_histogram=hist_ds,
-    )
-    idata.attrs.update(root_attrs(guide, loss=type(loss).__name__, diagnostic="vsbc"))
-    return idata
-
-
-# --------------------------------------------------------------------------
-# plots
-# --------------------------------------------------------------------------
-
-
-def plot_vsbc(
-    idata: az.InferenceData,
-    kind: str = "hist",
-    var_names: str | Sequence[str] | None = None,
-    *,
-    figsize: tuple[float, float] | None = None,
-) -> np.ndarray:
-    """Plot VSBC results, one panel per scalar component.
-
-    ``kind="hist"`` draws the histogram of :math:`p` with the corrected
-    p-value and direction in each title (and, above the panels, how many
-    replications had not converged) (as Figures 1, 6 and 8 of Yao et al.
-    2018); ``kind="ecdf"`` draws the ECDF difference of :math:`p` against the
-    uniform distribution with simultaneous 94% bands (:func:`arviz.plot_ecdf`;
-    uniformity is what an exact posterior gives, symmetry what VSBC tests).
-
-    :param idata: the result of :func:`vsbc`.
-    :param kind: ``"hist"`` or ``"ecdf"``.
-    :param var_names: latent site name(s) to plot; default all.
-    :param figsize: figure size; default scales with the number of panels.
-    :return: 1-D array of the matplotlib axes, one per component.
-
-    **References**
-
-    - Yao, Y., Vehtari, A., Simpson, D. & Gelman, A. (2018). *Yes, but did
-      it work?: Evaluating variational inference.* ICML.
-    - Säilynoja, T., Bürkner, P.-C. & Vehtari, A. (2022). *Graphical test for
-      discrete uniformity and its applications in goodness-of-fit evaluation
-      and multiple sample comparison.* Statistics and Computing.
-    """
-    import matplotlib.pyplot as plt
-
-    if kind not in ("hist", "ecdf"):
-        raise ValueError(f"`kind` must be 'hist' or 'ecdf', got {kind!r}.")
-    for group in ("vsbc", "vsbc_symmetry", "vsbc_histogram"):
-        if group not in idata.groups():
-            raise ValueError(
-                f"`idata` has no `{group}` group: pass the result of vsbc()."
-            )
-    sym, hist = idata.vsbc_symmetry, idata.vsbc_histogram
-    available = list(dict.fromkeys(sym["variable"].values.tolist()))
-    if var_names is None:
-        var_names = available
-    elif isinstance(var_names, str):
-        var_names = [var_names]
-    unknown = [v for v in var_names if v not in available]
-    if unknown:
-        raise ValueError(
-            f"`var_names` {unknown} are not latent sites of this VSBC run; "
-            f"choose from {available}."
-        )
-    selected = np.isin(sym["variable"].values, list(var_names))
-    labels = sym["component"].values[selected]
-    n = len(labels)
-    ncols = min(4, n)
-    nrows = math.ceil(n / ncols)
-    fig, axes = plt.subplots(
-        nrows,
-        ncols,
-        figsize=figsize or (3.2 * ncols, 2.6 * nrows),
-        squeeze=False,
-        constrained_layout=True,
-    )
-    axes = axes.ravel()
-    for ax in axes[n:]:
-        fig.delaxes(ax)
-    axes = axes[:n]
-    unconverged = int(sym.attrs.get("num_unconverged", 0))
-    if unconverged:
-        fig.suptitle(
-            f"{unconverged} of {int(sym.attrs['num_simulations'])} replications had "
-            "not converged: their p measure an unfinished fit",
-            fontsize=9,
-            color="tab:red",
-        )
-    p_by_label = {}
-    for var in var_names:
-        values = np.asarray(idata.vsbc[var])  # (chain, draw, *shape)
-        columns = values.reshape(-1, math.prod(values.shape[2:])).T
-        for lab, col in zip(
-            _component_labels(var, values.shape[2:]), columns, strict=True
-        ):
-            p_by_label[lab] = col
-    edges = np.append(hist["bin_left"].values, hist["bin_right"].values[-1])
-    for ax, label in zip(axes, labels, strict=True):
-        row = sym.sel(component=label)
-        if kind == "hist":
-            ax.stairs(
-                hist["count"].sel(component=label).values,
-                edges,
-                fill=True,
-                alpha=0.7,
-            )
-            ax.axvline(0.5, color="k", lw=0.8, ls="--")
-            ax.set_xlim(0.0, 1.0)
-        else:
-            az.plot_ecdf(
-                np.array(p_by_label[label], copy=True),
-                cdf=stats.uniform().cdf,
-                eval_points=np.linspace(0.0, 1.0, 101),
-                difference=True,
-                confidence_bands=True,
-                random_state=0,
-                ax=ax,
-            )
-        ax.set_title(
-            f"{label}\nsymmetry test p-value {float(row['p_value_adjusted']):.2g}: "
-            f"{row['direction'].item()}",
-            fontsize=9,
-        )
-        ax.set_xlabel("Pr_q(θ < θ*)")
-    return axes
