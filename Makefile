@@ -37,8 +37,8 @@ lint: $(VENV)/.installed-test
 POSTERIORDB ?= ../shared/data/posteriordb
 
 bench: $(VENV)/.installed
-	$(VPY) benchmarks/step_time.py
-	$(VPY) benchmarks/posteriordb.py $(POSTERIORDB)
+	$(VPY) -m benchmarks.step_time
+	$(VPY) -m benchmarks.posteriordb $(POSTERIORDB)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -11,10 +11,10 @@ median step time of the baseline; the spread of the per-repetition ratios
 
 Usage::
 
-    python benchmarks/step_time.py                      # everything
-    python benchmarks/step_time.py --objectives pvi_log --particles 8 --reps 9
-    python benchmarks/step_time.py --models glm --guides AutoNormal
-    python benchmarks/step_time.py --crps-scaling       # package vs naive CRPS
+    python -m benchmarks.step_time                      # everything
+    python -m benchmarks.step_time --objectives pvi_log --particles 8 --reps 9
+    python -m benchmarks.step_time --models glm --guides AutoNormal
+    python -m benchmarks.step_time --crps-scaling       # package vs naive CRPS
 
 Add an objective by adding an :class:`Objective` to :data:`OBJECTIVES` (a
 factory ``num_particles -> loss``, optionally restricted to some models);
@@ -34,124 +34,22 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpyro
-import numpyro.distributions as dist
 import optax
 from jax import random
 from numpyro.infer import SVI, Trace_ELBO
-from numpyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 from numpyro.infer.elbo import ELBO
 
+from benchmarks.step_models import GUIDES, MODELS
 from numpyro_pvi import PACmELBO, PredictiveELBO, SNISForwardKL, SoftCVIELBO
 
 __all__ = [
     "GUIDES",
     "MODELS",
     "OBJECTIVES",
-    "BenchModel",
     "Objective",
     "main",
     "time_case",
 ]
-
-
-# --------------------------------------------------------------------------
-# models
-# --------------------------------------------------------------------------
-
-
-class BenchModel(NamedTuple):
-    """A benchmark problem.
-
-    :ivar name: registry key.
-    :ivar description: one line for the results table.
-    :ivar make: ``rng_key -> (model, args)``: the model and the arguments
-        (data) passed to it and to ``svi.update``.
-    """
-
-    name: str
-    description: str
-    make: Callable[[jax.Array], tuple[Callable, tuple]]
-
-
-def glm_model(x: jax.Array, y: jax.Array) -> None:
-    """Linear regression with D coefficients, intercept and noise scale."""
-    d = x.shape[1]
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
-    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
-    with numpyro.plate("data", x.shape[0]):
-        numpyro.sample("y", dist.Normal(x @ w + b, sigma), obs=y)
-
-
-def make_glm(rng_key: jax.Array, n: int = 10_000, d: int = 20):
-    kx, kw, ke = random.split(rng_key, 3)
-    x = random.normal(kx, (n, d))
-    w = random.normal(kw, (d,))
-    y = x @ w + 0.5 + random.normal(ke, (n,))
-    return glm_model, (x, y)
-
-
-BNN_HIDDEN = 32
-
-
-def bnn_model(x: jax.Array, y: jax.Array) -> None:
-    """One-hidden-layer Bayesian neural network with tanh units."""
-    d, h = x.shape[1], BNN_HIDDEN
-    w1 = numpyro.sample("w1", dist.Normal(0.0, 1.0).expand([d, h]).to_event(2))
-    b1 = numpyro.sample("b1", dist.Normal(0.0, 1.0).expand([h]).to_event(1))
-    w2 = numpyro.sample("w2", dist.Normal(0.0, 1.0).expand([h]).to_event(1))
-    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
-    f = jnp.tanh(x @ w1 + b1) @ w2
-    with numpyro.plate("data", x.shape[0]):
-        numpyro.sample("y", dist.Normal(f, sigma), obs=y)
-
-
-def make_bnn(rng_key: jax.Array, n: int = 10_000, d: int = 20):
-    kx, ke = random.split(rng_key)
-    x = random.normal(kx, (n, d))
-    y = jnp.sin(x[:, 0]) + 0.5 * x[:, 1] * x[:, 2] + 0.3 * random.normal(ke, (n,))
-    return bnn_model, (x, y)
-
-
-def logistic_model(x: jax.Array, y: jax.Array) -> None:
-    """Logistic regression with D coefficients and intercept (finite support)."""
-    d = x.shape[1]
-    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
-    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
-    with numpyro.plate("data", x.shape[0]):
-        numpyro.sample("y", dist.Bernoulli(logits=x @ w + b), obs=y)
-
-
-def make_logistic(rng_key: jax.Array, n: int = 10_000, d: int = 20):
-    kx, kw, ky = random.split(rng_key, 3)
-    x = random.normal(kx, (n, d))
-    logits = x @ random.normal(kw, (d,)) / jnp.sqrt(d) - 0.3
-    y = random.bernoulli(ky, jax.nn.sigmoid(logits)).astype(jnp.float32)
-    return logistic_model, (x, y)
-
-
-#: Benchmark problems.
-MODELS: dict[str, BenchModel] = {
-    "glm": BenchModel(
-        "glm", "linear regression, N=10000, D=20 (cheap likelihood)", make_glm
-    ),
-    "bnn": BenchModel(
-        "bnn",
-        f"BNN 20-{BNN_HIDDEN}-1 tanh, N=10000 (likelihood-dominated)",
-        make_bnn,
-    ),
-    "logistic": BenchModel(
-        "logistic",
-        "logistic regression, N=10000, D=20 (Bernoulli, finite support)",
-        make_logistic,
-    ),
-}
-
-#: Guides, by name.
-GUIDES: dict[str, Callable] = {
-    "AutoNormal": AutoNormal,
-    "AutoMultivariateNormal": AutoMultivariateNormal,
-}
 
 
 # --------------------------------------------------------------------------
@@ -203,22 +101,17 @@ OBJECTIVES: dict[str, Objective] = {
 # --------------------------------------------------------------------------
 
 
-#: The clock of the timed blocks: wall time, or with ``--cpu-time`` the CPU
-#: time of this process (all threads), which is robust to waiting for a CPU
-#: on a shared machine.
-_CLOCK = {"clock": time.perf_counter}
-
-
 class _Runner:
     """A jitted ``svi.update`` with its state, timed in blocks of steps."""
 
-    def __init__(self, model, guide, loss, args, rng_key, target_seconds):
+    def __init__(self, model, guide, loss, args, rng_key, target_seconds, clock):
         svi = SVI(model, guide, optax.adam(1e-3), loss=loss)
+        self.clock = clock
         self.args = args
         self.state = svi.init(rng_key, *args)
         self.update = jax.jit(svi.update)
         self._step()  # compile
-        clock = _CLOCK["clock"]
+        clock = self.clock
         start = clock()
         self._step()
         self._step()
@@ -231,7 +124,7 @@ class _Runner:
         loss.block_until_ready()
 
     def time_block(self) -> float:
-        clock = _CLOCK["clock"]
+        clock = self.clock
         start = clock()
         for _ in range(self.steps):
             self.state, loss = self.update(self.state, *self.args)
@@ -270,6 +163,7 @@ def time_case(
     reps: int = 15,
     target_seconds: float = 0.05,
     seed: int = 0,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[CaseResult]:
     """Time ``objectives`` against ``Trace_ELBO`` on one model and guide.
 
@@ -280,6 +174,9 @@ def time_case(
     :param reps: interleaved repetitions.
     :param target_seconds: approximate duration of one timed block.
     :param seed: random seed.
+    :param clock: the clock of the timed blocks: wall time, or the CPU time
+        of this process (``time.process_time``, robust to waiting for a CPU
+        on a shared machine).
     :return: one :class:`CaseResult` per objective.
     """
     key_data, key_init = random.split(random.PRNGKey(seed))
@@ -288,7 +185,7 @@ def time_case(
     names = ["Trace_ELBO"] + [o.name for o in objectives]
     losses = [_baseline(num_particles)] + [o.make(num_particles) for o in objectives]
     runners = [
-        _Runner(model, guide_cls(model), loss, args, key_init, target_seconds)
+        _Runner(model, guide_cls(model), loss, args, key_init, target_seconds, clock)
         for loss in losses
     ]
     for _ in range(reps):
@@ -417,12 +314,11 @@ def _csv(value: str, choices: Sequence[str], option: str) -> list[str]:
     return names
 
 
-def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
-    """Command-line entry point; prints a Markdown table.
+_DEFAULT_PARTICLES = "8,64"
 
-    :param argv: command-line arguments (default ``sys.argv[1:]``).
-    :return: the results.
-    """
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--objectives",
@@ -430,7 +326,9 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
         help="comma-separated keys of OBJECTIVES (default: %(default)s)",
     )
     parser.add_argument(
-        "--particles", default="8,64", help="comma-separated M (default: %(default)s)"
+        "--particles",
+        default=_DEFAULT_PARTICLES,
+        help="comma-separated M (default: %(default)s)",
     )
     parser.add_argument("--reps", type=int, default=15, help="interleaved repetitions")
     parser.add_argument(
@@ -456,10 +354,19 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
         help="time the package's CRPS against a naive (M, M) one for M in "
         "--particles (default 64,256,1024) instead of the step-time table",
     )
-    args = parser.parse_args(argv)
-    _CLOCK["clock"] = time.process_time if args.cpu_time else time.perf_counter
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
+    """Command-line entry point; prints a Markdown table.
+
+    :param argv: command-line arguments (default ``sys.argv[1:]``).
+    :return: the results.
+    """
+    args = _parse_args(argv)
+    clock = time.process_time if args.cpu_time else time.perf_counter
     if args.crps_scaling:
-        if args.particles == parser.get_default("particles"):
+        if args.particles == _DEFAULT_PARTICLES:
             args.particles = "64,256,1024"
         ms = [int(p) for p in args.particles.split(",")]
         print(f"machine: {_machine()}")
@@ -512,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
                     objectives,
                     reps=args.reps,
                     target_seconds=args.block_seconds,
+                    clock=clock,
                 ):
                     results.append(r)
                     print(

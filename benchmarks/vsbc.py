@@ -38,7 +38,8 @@ def _worker(args: argparse.Namespace) -> dict:
     from numpyro.infer import Trace_ELBO
     from numpyro.infer.autoguide import AutoNormal
 
-    from numpyro_pvi.diagnostics.vsbc import _dispatcher, _setup
+    from numpyro_pvi.diagnostics._replications import dispatcher
+    from numpyro_pvi.diagnostics.vsbc import _setup
 
     sigma = jnp.asarray(SIGMA)
 
@@ -71,7 +72,7 @@ def _worker(args: argparse.Namespace) -> dict:
         raise SystemExit("--replications must be a multiple of the device count")
     runs, compile_s = {}, {}
     for m in methods:
-        runs[m] = _dispatcher(one, m)
+        runs[m] = dispatcher(one, m)
         start = time.perf_counter()
         jax.block_until_ready(runs[m](inputs))
         compile_s[m] = time.perf_counter() - start

@@ -1,4 +1,4 @@
-"""The held-out benchmark harness of benchmarks/posteriordb.py.
+"""The held-out benchmark harness (benchmarks.harness, benchmarks.candidates).
 
 A tiny synthetic regression checks the harness's output structure, that its
 test numbers are ``predictive_score`` sums of the selected fits, and that
@@ -7,8 +7,6 @@ models are checked against the posteriordb programs when the shared data
 are present.
 """
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import jax
@@ -22,6 +20,7 @@ from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 
+from benchmarks import candidates, dense_guide, harness, posteriordb
 from numpyro_pvi import predictive_score
 
 # module-scoped fixtures: one xdist worker runs the whole module
@@ -30,20 +29,6 @@ pytestmark = pytest.mark.xdist_group("posteriordb_harness")
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT.parent / "shared" / "data" / "posteriordb"
 
-
-def _load_benchmark():
-    name = "_posteriordb_benchmark"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, ROOT / "benchmarks" / "posteriordb.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-pdb = _load_benchmark()
 
 NUM_SEEDS = 2
 NUM_DRAWS = 64
@@ -65,17 +50,18 @@ def run():
     # heavy-tailed noise: the model is misspecified, so λ matters
     y = (1.0 + 0.5 * x + rng.standard_t(2, size=40)).astype(np.float32)
     splits = [
-        pdb.random_split({"x": x, "y": y}, num_obs=40, seed=s) for s in range(NUM_SEEDS)
+        harness.random_split({"x": x, "y": y}, num_obs=40, seed=s)
+        for s in range(NUM_SEEDS)
     ]
     guide = AutoNormal(regression)
     # one compiled fit (the λ grid) and, as validation and test have the
     # same size, one compiled scorer
     objectives = {
-        "PVI-Log": pdb.pvi_objective(
+        "PVI-Log": candidates.pvi_objective(
             "log", num_particles=8, lams=(0.0, 0.1, 1.0), regularizers=("posterior",)
         ),
     }
-    results = pdb.run_benchmark(
+    results = harness.run_benchmark(
         regression,
         splits,
         objectives,
@@ -91,7 +77,7 @@ def run():
 
 def test_split_sizes_and_disjointness():
     data = {"x": np.arange(10.0), "y": np.arange(10.0) * 2, "c": 7.0}
-    split = pdb.random_split(data, num_obs=10, seed=1)
+    split = harness.random_split(data, num_obs=10, seed=1)
     assert [len(p["y"]) for p in split] == [6, 2, 2]
     assert sorted(np.concatenate([p["x"] for p in split]).tolist()) == list(
         np.arange(10.0)
@@ -102,15 +88,17 @@ def test_split_sizes_and_disjointness():
 
 def test_bad_input():
     with pytest.raises(ValueError, match="fractions"):
-        pdb.random_split({"y": np.zeros(10)}, num_obs=10, seed=0, fractions=(0.5, 0.5))
+        harness.random_split(
+            {"y": np.zeros(10)}, num_obs=10, seed=0, fractions=(0.5, 0.5)
+        )
     with pytest.raises(ValueError, match="select_by"):
-        pdb.Objective(
+        candidates.Objective(
             [("a", Trace_ELBO()), ("b", Trace_ELBO(num_particles=2))], select_by=None
         )
     with pytest.raises(TypeError, match="ELBO"):
-        pdb.Objective([("a", "not a loss")])
+        candidates.Objective([("a", "not a loss")])
     with pytest.raises(ValueError, match="lam"):
-        pdb.pvi_objective("log", lams=(-1.0,))
+        candidates.pvi_objective("log", lams=(-1.0,))
 
 
 def test_result_structure(run):
@@ -130,7 +118,7 @@ def test_result_structure(run):
         assert all(v.shape[0] == NUM_SEEDS for v in r.params[label].values())
     # the λ grid was fitted as distinct fits, not one fit repeated
     assert not np.allclose(r.final_loss["lam=0"], r.final_loss["posterior lam=1"])
-    table = pdb.format_table(results, title="toy")
+    table = harness.format_table(results, title="toy")
     assert table.count("\n") == 2 and "| toy | diag | PVI-Log |" in table
 
 
@@ -168,7 +156,7 @@ needs_data = pytest.mark.skipif(
 
 @needs_data
 def test_paper_models_match_posteriordb_programs():
-    models = pdb.paper_models(DATA_DIR)
+    models = posteriordb.paper_models(DATA_DIR)
     assert set(models) == {"kidscore", "earnings", "nes", "glmm"}
     sizes = {"kidscore": 434, "earnings": 1192, "nes": 476, "glmm": 40}
     for key, pm in models.items():
@@ -217,7 +205,7 @@ def test_dense_guide_density_matches_multivariate_normal():
     def log_probs(cls, loc, tril, value):
         return cls(loc, scale_tril=tril).log_prob(value)
 
-    ours = pdb._MultivariateNormalSubstitution
+    ours = dense_guide._MultivariateNormalSubstitution
     np.testing.assert_allclose(
         log_probs(ours, loc, tril, value),
         log_probs(dist.MultivariateNormal, loc, tril, value),
@@ -235,7 +223,10 @@ def test_dense_guide_density_matches_multivariate_normal():
     x, y = jnp.linspace(-1.0, 1.0, 20), jnp.linspace(0.0, 2.0, 20)
     loss = Trace_ELBO(num_particles=4)
     params, values = [], []
-    for guide in (pdb.DenseGuide(regression), AutoMultivariateNormal(regression)):
+    for guide in (
+        dense_guide.DenseGuide(regression),
+        AutoMultivariateNormal(regression),
+    ):
         svi = SVI(regression, guide, optax.adam(1e-2), loss)
         p = svi.get_params(svi.init(random.PRNGKey(5), x, y))
         params.append(p)

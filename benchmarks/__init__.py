@@ -1,0 +1,2 @@
+"""Benchmarks of numpyro-pvi (run from the repository root, e.g.
+``python -m benchmarks.posteriordb``); not part of the package."""

@@ -1,0 +1,110 @@
+"""The models and guides of the step-time benchmark."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
+from jax import random
+from numpyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
+
+__all__ = ["GUIDES", "MODELS", "BenchModel"]
+
+
+class BenchModel(NamedTuple):
+    """A benchmark problem.
+
+    :ivar name: registry key.
+    :ivar description: one line for the results table.
+    :ivar make: ``rng_key -> (model, args)``: the model and the arguments
+        (data) passed to it and to ``svi.update``.
+    """
+
+    name: str
+    description: str
+    make: Callable[[jax.Array], tuple[Callable, tuple]]
+
+
+def glm_model(x: jax.Array, y: jax.Array) -> None:
+    """Linear regression with D coefficients, intercept and noise scale."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Normal(x @ w + b, sigma), obs=y)
+
+
+def make_glm(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, kw, ke = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    w = random.normal(kw, (d,))
+    y = x @ w + 0.5 + random.normal(ke, (n,))
+    return glm_model, (x, y)
+
+
+BNN_HIDDEN = 32
+
+
+def bnn_model(x: jax.Array, y: jax.Array) -> None:
+    """One-hidden-layer Bayesian neural network with tanh units."""
+    d, h = x.shape[1], BNN_HIDDEN
+    w1 = numpyro.sample("w1", dist.Normal(0.0, 1.0).expand([d, h]).to_event(2))
+    b1 = numpyro.sample("b1", dist.Normal(0.0, 1.0).expand([h]).to_event(1))
+    w2 = numpyro.sample("w2", dist.Normal(0.0, 1.0).expand([h]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    f = jnp.tanh(x @ w1 + b1) @ w2
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Normal(f, sigma), obs=y)
+
+
+def make_bnn(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, ke = random.split(rng_key)
+    x = random.normal(kx, (n, d))
+    y = jnp.sin(x[:, 0]) + 0.5 * x[:, 1] * x[:, 2] + 0.3 * random.normal(ke, (n,))
+    return bnn_model, (x, y)
+
+
+def logistic_model(x: jax.Array, y: jax.Array) -> None:
+    """Logistic regression with D coefficients and intercept (finite support)."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=x @ w + b), obs=y)
+
+
+def make_logistic(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, kw, ky = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    logits = x @ random.normal(kw, (d,)) / jnp.sqrt(d) - 0.3
+    y = random.bernoulli(ky, jax.nn.sigmoid(logits)).astype(jnp.float32)
+    return logistic_model, (x, y)
+
+
+#: Benchmark problems.
+MODELS: dict[str, BenchModel] = {
+    "glm": BenchModel(
+        "glm", "linear regression, N=10000, D=20 (cheap likelihood)", make_glm
+    ),
+    "bnn": BenchModel(
+        "bnn",
+        f"BNN 20-{BNN_HIDDEN}-1 tanh, N=10000 (likelihood-dominated)",
+        make_bnn,
+    ),
+    "logistic": BenchModel(
+        "logistic",
+        "logistic regression, N=10000, D=20 (Bernoulli, finite support)",
+        make_logistic,
+    ),
+}
+
+#: Guides, by name.
+GUIDES: dict[str, Callable] = {
+    "AutoNormal": AutoNormal,
+    "AutoMultivariateNormal": AutoMultivariateNormal,
+}
