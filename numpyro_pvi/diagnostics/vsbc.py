@@ -29,6 +29,7 @@ from numpyro.infer import Predictive
 from numpyro.infer.calibration import _resolve_observed_sites, _validate_latent_sites
 
 from numpyro_pvi._structure import check_full_data, model_structure
+from numpyro_pvi._validation import check_int, check_real
 from numpyro_pvi.diagnostics._idata import (
     component_labels,
     draws_dataset,
@@ -128,29 +129,19 @@ def _validate(
         ("num_svi_steps", num_svi_steps, 1),
         ("num_draws", num_draws, 1),
     ):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"`{arg}` must be an integer, got {value!r}.")
-        if value < low:
-            raise ValueError(f"`{arg}` must be at least {low}, got {value}.")
+        check_int(value, arg, "vsbc", minimum=low)
     if not callable(chain_method) and chain_method not in _CHAIN_METHODS:
         raise ValueError(
-            f"`chain_method` must be one of {_CHAIN_METHODS} or a callable such "
-            f"as jax.vmap, got {chain_method!r}."
+            f"vsbc: chain_method must be one of {_CHAIN_METHODS} or a callable "
+            f"such as jax.vmap, got {chain_method!r}."
         )
     if correction not in _CORRECTIONS:
         raise ValueError(
-            f"`correction` must be 'holm', 'bh' or None, got {correction!r}."
+            f"vsbc: correction must be 'holm', 'bh' or None, got {correction!r}."
         )
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"`alpha` must lie in (0, 1), got {alpha!r}.")
-    if chunk_size is not None and (
-        isinstance(chunk_size, bool)
-        or not isinstance(chunk_size, (int, np.integer))
-        or chunk_size < 1
-    ):
-        raise ValueError(
-            f"`chunk_size` must be a positive integer or None, got {chunk_size!r}."
-        )
+    check_real(alpha, "alpha", "vsbc", low=0.0, high=1.0, low_open=True, high_open=True)
+    if chunk_size is not None:
+        check_int(chunk_size, "chunk_size", "vsbc", minimum=1)
 
 
 def vsbc(
