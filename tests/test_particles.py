@@ -276,3 +276,33 @@ def test_particle_reductions_match_jax_reductions(m):
     np.testing.assert_allclose(
         particle_logsumexp(edge), jax.nn.logsumexp(edge, axis=0), rtol=1e-6
     )
+
+
+def test_spec_protocol_and_iid_terms():
+    from numpyro_pvi._particles import ParticleSpec
+    from numpyro_pvi.guides import AutoGaussianMixture
+    from numpyro_pvi.particles import StratifiedGuide, require_iid
+
+    with pytest.raises(ValueError, match="Unknown particle requests"):
+        ParticleSpec(4, ("log_likelihood",))
+    assert isinstance(AutoGaussianMixture(lambda: None, 3), StratifiedGuide)
+    assert not isinstance(AutoNormal(lambda: None), StratifiedGuide)
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", y.shape[0]):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    y = jnp.arange(5.0)
+    guide = AutoNormal(model)
+    params = guide_params(guide, model, y)
+    t = run_particles(
+        random.PRNGKey(0), params, model, guide, (y,), {}, num_particles=4
+    )
+    # i.i.d. draws: one stratum, weight 1/M in every predictive and expectation
+    assert t.num_strata == 1
+    np.testing.assert_allclose(np.exp(t.log_w), np.full((4, 5), 0.25), rtol=1e-6)
+    np.testing.assert_allclose(t.particle_weight, np.full(4, 0.25), rtol=1e-6)
+    require_iid(t, "test")  # does not raise
+    with pytest.raises(NotImplementedError, match="2 strata"):
+        require_iid(t._replace(num_strata=2), "test")
