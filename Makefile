@@ -11,11 +11,11 @@ $(VPY):
 	$(VPY) -m pip install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(VPY)
-	$(VPY) -m pip install --quiet -e .
+	$(VPY) -m pip install --quiet --no-compile -e .
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VPY)
-	$(VPY) -m pip install --quiet -e ".[test]"
+	$(VPY) -m pip install --quiet --no-compile -e ".[test]"
 	touch $(VENV)/.installed $@
 
 demo: $(VENV)/.installed

@@ -92,10 +92,22 @@ def _optimized_marker(request):
             yield
 
 
+#: The longest units of work, scheduled first (in this order): the sharding
+#: group (a four-device subprocess, about a minute), the tutorial notebooks.
+_LONGEST_FIRST = ("four_devices", "test_tutorials")
+
+
+def _schedule_rank(item: pytest.Item) -> int:
+    group = item.get_closest_marker("xdist_group")
+    names = {item.module.__name__} | ({group.args[0]} if group else set())
+    ranks = [i for i, name in enumerate(_LONGEST_FIRST) if name in names]
+    return min(ranks, default=len(_LONGEST_FIRST))
+
+
 def pytest_collection_modifyitems(items):
-    """The tutorial notebooks, the longest single tests, go first: under
-    ``--dist loadgroup`` the short tests then fill in the end of both workers."""
-    items.sort(key=lambda item: item.module.__name__ != "test_tutorials")
+    """The longest units of work go first: under ``--dist loadgroup`` the
+    short tests then fill in the end of both workers."""
+    items.sort(key=_schedule_rank)
 
 
 @pytest.fixture(scope="session")
