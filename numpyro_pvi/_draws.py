@@ -102,7 +102,8 @@ def guide_draws(
     per model, guide and static arguments: array arguments of the model are
     inputs of the program, every other argument is a compile-time constant.
 
-    :param spec: what to draw (its ``vectorize`` is replaced as above).
+    :param spec: what to draw (with ``chunk_size``, its ``vectorize`` is
+        replaced as above).
     :param chunk_size: draws per chunk (``None``: all at once).
     :param reduce: applied to the :class:`ParticleTerms` inside the program
         (hashable, e.g. a bound method of a score); its result is returned
@@ -112,15 +113,11 @@ def guide_draws(
         chunk_size = check_int(chunk_size, "chunk_size", spec.objective, minimum=1)
         if chunk_size >= spec.num_particles:
             chunk_size = None
-    vectorize = (
-        _vmap
-        if chunk_size is None
-        else functools.partial(_chunked_map, chunk=chunk_size)
-    )
     options = dict(
         model=model,
         guide=guide,
-        spec=dataclasses.replace(spec, require_reparam=False, vectorize=vectorize),
+        spec=dataclasses.replace(spec, require_reparam=False),
+        chunk_size=chunk_size,
         reduce=reduce,
     )
     leaves, treedef = jax.tree.flatten((args, kwargs))
@@ -170,14 +167,19 @@ def _draws(
     model: Callable,
     guide: Callable,
     spec: ParticleSpec,
+    chunk_size: int | None,
     reduce: Callable | None,
 ) -> Any:
+    if chunk_size is not None:  # a partial per call: kept out of the cache key
+        vectorize = functools.partial(_chunked_map, chunk=chunk_size)
+        spec = dataclasses.replace(spec, vectorize=vectorize)
     terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
     return terms if reduce is None else jax.lax.stop_gradient(reduce(terms))
 
 
 @functools.partial(
-    jax.jit, static_argnames=("structure", "model", "guide", "spec", "reduce")
+    jax.jit,
+    static_argnames=("structure", "model", "guide", "spec", "chunk_size", "reduce"),
 )
 def _cached_draws(
     rng_key: jax.Array,
@@ -192,10 +194,6 @@ def _cached_draws(
     leaves = [next(arrays) if x is None else x for x in static]
     args, kwargs = jax.tree.unflatten(treedef, leaves)
     return _draws(rng_key, param_map, args, kwargs, **options)
-
-
-def _vmap(f: Callable, xs: Any) -> Any:
-    return jax.vmap(f)(xs)
 
 
 def _chunked_map(f: Callable, xs: Any, *, chunk: int) -> Any:

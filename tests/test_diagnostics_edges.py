@@ -263,3 +263,12 @@ def test_vsbc_flags_unconverged_replications_and_says_so():
     assert f"{unconverged} of 8 replications had not converged" in (
         axes[0].figure.get_suptitle()
     )
+
+
+def test_chunked_draws_compile_once(fit):
+    guide, params = fit
+    psis_args = (params, model, guide, X, Y)
+    diagnostics.psis(random.PRNGKey(0), *psis_args, num_draws=64, chunk_size=16)
+    size = _cached_draws._cache_size()
+    diagnostics.psis(random.PRNGKey(1), *psis_args, num_draws=64, chunk_size=16)
+    assert _cached_draws._cache_size() == size
