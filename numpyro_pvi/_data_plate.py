@@ -31,6 +31,7 @@ __all__ = [
     "DataPlate",
     "find_data_plate",
     "observation_weight",
+    "observed_sites",
     "observed_values",
     "per_observation",
     "plate_axis_first",

@@ -218,9 +218,11 @@ class _ParticleTracer:
     strata: StratifiedGuide | None
 
     def traces(
-        self, key: jax.Array, component: jax.Array
+        self, keys: jax.Array, component: jax.Array
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        model_key, guide_key, _, _ = random.split(key, 4)
+        """Guide and model traces of the particle with ``keys`` (the four keys
+        of :func:`_particle_keys`)."""
+        model_key, guide_key = keys[0], keys[1]
         spec = self.spec
         return trace_particle(
             guide_key,
@@ -239,7 +241,7 @@ class _ParticleTracer:
     def shared(self, key: jax.Array, component: jax.Array) -> _Shared:
         """The particle-independent quantities, from the trace of ``key``."""
         spec, requests = self.spec, self.spec.requests
-        _, model_trace = self.traces(key, component)
+        _, model_trace = self.traces(_particle_keys(key), component)
         observed = observed_sites(model_trace)
         if observed or spec.require_observed:
             plate = plate_of(model_trace, spec.data_plate)
@@ -288,8 +290,9 @@ class _ParticleTracer:
     ) -> dict[str, Any]:
         """The per-particle fields of :class:`ParticleTerms` for one draw."""
         requests = self.spec.requests
-        guide_trace, model_trace = self.traces(key, component)
-        _, _, sim_key, rerun_key = random.split(key, 4)
+        keys = _particle_keys(key)
+        guide_trace, model_trace = self.traces(keys, component)
+        sim_key, rerun_key = keys[2], keys[3]
         observed = observed_sites(model_trace)
         out = {
             "log_prior": sum_log_density(latent_sites(model_trace)),
@@ -316,6 +319,11 @@ class _ParticleTracer:
         if LATENTS in requests:
             out["latents"] = {s["name"]: s["value"] for s in latent_sites(model_trace)}
         return out
+
+
+def _particle_keys(key: jax.Array) -> jax.Array:
+    """The keys of one particle's model, guide, simulations and guide re-run."""
+    return random.split(key, 4)
 
 
 def _weights(

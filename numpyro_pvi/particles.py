@@ -269,7 +269,7 @@ def require_iid(terms: ParticleTerms, name: str) -> None:
     """
     if terms.num_strata != 1:
         raise NotImplementedError(
-            f"{name} assumes M i.i.d. draws of weight 1/M, but the guide was "
-            f"drawn from stratified ({terms.num_strata} strata, weights in "
-            "terms.log_w): use the weights, or a guide without strata."
+            f"{name} assumes M i.i.d. draws of weight 1/M, but the draws are "
+            f"stratified ({terms.num_strata} strata, weights in terms.log_w): "
+            "use the weights, or a guide without strata."
         )

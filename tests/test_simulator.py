@@ -114,10 +114,9 @@ def test_simulator_site_in_subsampled_plate_gives_per_particle_draws(population_
         )
     guide = setup_guide(AutoNormal(lf_model), random.PRNGKey(1), y)
     assert guide.prototype_trace is not None
-    state = SVI(lf_model, guide, optax.adam(0.1), PredictiveELBO("crps")).init(
-        random.PRNGKey(0), y
-    )
-    assert set(state.optim_state[1][0]) == {"mu_auto_loc", "mu_auto_scale"}
+    svi = SVI(lf_model, guide, optax.adam(0.1), PredictiveELBO("crps"))
+    params = svi.get_params(svi.init(random.PRNGKey(0), y))
+    assert set(params) == {"mu_auto_loc", "mu_auto_scale"}
     params = {"mu_auto_loc": jnp.asarray(3.0), "mu_auto_scale": jnp.asarray(2.0)}
     terms = jax.jit(
         lambda key: run_particles(

@@ -5,6 +5,15 @@ value give :math:`p_r`; under the null of a calibrated (unbiased) method
 :math:`p` is symmetric around 1/2. The test statistic is the reflection walk
 of the signs of :math:`p_r - 1/2`, with exact p values from the distribution
 of Rademacher sums (ties on the draw grid handled exactly).
+
+**References**
+
+1. Yao, Y., Vehtari, A., Simpson, D. & Gelman, A. (2018). *Yes, but did it
+   work?: Evaluating variational inference.* ICML (VSBC, the symmetry of p).
+2. Holm, S. (1979). *A simple sequentially rejective multiple test
+   procedure.* Scandinavian Journal of Statistics 6, 65-70.
+3. Benjamini, Y. & Hochberg, Y. (1995). *Controlling the false discovery
+   rate.* JRSS B 57, 289-300.
 """
 
 from __future__ import annotations
@@ -25,7 +34,11 @@ __all__ = [
 
 
 def holm(p_values: np.ndarray) -> np.ndarray:
-    """Holm (1979) step-down adjusted p-values."""
+    """Holm (1979) step-down adjusted p-values.
+
+    :param p_values: ``(m,)`` p-values.
+    :return: ``(m,)`` adjusted p-values (at most 1).
+    """
     p = np.asarray(p_values, dtype=float)
     m = p.size
     order = np.argsort(p, kind="stable")
@@ -36,7 +49,12 @@ def holm(p_values: np.ndarray) -> np.ndarray:
 
 
 def adjust_p_values(p_values: np.ndarray, correction: str | None) -> np.ndarray:
-    """Multiplicity-corrected p-values: Holm, Benjamini–Hochberg or none."""
+    """Multiplicity-corrected p-values: Holm, Benjamini–Hochberg or none.
+
+    :param p_values: ``(m,)`` p-values.
+    :param correction: ``"holm"``, ``"bh"`` or ``None``.
+    :return: ``(m,)`` corrected p-values.
+    """
     p = np.asarray(p_values, dtype=float)
     if correction is None or p.size == 0:
         return p.copy()

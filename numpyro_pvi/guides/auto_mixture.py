@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from numpyro.primitives import Messenger
 from numpyro_pvi._validation import check_int, check_real
 from numpyro_pvi.distributions import simulators_without_density
 from numpyro_pvi.guides.gaussian_mixture import GaussianMixture, component_draw
+from numpyro_pvi.particles import log_mean_exp
 
 __all__ = ["AutoGaussianMixture"]
 
@@ -324,7 +324,7 @@ class AutoGaussianMixture(AutoContinuous):
 
 def _mean_log_weights(per_obs: jax.Array) -> jax.Array:
     """``log((1/n) Σ_i ω_k(x_i))`` from ``(n, K)`` log weights."""
-    return jax.nn.logsumexp(per_obs, axis=0) - math.log(per_obs.shape[0])
+    return log_mean_exp(per_obs, axis=0)
 
 
 class _draw_from_component(Messenger):
