@@ -1,8 +1,8 @@
-"""PSIS k̂ as InferenceData: reference values, layout, exact guide, eight schools."""
+"""PSIS k̂ in ArviZ's container: reference values, layout, exact guide, eight
+schools."""
 
 import math
 
-import arviz as az
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
@@ -17,6 +17,15 @@ from numpyro.infer.reparam import LocScaleReparam
 from scipy import stats
 
 from numpyro_pvi.diagnostics import pareto_smooth, plot_psis, psis, psis_summary
+from tests.arviz_generation import (
+    ARVIZ_1,
+    CONTAINER,
+    assert_same_groups,
+    group,
+    group_names,
+    netcdf_round_trip,
+    posterior_only,
+)
 
 matplotlib.use("Agg")
 
@@ -28,6 +37,13 @@ pytestmark = pytest.mark.xdist_group("psis")
 # --------------------------------------------------------------------------
 
 REFERENCE_KHAT = {0.5: 0.908, 0.7: 0.637, 0.9: 0.275, 0.99: 0.080}
+
+
+#: ArviZ 0.2x's Pareto fit is NumPyro's; arviz-stats' (ArviZ ≥ 1.0) differs
+#: from it by less than 1e-3 on these draws.
+KHAT_TOL = 2e-3 if ARVIZ_1 else 1e-10
+#: ArviZ's tail of S draws: ceil(3√S) on 0.2x, floor(3√S) on ≥ 1.0
+TAIL_ROUND = math.floor if ARVIZ_1 else math.ceil
 
 
 def _reference_log_ratios(scale, n=50_000, zdim=3, seed=42):
@@ -43,8 +59,8 @@ def test_pareto_k_reference_values(scale):
     smooth = pareto_smooth(_reference_log_ratios(scale))
     assert smooth.pareto_k == pytest.approx(REFERENCE_KHAT[scale], abs=1e-3)
     # the same fit as numpyro.infer.psis_diagnostic on the same draws
-    assert abs(smooth.pareto_k - _psis_khat(_reference_log_ratios(scale))) < 1e-10
-    assert smooth.tail_length == math.ceil(3 * math.sqrt(50_000))
+    assert abs(smooth.pareto_k - _psis_khat(_reference_log_ratios(scale))) < KHAT_TOL
+    assert smooth.tail_length == TAIL_ROUND(3 * math.sqrt(50_000))
     assert smooth.good_k == 0.7
     assert np.exp(smooth.log_weight).sum() == pytest.approx(1.0, rel=1e-12)
 
@@ -85,7 +101,7 @@ def test_psis_matches_numpyro_on_the_same_draws():
     np.testing.assert_allclose(log_ratio, exact, rtol=1e-5, atol=1e-4)
     # ... and k̂ is NumPyro's psis_diagnostic k̂ of these ratios
     k = float(idata["psis"]["pareto_k"])
-    assert abs(k - _psis_khat(log_ratio.astype(np.float64))) < 1e-10
+    assert abs(k - _psis_khat(log_ratio.astype(np.float64))) < KHAT_TOL
     assert 0.7 < k < 1.1  # 0.908 on NumPyro's 50 000 draws
 
 
@@ -124,8 +140,9 @@ def misfit():
 def test_layout_and_log_densities(misfit):
     loc, scale, idata = misfit
     num = 4000
-    assert set(idata.groups()) == {"posterior", "sample_stats", "psis"}
-    assert dict(idata.posterior.sizes) == {"chain": 1, "draw": num}
+    assert isinstance(idata, CONTAINER)
+    assert group_names(idata) == {"posterior", "sample_stats", "psis"}
+    assert dict(group(idata, "posterior").sizes) == {"chain": 1, "draw": num}
     stats_ = idata.sample_stats
     assert set(stats_.data_vars) == {"lp", "log_q", "log_ratio", "log_weight"}
     mu = np.asarray(idata.posterior["mu"].values, dtype=float).reshape(-1)
@@ -144,20 +161,25 @@ def test_layout_and_log_densities(misfit):
     )
     weights = np.exp(stats_["log_weight"].values.astype(float))
     assert weights.sum() == pytest.approx(1.0, rel=1e-6)
-    group = idata["psis"]
-    assert set(group.data_vars) == {
+    psis_group = idata["psis"]
+    assert set(psis_group.data_vars) == {
         "pareto_k",
         "good_k",
         "ess_is",
         "min_ss",
         "tail_length",
     }
-    assert float(group["ess_is"]) == pytest.approx(1 / (weights**2).sum(), rel=1e-6)
-    assert float(group["good_k"]) == 0.7  # min(1 - 1/log10(4000), 0.7)
-    assert int(group["tail_length"]) == math.ceil(3 * math.sqrt(num))
-    k = float(group["pareto_k"])
-    assert float(group["min_ss"]) == pytest.approx(10 ** (1 / (1 - max(k, 0))))
-    assert group.attrs["k_threshold"] == 0.7 and "psislw" in group.attrs["method"]
+    assert float(psis_group["ess_is"]) == pytest.approx(
+        1 / (weights**2).sum(), rel=1e-6
+    )
+    assert float(psis_group["good_k"]) == 0.7  # min(1 - 1/log10(4000), 0.7)
+    assert int(psis_group["tail_length"]) == TAIL_ROUND(3 * math.sqrt(num))
+    k = float(psis_group["pareto_k"])
+    assert float(psis_group["min_ss"]) == pytest.approx(10 ** (1 / (1 - max(k, 0))))
+    assert (
+        psis_group.attrs["k_threshold"] == 0.7
+        and "psislw" in psis_group.attrs["method"]
+    )
     assert idata.attrs["guide"] == "guide"
     assert idata.attrs["inference_library_version"] == numpyro.__version__
     assert "numpyro_pvi_version" in idata.attrs and "jax_version" in idata.attrs
@@ -299,13 +321,8 @@ def test_plot_psis_draws(eight_schools_khat):
 def test_psis_round_trips_through_netcdf(eight_schools_khat, tmp_path):
     idata = eight_schools_khat["noncentred"]
     path = tmp_path / "psis.nc"
-    idata.to_netcdf(str(path))
-    back = az.from_netcdf(str(path))
-    assert set(back.groups()) == set(idata.groups())
-    for group in idata.groups():
-        xr_a, xr_b = idata[group], back[group]
-        for name in xr_a.data_vars:
-            np.testing.assert_array_equal(xr_a[name].values, xr_b[name].values)
+    back = netcdf_round_trip(idata, str(path))
+    assert_same_groups(idata, back)
     assert back["psis"].attrs["k_threshold"] == 0.7
     assert back.attrs["guide"] == "AutoNormal"
 
@@ -322,7 +339,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="chunk_size must be an integer >= 1"):
         psis(random.PRNGKey(0), {}, conjugate_model, guide, Y, chunk_size=0)
     with pytest.raises(TypeError, match="'psis' group"):
-        psis_summary(az.from_dict(posterior={"a": np.zeros((1, 5))}))
+        psis_summary(posterior_only(np.zeros((1, 5))))
     with pytest.raises(ValueError, match="NaN"):
         pareto_smooth(np.array([0.0, np.nan, 1.0]))
     with pytest.raises(ValueError, match="every log ratio is -inf"):

@@ -22,6 +22,13 @@ from numpyro_pvi.diagnostics.symmetry import (
     symmetry_test,
 )
 from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
+from tests.arviz_generation import (
+    ARVIZ_1,
+    CONTAINER,
+    group,
+    group_names,
+    netcdf_round_trip,
+)
 
 # --------------------------------------------------------------------------
 # the symmetry test
@@ -176,7 +183,7 @@ def narrow():
 
 @regression_fits
 def test_biased_sigma_is_flagged_over_and_coefficients_are_not(wide):
-    sym = wide.vsbc_symmetry
+    sym = group(wide, "vsbc_symmetry")
     assert sym["direction"].sel(component="sigma").item() == "over"
     assert float(sym["p_value_adjusted"].sel(component="sigma")) < 1e-4
     betas = sym.where(sym["variable"] == "beta", drop=True)
@@ -186,7 +193,7 @@ def test_biased_sigma_is_flagged_over_and_coefficients_are_not(wide):
 
 @regression_fits
 def test_narrow_unbiased_guide_passes_symmetry_with_u_shaped_histogram(narrow):
-    sym = narrow.vsbc_symmetry
+    sym = group(narrow, "vsbc_symmetry")
     assert sym["direction"].sel(component="sigma").item() == "ok"
     counts = narrow.vsbc_histogram["count"].sel(component="sigma").values
     # a uniform p puts 2/num_bins = 2/7 of the replications in the outer bins
@@ -201,15 +208,17 @@ def test_narrow_unbiased_guide_passes_symmetry_with_u_shaped_histogram(narrow):
 @regression_fits
 def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     idata = narrow
-    assert set(idata.groups()) == {
+    assert isinstance(idata, CONTAINER)
+    assert group_names(idata) == {
         "prior",
         "vsbc",
+        "prior_sbc",
         "vsbc_symmetry",
         "vsbc_fit_stats",
         "vsbc_histogram",
     }
-    for group in ("prior", "vsbc"):
-        ds = idata[group]
+    for name in ("prior", "vsbc", "prior_sbc"):
+        ds = group(idata, name)
         assert set(ds.data_vars) == {"beta", "sigma"}
         assert ds["beta"].dims == ("chain", "draw", "beta_dim_0")
         assert ds["beta"].shape == (1, 40, K)
@@ -219,7 +228,7 @@ def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     assert np.all(idata.prior["sigma"].values > 0)
     assert np.all(np.isfinite(idata.vsbc_fit_stats["loss"].values))
     assert idata.vsbc_fit_stats["loss"].shape == (1, 40)
-    sym = idata.vsbc_symmetry
+    sym = group(idata, "vsbc_symmetry")
     assert list(sym["component"].values) == ["beta[0]", "beta[1]", "beta[2]", "sigma"]
     hist = idata.vsbc_histogram
     np.testing.assert_array_equal(hist["count"].sum("bin").values, 40)
@@ -227,11 +236,9 @@ def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     assert hist["bin_left"][0] == 0.0 and hist["bin_right"][-1] == 1.0
     assert idata.attrs["guide"] == "guide" and idata.attrs["loss"] == "Trace_ELBO"
 
-    path = tmp_path / "vsbc.nc"
-    idata.to_netcdf(str(path), engine="h5netcdf")
-    back = type(idata).from_netcdf(str(path), engine="h5netcdf")
-    for group in idata.groups():
-        assert back[group].equals(idata[group]), group
+    back = netcdf_round_trip(idata, str(tmp_path / "vsbc.nc"))
+    for name in group_names(idata):
+        assert group(back, name).equals(group(idata, name)), name
     assert list(back.vsbc_symmetry["direction"].values) == list(sym["direction"].values)
 
 
@@ -428,3 +435,20 @@ def test_plot_vsbc_bad_input(narrow):
         plot_vsbc(narrow, kind="rank")
     with pytest.raises(ValueError, match="var_names"):
         plot_vsbc(narrow, var_names=["tau"])
+
+
+@regression_fits
+def test_prior_sbc_group_is_where_arviz_calibration_plots_read(narrow):
+    """``prior_sbc`` holds the p values in ArviZ's SBC layout (sample dims
+    chain, draw); on ArviZ ≥ 1.0 ``arviz_plots.plot_ecdf_pit`` draws them."""
+    import matplotlib.pyplot as plt
+
+    assert group(narrow, "prior_sbc").equals(group(narrow, "vsbc"))
+    if ARVIZ_1:
+        from arviz_plots import plot_ecdf_pit
+
+        plot = plot_ecdf_pit(narrow, backend="matplotlib")
+        lines = plot.viz["ecdf_lines"]
+        assert set(lines.data_vars) == {"beta", "sigma"}
+        assert lines["beta"].sizes == {"beta_dim_0": K}
+    plt.close("all")

@@ -1,11 +1,15 @@
-"""Diagnostics for variational fits, returned as ArviZ ``InferenceData``.
+"""Diagnostics for variational fits, in ArviZ's native container.
+
+``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` with the same
+groups on ArviZ ≥ 1.0.
 
 "Yes, but did it work?" (Yao, Vehtari, Simpson & Gelman 2018): PSIS k̂ and
 variational simulation-based calibration (VSBC), plus the InferenceData export
 of any fitted guide and the PVI heterogeneity check of Lai & Yao (2024).
 """
 
-from numpyro_pvi.diagnostics.export import to_inference_data
+from numpyro_pvi.diagnostics._containers import get_group
+from numpyro_pvi.diagnostics.export import approximate_loo, to_inference_data
 from numpyro_pvi.diagnostics.heterogeneity import heterogeneity, plot_heterogeneity
 from numpyro_pvi.diagnostics.psis import (
     pareto_smooth,
@@ -16,6 +20,8 @@ from numpyro_pvi.diagnostics.psis import (
 from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
 
 __all__: list[str] = [
+    "approximate_loo",
+    "get_group",
     "heterogeneity",
     "pareto_smooth",
     "plot_heterogeneity",

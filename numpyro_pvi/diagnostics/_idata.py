@@ -1,4 +1,4 @@
-"""Small helpers shared by the diagnostics that build ArviZ ``InferenceData``.
+"""Small helpers shared by the diagnostics that build ArviZ containers.
 
 - :func:`root_attrs`: the root attributes (library versions, guide class);
 - :func:`site_dims`: dimension names of sample sites (plates name their axes);
@@ -17,6 +17,8 @@ import numpyro
 import xarray as xr
 from numpyro.infer.autoguide import AutoGuide
 
+from numpyro_pvi.diagnostics._containers import ADAPTER
+
 __all__ = [
     "component_labels",
     "draws_dataset",
@@ -34,7 +36,7 @@ def guide_name(guide: Callable) -> str:
 
 
 def root_attrs(guide: Callable | None = None, **extra: Any) -> dict[str, Any]:
-    """Root attributes of an ``InferenceData``: library versions, guide class.
+    """Root attributes of a diagnostic's container: library versions, guide.
 
     :param guide: the guide whose class (or function name) is recorded.
     :param extra: further attributes (strings or numbers).
@@ -88,11 +90,10 @@ def draws_dataset(
     :param dims: per variable, the names of the axes after the draw axis.
     :param attrs: dataset attributes.
     """
-    return az.dict_to_dataset(
+    return ADAPTER.dict_to_dataset(
         {name: np.asarray(value)[None] for name, value in draws.items()},
-        dims=dict(dims or {}),
-        attrs=dict(attrs or {}),
-        library=numpyro,
+        dims=dims,
+        attrs=attrs,
     )
 
 

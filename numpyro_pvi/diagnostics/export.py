@@ -1,11 +1,11 @@
-"""ArviZ ``InferenceData`` of any fitted guide (VI or PVI)."""
+"""ArviZ's container for any fitted guide (VI or PVI), with the pointwise
+log-likelihood of the data plate."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-import arviz as az
 import jax
 import numpy as np
 
@@ -13,17 +13,22 @@ from numpyro_pvi._data_plate import find_data_plate
 from numpyro_pvi._draws import check_fitted_call, structured_draws
 from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi._validation import check_data_plate, check_int
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
-from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED
+from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED, log_joint
 
-__all__ = ["PSIS_LOO_NOTE", "to_inference_data"]
+__all__ = ["PSIS_LOO_NOTE", "approximate_loo", "to_inference_data"]
 
 #: What a PSIS-LOO of these draws estimates, stored with every export.
 PSIS_LOO_NOTE = (
     "PSIS-LOO (az.loo) treats these draws as a Bayesian posterior; for fits "
     "made with predictive objectives (PredictiveELBO, PACmELBO) it is not a "
     "held-out score of the fit: compare such fits with "
-    "numpyro_pvi.predictive_score on held-out data."
+    "numpyro_pvi.predictive_score on held-out data. For a Bayesian fit, "
+    "sample_stats holds lp = log p(theta, y) and log_q = log q(theta) of the "
+    "same draws: arviz_stats.loo_approximate_posterior(data, "
+    "data.sample_stats.lp, data.sample_stats.log_q) (ArviZ >= 1.0) corrects "
+    "PSIS-LOO for the variational approximation."
 )
 
 
@@ -37,7 +42,7 @@ def to_inference_data(
     data_plate: str | None = None,
     chunk_size: int | None = None,
     **kwargs: Any,
-) -> az.InferenceData:
+) -> Container:
     r"""Draws of a fitted guide with the pointwise log-likelihood, for ArviZ.
 
     The ``log_likelihood`` group holds :math:`\log p(y_i \mid \theta_s)` for
@@ -66,7 +71,20 @@ def to_inference_data(
     - ``log_likelihood``: one variable, named after the observed site (the
       names joined by ``"__"`` for several), with dims ``(chain, draw,
       <data plate>)``;
-    - ``observed_data``: the observed values of every observed site.
+    - ``observed_data``: the observed values of every observed site;
+    - ``sample_stats``: ``lp`` (:math:`\log p(\theta_s, y)`, every site with
+      its handler scale) and ``log_q`` (:math:`\log q(\theta_s)`) of the same
+      draws: what ArviZ ≥ 1.0's ``arviz_stats.loo_approximate_posterior(data,
+      data.sample_stats.lp, data.sample_stats.log_q)`` needs to correct
+      PSIS-LOO for the difference between the guide and the posterior
+      (Magnusson et al. 2019).
+
+    On ArviZ ≥ 1.0, ``arviz_base.from_numpyro_svi`` also converts an SVI fit;
+    use it for the posterior draws (and its own ``log_likelihood`` of each
+    observed site). This function adds what LOO needs when an observation is
+    more than one site: one pointwise log-likelihood per index of the data
+    plate (several observed sites at that index summed, handler scales
+    applied), and the ``lp``/``log_q`` of the approximation correction.
 
     :param rng_key: random key.
     :param param_map: the fitted parameters (e.g. ``svi_result.params``).
@@ -79,7 +97,16 @@ def to_inference_data(
     :param chunk_size: evaluate the draws in chunks of this size to bound
         memory; ``None`` evaluates all at once.
     :param kwargs: keyword arguments of model and guide.
-    :return: ``arviz.InferenceData``.
+    :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` with
+        the same groups on ArviZ ≥ 1.0.
+
+    **References**
+
+    1. *Practical Bayesian model evaluation using leave-one-out
+       cross-validation and WAIC*, Vehtari, Gelman, Gabry (Statistics and
+       Computing 2017).
+    2. *Bayesian leave-one-out cross-validation for large data*, Magnusson,
+       Andersen, Jonasson, Vehtari (ICML 2019).
     """
     where = "to_inference_data"
     param_map, model, guide = check_fitted_call(where, param_map, model, guide)
@@ -111,18 +138,65 @@ def to_inference_data(
     obs_dim = plate if plate is not None else "observation"
     log_lik_name = "__".join(observed)
     attrs = root_attrs(guide, diagnostic="to_inference_data", psis_loo=PSIS_LOO_NOTE)
-    return az.InferenceData(
-        posterior=draws_dataset(
+    groups = {
+        "posterior": draws_dataset(
             terms.latents, dims={name: dims[name] for name in terms.latents}
         ),
-        log_likelihood=draws_dataset(
+        "log_likelihood": draws_dataset(
             {log_lik_name: np.asarray(terms.log_lik_scaled, dtype=np.float64)},
             dims={log_lik_name: [obs_dim]},
         ),
-        observed_data=az.dict_to_dataset(
+        "sample_stats": draws_dataset(
+            {
+                "lp": np.asarray(log_joint(terms), dtype=np.float64),
+                "log_q": np.asarray(terms.log_q, dtype=np.float64),
+            }
+        ),
+        "observed_data": ADAPTER.dict_to_dataset(
             {name: np.asarray(terms.observed[name]) for name in observed},
             dims={name: dims[name] for name in observed},
-            default_dims=[],
+            sample_dims=(),
         ),
-        attrs=attrs,
+    }
+    return ADAPTER.build(groups, attrs)
+
+
+def approximate_loo(
+    data: Container, *, pointwise: bool = True, var_name: str | None = None
+) -> Any:
+    r"""PSIS-LOO of a variational fit, corrected for the approximation.
+
+    The guide's draws :math:`\theta_s \sim q` are importance-weighted towards
+    each leave-one-out posterior with the ratios
+    :math:`p(\theta_s, y) / (q(\theta_s)\, p(y_i \mid \theta_s))`
+    (Magnusson et al. 2019), Pareto-smoothed per observation; plain
+    :func:`arviz.loo` on the same draws treats q as the posterior. On ArviZ ≥
+    1.0 this is ``arviz_stats.loo_approximate_posterior(data,
+    data.sample_stats.lp, data.sample_stats.log_q)``; on ArviZ 0.2x, which
+    has no such function, the same computation with :func:`arviz.psislw`.
+    Like every PSIS-LOO it estimates the leave-one-out predictive of the
+    *Bayesian* posterior (see :data:`PSIS_LOO_NOTE`).
+
+    :param data: the result of :func:`to_inference_data`.
+    :param pointwise: also return ``loo_i`` / ``elpd_i`` and ``pareto_k``
+        per observation (:func:`arviz.compare` needs them).
+    :param var_name: the ``log_likelihood`` variable; default the only one.
+    :return: ArviZ's ``ELPDData`` (``elpd_loo``/``elpd``, ``se``, ``p_loo``/
+        ``p``, ``good_k``, ...), usable in :func:`arviz.compare`.
+
+    **References**
+
+    1. *Bayesian leave-one-out cross-validation for large data*, Magnusson,
+       Andersen, Jonasson, Vehtari (ICML 2019).
+    """
+    stats = dataset(data, "sample_stats", "approximate_loo", "to_inference_data")
+    dataset(data, "log_likelihood", "approximate_loo", "to_inference_data")
+    missing = {"lp", "log_q"} - set(stats.data_vars)
+    if missing:
+        raise ValueError(
+            f"approximate_loo: sample_stats lacks {sorted(missing)}; pass the "
+            "result of numpyro_pvi.diagnostics.to_inference_data."
+        )
+    return ADAPTER.approximate_loo(
+        data, stats["lp"], stats["log_q"], pointwise=pointwise, var_name=var_name
     )

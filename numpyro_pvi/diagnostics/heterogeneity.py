@@ -22,7 +22,8 @@ from numpyro_pvi._draws import check_fitted_call, guide_draws
 from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi._structure import check_full_data, replay_trace
 from numpyro_pvi._validation import check_int, check_real
-from numpyro_pvi.diagnostics._idata import guide_name
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
+from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
 from numpyro_pvi.particles import LATENTS, WHOLE_DATA
 
 __all__ = ["heterogeneity", "plot_heterogeneity"]
@@ -53,7 +54,7 @@ def heterogeneity(
     num_draws: int = 2000,
     threshold: float = 5.0,
     **kwargs: Any,
-) -> xr.Dataset:
+) -> Container:
     r"""Flag the parameters whose PVI posterior stays wider than the VI one.
 
     For every scalar component :math:`\theta_k` of every latent site, the
@@ -86,9 +87,11 @@ def heterogeneity(
         fixed one stays of order one (scale parameters of a misspecified
         likelihood can reach about 3), hence the default 5.
     :param kwargs: keyword arguments of model and guides.
-    :return: an ``xarray.Dataset`` over dim ``parameter`` (labels like
-        ``beta[1]``) with ``vi_mean``, ``pvi_mean``, ``vi_sd``, ``pvi_sd``,
-        ``ratio`` and the boolean ``flagged``; attrs hold the threshold.
+    :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
+        ArviZ ≥ 1.0, whose group ``heterogeneity`` is over dim ``parameter``
+        (labels like ``beta[1]``) with ``vi_mean``, ``pvi_mean``, ``vi_sd``,
+        ``pvi_sd``, ``ratio`` and the boolean ``flagged``; its attrs hold the
+        threshold.
 
     **References**
 
@@ -156,7 +159,7 @@ def heterogeneity(
         )
     ratio = stats["pvi"][2] / stats["vi"][2]
     dim = ("parameter",)
-    return xr.Dataset(
+    group = xr.Dataset(
         {
             "vi_mean": (dim, stats["vi"][1]),
             "pvi_mean": (dim, stats["pvi"][1]),
@@ -174,23 +177,20 @@ def heterogeneity(
             "reference": "Lai & Yao (2024), section 2.5",
         },
     )
+    attrs = root_attrs(pvi_guide, diagnostic="heterogeneity")
+    return ADAPTER.build({"heterogeneity": group}, attrs)
 
 
-def plot_heterogeneity(ds: xr.Dataset, *, ax: Any = None) -> Any:
+def plot_heterogeneity(data: Container, *, ax: Any = None) -> Any:
     """Bar chart of the PVI/VI sd ratio per parameter, flagged ones highlighted.
 
-    :param ds: the result of :func:`heterogeneity`.
+    :param data: the result of :func:`heterogeneity`.
     :param ax: a matplotlib axis; a new one when ``None``.
     :return: the axis.
     """
     import matplotlib.pyplot as plt
 
-    missing = {"ratio", "flagged"} - set(getattr(ds, "data_vars", ()))
-    if missing or "threshold" not in getattr(ds, "attrs", {}):
-        raise TypeError(
-            "plot_heterogeneity: expected the Dataset returned by "
-            "numpyro_pvi.diagnostics.heterogeneity."
-        )
+    ds = dataset(data, "heterogeneity", "plot_heterogeneity", "heterogeneity")
     if ax is None:
         _, ax = plt.subplots(
             figsize=(6, 0.35 * ds.sizes["parameter"] + 1.5), layout="constrained"

@@ -1,4 +1,4 @@
-"""PSIS k̂ of a fitted guide as ArviZ ``InferenceData`` (Yao et al. 2018).
+"""PSIS k̂ of a fitted guide in ArviZ's container (Yao et al. 2018).
 
 The guide's draws θ_s ~ q, their log ratios log p(θ_s, y) − log q(θ_s), the
 Pareto-smoothed importance weights and the k̂ diagnostic in one object that
@@ -11,7 +11,6 @@ import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import arviz as az
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +21,7 @@ from scipy.special import logsumexp
 from numpyro_pvi._draws import check_fitted_call, structured_draws
 from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi._validation import check_int
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
 from numpyro_pvi.particles import LATENTS, LOG_LIK, WHOLE_DATA, log_joint
 
@@ -33,6 +33,8 @@ K_THRESHOLD = 0.7
 #: (Yao et al. 2018, Algorithm 1).
 K_RELIABLE = 0.5
 CONSTANT_WEIGHTS = "constant weights"
+#: Fewest tail draws a generalized Pareto fit takes (ArviZ's minimum).
+MIN_TAIL = 5
 
 
 class ParetoSmoothing(NamedTuple):
@@ -45,8 +47,9 @@ class ParetoSmoothing(NamedTuple):
     :ivar ess_is: importance sampling effective sample size ``1/Σ w̃²``.
     :ivar min_ss: the minimum sample size for a reliable estimate at this k̂,
         ``10^(1/(1-max(0, k̂)))`` (``inf`` for k̂ ≥ 1).
-    :ivar tail_length: number of draws in the fitted tail,
-        ``ceil(min(S/5, 3√S))``.
+    :ivar tail_length: number of draws in the fitted tail, ArviZ's:
+        ``ceil(min(S/5, 3√S))`` on ArviZ 0.2x, ``floor(3√S)`` (``floor(S/5)``
+        up to 225 draws) on ArviZ ≥ 1.0.
     :ivar note: ``"constant weights"`` when the ratios are constant (an exact
         guide), otherwise ``""``.
     """
@@ -63,13 +66,21 @@ class ParetoSmoothing(NamedTuple):
 def pareto_smooth(
     log_ratio: Any, *, constant_rtol: float | None = None
 ) -> ParetoSmoothing:
-    r"""Pareto-smooth importance log ratios with :func:`arviz.psislw`.
+    r"""Pareto-smooth importance log ratios with ArviZ's PSIS.
+
+    ArviZ's Pareto fit does the smoothing (``arviz.psislw`` on ArviZ 0.2x,
+    ``arviz_stats.base.array_stats.psislw`` on ArviZ ≥ 1.0), with relative
+    efficiency 1: the guide's draws are independent.
 
     Ratios whose spread is below ``constant_rtol * max(1, max|log r|)`` are
     *constant* (the guide is exact up to rounding): the generalized Pareto
     fit is undefined there (it returns ``+inf``), so the outcome reported is
     k̂ = ``-inf``, uniform weights, ``ess_is = S`` and the note
-    ``"constant weights"``.
+    ``"constant weights"``. With fewer than 5 draws in the tail (``S < 21``
+    on ArviZ 0.2x, ``S < 25`` on ArviZ ≥ 1.0, whose tail is a draw shorter)
+    no tail can be fitted: k̂ = ``inf`` and the weights are the raw
+    normalised ratios, as ArviZ 0.2x reports it; a fit that fails (NaN from
+    arviz-stats on very short tails) is reported as k̂ = ``inf`` too.
 
     :param log_ratio: ``(S,)`` log importance ratios
         :math:`\log p(\theta_s, y) - \log q(\theta_s)`.
@@ -91,7 +102,7 @@ def pareto_smooth(
         )
     if constant_rtol is None:
         constant_rtol = math.sqrt(np.finfo(np.float64).eps)
-    tail_length = math.ceil(min(0.2 * num, 3 * math.sqrt(num)))
+    tail_length = ADAPTER.tail_length(num)
     good_k = min(1 - 1 / math.log10(num), K_THRESHOLD)
     finite = lr[np.isfinite(lr)]
     if finite.size == 0:
@@ -111,8 +122,14 @@ def pareto_smooth(
             tail_length,
             CONSTANT_WEIGHTS,
         )
-    log_weight, k = az.psislw(lr.copy(), reff=1.0, normalize=True)
-    k = float(k)
+    if tail_length < MIN_TAIL:
+        # too few draws to fit a tail (ArviZ 0.2x's convention on both
+        # generations; arviz-stats refuses): k̂ = inf, raw normalised weights
+        log_weight, k = lr - logsumexp(lr), math.inf
+    else:
+        log_weight, k = ADAPTER.psislw(lr)
+        # a failed fit: NaN from arviz-stats (e.g. 25 draws), inf from 0.2x
+        k = math.inf if math.isnan(k) else float(k)
     ess_is = float(np.exp(-logsumexp(2 * log_weight)))
     min_ss = 10 ** (1 / (1 - max(0.0, k))) if k < 1 else math.inf
     return ParetoSmoothing(
@@ -129,12 +146,12 @@ def psis(
     num_draws: int = 4000,
     chunk_size: int | None = None,
     **kwargs: Any,
-) -> az.InferenceData:
-    r"""PSIS k̂ diagnostic of a fitted guide, as ArviZ ``InferenceData``.
+) -> Container:
+    r"""PSIS k̂ diagnostic of a fitted guide, in ArviZ's container.
 
     Draws :math:`\theta_s \sim q` (:math:`s = 1..S`), evaluates the log ratios
     :math:`\log r_s = \log p(\theta_s, y) - \log q(\theta_s)` in one
-    vectorised pass and Pareto-smooths them with :func:`arviz.psislw`
+    vectorised pass and Pareto-smooths them with ArviZ (:func:`pareto_smooth`)
     (Yao et al. 2018). k̂ < 0.5: the guide is reliable; k̂ < ``good_k``: use
     the PSIS-adjusted estimates; otherwise neither can be trusted.
 
@@ -159,7 +176,8 @@ def psis(
     :param chunk_size: evaluate the draws in chunks of this size with
         ``lax.map`` to bound memory; ``None`` evaluates all at once.
     :param kwargs: keyword arguments of model and guide.
-    :return: ``arviz.InferenceData``.
+    :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` with
+        the same groups on ArviZ ≥ 1.0.
 
     **References**
 
@@ -215,7 +233,7 @@ def psis(
             "tail_length": smooth.tail_length,
         },
         attrs={
-            "method": "Pareto smoothed importance sampling (arviz.psislw)",
+            "method": "Pareto smoothed importance sampling (ArviZ psislw)",
             "reference": "Yao et al. (2018); Vehtari et al. (2024)",
             "good_k": smooth.good_k,
             "num_draws": num_draws,
@@ -223,11 +241,9 @@ def psis(
             **thresholds,
         },
     )
-    return az.InferenceData(
-        posterior=posterior,
-        sample_stats=sample_stats,
-        psis=group,
-        attrs=root_attrs(guide, diagnostic="psis"),
+    return ADAPTER.build(
+        {"posterior": posterior, "sample_stats": sample_stats, "psis": group},
+        root_attrs(guide, diagnostic="psis"),
     )
 
 
@@ -266,16 +282,7 @@ def verdict(pareto_k: float, good_k: float, note: str = "") -> str:
     )
 
 
-def _check_psis_idata(idata: Any, function: str) -> None:
-    if not isinstance(idata, az.InferenceData) or "psis" not in idata.groups():
-        raise TypeError(
-            f"{function}: expected the InferenceData returned by "
-            "numpyro_pvi.diagnostics.psis (with a 'psis' group), got "
-            f"{type(idata).__name__}."
-        )
-
-
-def psis_summary(idata: az.InferenceData) -> pd.DataFrame:
+def psis_summary(idata: Container) -> pd.DataFrame:
     r"""Plain-VI and PSIS-adjusted posterior mean and sd of every component.
 
     The PSIS-adjusted moments weight the draws with the smoothed importance
@@ -288,12 +295,14 @@ def psis_summary(idata: az.InferenceData) -> pd.DataFrame:
         ``attrs`` hold ``pareto_k``, ``good_k`` and the one-line ``verdict``
         (Yao et al. 2018, Algorithm 1).
     """
-    _check_psis_idata(idata, "psis_summary")
-    weight = np.exp(np.asarray(idata.sample_stats["log_weight"].values).reshape(-1))
+    group = dataset(idata, "psis", "psis_summary", "psis")
+    sample_stats = ADAPTER.dataset(idata, "sample_stats")
+    posterior = ADAPTER.dataset(idata, "posterior")
+    weight = np.exp(np.asarray(sample_stats["log_weight"].values).reshape(-1))
     weight = weight / weight.sum()
     rows, labels = [], []
-    for name in idata.posterior.data_vars:
-        names, flat = _components(idata.posterior[name])
+    for name in posterior.data_vars:
+        names, flat = _components(posterior[name])
         vi_mean = flat.mean(axis=0)
         psis_mean = weight @ flat
         rows.append(
@@ -313,7 +322,6 @@ def psis_summary(idata: az.InferenceData) -> pd.DataFrame:
         index=labels,
         columns=["vi_mean", "vi_sd", "psis_mean", "psis_sd"],
     )
-    group = idata["psis"]
     pareto_k, good_k = float(group["pareto_k"]), float(group["good_k"])
     table.attrs.update(
         pareto_k=pareto_k,
@@ -323,12 +331,12 @@ def psis_summary(idata: az.InferenceData) -> pd.DataFrame:
     return table
 
 
-def plot_psis(idata: az.InferenceData, *, axes: Any = None) -> np.ndarray:
+def plot_psis(idata: Container, *, axes: Any = None) -> np.ndarray:
     """Plot the Pareto tail fit and k̂ against its thresholds.
 
     Left: the largest log ratios (the fitted tail, points) with the fitted
-    generalized Pareto quantiles (line, the smoothed values :func:`arviz.psislw`
-    put in their place) and the tail cutoff. Right: k̂ on the k scale with
+    generalized Pareto quantiles (line, the smoothed values ArviZ's PSIS put
+    in their place) and the tail cutoff. Right: k̂ on the k scale with
     0.5, ``good_k`` and 0.7 marked.
 
     :param idata: the result of :func:`psis`.
@@ -337,7 +345,8 @@ def plot_psis(idata: az.InferenceData, *, axes: Any = None) -> np.ndarray:
     """
     import matplotlib.pyplot as plt
 
-    _check_psis_idata(idata, "plot_psis")
+    group = dataset(idata, "psis", "plot_psis", "psis")
+    sample_stats = ADAPTER.dataset(idata, "sample_stats")
     if axes is None:
         _, axes = plt.subplots(
             1, 2, figsize=(10, 3.5), width_ratios=(2, 1), layout="constrained"
@@ -345,12 +354,11 @@ def plot_psis(idata: az.InferenceData, *, axes: Any = None) -> np.ndarray:
     axes = np.asarray(axes).reshape(-1)
     if axes.size != 2:
         raise ValueError(f"plot_psis: axes must hold 2 axes, got {axes.size}.")
-    group = idata["psis"]
     k = float(group["pareto_k"])
     good_k = float(group["good_k"])
     note = group.attrs.get("note", "")
-    log_ratio = np.asarray(idata.sample_stats["log_ratio"].values).reshape(-1)
-    log_weight = np.asarray(idata.sample_stats["log_weight"].values).reshape(-1)
+    log_ratio = np.asarray(sample_stats["log_ratio"].values).reshape(-1)
+    log_weight = np.asarray(sample_stats["log_weight"].values).reshape(-1)
     order = np.argsort(log_ratio)
     tail = int(group["tail_length"])
     ax = axes[0]

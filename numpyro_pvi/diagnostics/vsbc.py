@@ -1,4 +1,4 @@
-"""Variational simulation-based calibration (VSBC) as ArviZ ``InferenceData``.
+"""Variational simulation-based calibration (VSBC) in ArviZ's container.
 
 Algorithm 2 of Yao, Vehtari, Simpson & Gelman (2018): draw ``θ*`` from the
 prior and ``y`` from the model, fit the guide to ``y``, and record
@@ -19,7 +19,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import arviz as az
 import jax
 import numpy as np
 import xarray as xr
@@ -30,6 +29,7 @@ from numpyro.infer.calibration import _resolve_observed_sites, _validate_latent_
 
 from numpyro_pvi._structure import check_full_data, model_structure
 from numpyro_pvi._validation import check_int, check_real
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import (
     component_labels,
     draws_dataset,
@@ -162,7 +162,7 @@ def vsbc(
     chunk_size: int | None = None,
     simulated_data_to_args: Callable | None = None,
     **kwargs: Any,
-) -> az.InferenceData:
+) -> Container:
     r"""Variational simulation-based calibration (Yao et al. 2018, Algorithm 2).
 
     For each of ``num_simulations`` replications: draw :math:`θ^*` and
@@ -241,9 +241,12 @@ def vsbc(
         (args, kwargs)`` that passes the simulated data (a dict site →
         value) to the model and guide, when they take it in a container.
     :param kwargs: keyword arguments of the model and guide.
-    :return: :class:`arviz.InferenceData` with replications along ``draw``
+    :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` with
+        the same groups on ArviZ ≥ 1.0, with replications along ``draw``
         (one ``chain``): ``prior`` (:math:`θ^*`), ``vsbc`` (:math:`p`, same
-        variables and dims), ``vsbc_symmetry`` (per scalar ``component``:
+        variables and dims), ``prior_sbc`` (the same :math:`p`, where ArviZ's
+        calibration plots read them: ``arviz_plots.plot_ecdf_pit(result)``
+        on ArviZ ≥ 1.0), ``vsbc_symmetry`` (per scalar ``component``:
         ``ks_statistic``, ``p_value``, ``p_value_adjusted``,
         ``p_value_over``, ``p_value_under``, ``direction``, and
         ``num_extreme``: replications with :math:`p` exactly 0 or 1, whose
@@ -326,15 +329,16 @@ def vsbc(
     )
     fit_ds = _fit_stats(final_loss, tail_loss, drift, attrs)
     sym_ds.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
-    idata = az.InferenceData(
-        prior=prior_ds,
-        vsbc=vsbc_ds,
-        vsbc_symmetry=sym_ds,
-        vsbc_fit_stats=fit_ds,
-        vsbc_histogram=hist_ds,
-    )
-    idata.attrs.update(root_attrs(guide, loss=type(loss).__name__, diagnostic="vsbc"))
-    return idata
+    groups = {
+        "prior": prior_ds,
+        "vsbc": vsbc_ds,
+        "prior_sbc": vsbc_ds,
+        "vsbc_symmetry": sym_ds,
+        "vsbc_fit_stats": fit_ds,
+        "vsbc_histogram": hist_ds,
+    }
+    attrs = root_attrs(guide, loss=type(loss).__name__, diagnostic="vsbc")
+    return ADAPTER.build(groups, attrs)
 
 
 def _symmetry_datasets(

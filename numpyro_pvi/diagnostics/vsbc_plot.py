@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
-import arviz as az
 import numpy as np
-from scipy import stats
 
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import component_labels
 
 __all__ = ["plot_vsbc"]
 
+#: Points at which the ECDF of p is compared with the uniform CDF.
+_EVAL = np.linspace(0.0, 1.0, 101)
+
 
 def plot_vsbc(
-    idata: az.InferenceData,
+    idata: Container,
     kind: str = "hist",
     var_names: str | Sequence[str] | None = None,
     *,
@@ -27,8 +30,10 @@ def plot_vsbc(
     p-value and direction in each title (and, above the panels, how many
     replications had not converged) (as Figures 1, 6 and 8 of Yao et al.
     2018); ``kind="ecdf"`` draws the ECDF difference of :math:`p` against the
-    uniform distribution with simultaneous 94% bands (:func:`arviz.plot_ecdf`;
-    uniformity is what an exact posterior gives, symmetry what VSBC tests).
+    uniform distribution with simultaneous 94% bands (ArviZ's, Säilynoja et
+    al. 2022; uniformity is what an exact posterior gives, symmetry what VSBC
+    tests). On ArviZ ≥ 1.0, ``arviz_plots.plot_ecdf_pit(idata)`` draws the
+    same ECDF from the ``prior_sbc`` group.
 
     :param idata: the result of :func:`vsbc`.
     :param kind: ``"hist"`` or ``"ecdf"``.
@@ -48,12 +53,10 @@ def plot_vsbc(
 
     if kind not in ("hist", "ecdf"):
         raise ValueError(f"`kind` must be 'hist' or 'ecdf', got {kind!r}.")
-    for group in ("vsbc", "vsbc_symmetry", "vsbc_histogram"):
-        if group not in idata.groups():
-            raise ValueError(
-                f"`idata` has no `{group}` group: pass the result of vsbc()."
-            )
-    sym, hist = idata.vsbc_symmetry, idata.vsbc_histogram
+    p_values, sym, hist = (
+        dataset(idata, group, "plot_vsbc", "vsbc")
+        for group in ("vsbc", "vsbc_symmetry", "vsbc_histogram")
+    )
     available = list(dict.fromkeys(sym["variable"].values.tolist()))
     if var_names is None:
         var_names = available
@@ -91,12 +94,13 @@ def plot_vsbc(
         )
     p_by_label = {}
     for var in var_names:
-        values = np.asarray(idata.vsbc[var])  # (chain, draw, *shape)
+        values = np.asarray(p_values[var])  # (chain, draw, *shape)
         columns = values.reshape(-1, math.prod(values.shape[2:])).T
         for lab, col in zip(
             component_labels(var, values.shape[2:]), columns, strict=True
         ):
             p_by_label[lab] = col
+    band = ADAPTER.ecdf_band(int(sym.attrs["num_simulations"]), _EVAL, 0.94)
     edges = np.append(hist["bin_left"].values, hist["bin_right"].values[-1])
     for ax, label in zip(axes, labels, strict=True):
         row = sym.sel(component=label)
@@ -110,15 +114,7 @@ def plot_vsbc(
             ax.axvline(0.5, color="k", lw=0.8, ls="--")
             ax.set_xlim(0.0, 1.0)
         else:
-            az.plot_ecdf(
-                np.array(p_by_label[label], copy=True),
-                cdf=stats.uniform().cdf,
-                eval_points=np.linspace(0.0, 1.0, 101),
-                difference=True,
-                confidence_bands=True,
-                random_state=0,
-                ax=ax,
-            )
+            _ecdf_difference(ax, p_by_label[label], band)
         ax.set_title(
             f"{label}\nsymmetry test p-value {float(row['p_value_adjusted']):.2g}: "
             f"{row['direction'].item()}",
@@ -126,3 +122,14 @@ def plot_vsbc(
         )
         ax.set_xlabel("Pr_q(θ < θ*)")
     return axes
+
+
+def _ecdf_difference(
+    ax: Any, p: np.ndarray, band: tuple[np.ndarray, np.ndarray]
+) -> None:
+    """ECDF of ``p`` minus the uniform CDF, with the simultaneous band."""
+    ecdf = np.searchsorted(np.sort(p), _EVAL, side="right") / p.size
+    ax.fill_between(_EVAL, band[0] - _EVAL, band[1] - _EVAL, color="0.85", step="post")
+    ax.step(_EVAL, ecdf - _EVAL, where="post", color="tab:blue", lw=1.2)
+    ax.axhline(0.0, color="k", lw=0.6)
+    ax.set_xlim(0.0, 1.0)

@@ -1,0 +1,308 @@
+"""The one place that knows which ArviZ generation is installed.
+
+The diagnostics compute NumPy arrays and ``xarray.Dataset`` groups (the array
+core); an adapter turns them into ArviZ's native container and reads them
+back, and wraps the two ArviZ numerics the diagnostics reuse (Pareto
+smoothing, simultaneous ECDF bands):
+
+- :class:`InferenceDataAdapter` for ArviZ 0.2x (``arviz.InferenceData``,
+  ``arviz.psislw``, ``arviz.stats.ecdf_utils``);
+- :class:`DataTreeAdapter` for ArviZ ≥ 1.0 (``xarray.DataTree``, arviz-base,
+  arviz-stats).
+
+:data:`ADAPTER` is the instance for the installed ArviZ.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import arviz as az
+import numpy as np
+import numpyro
+import xarray as xr
+
+from numpyro_pvi.diagnostics._loo_core import approximate_loo_pointwise
+
+__all__ = [
+    "ADAPTER",
+    "ARVIZ_MAJOR",
+    "Container",
+    "ContainerAdapter",
+    "DataTreeAdapter",
+    "InferenceDataAdapter",
+    "dataset",
+    "get_group",
+    "has_group",
+]
+
+#: The installed ArviZ's major version (0 or 1).
+ARVIZ_MAJOR = int(az.__version__.split(".")[0])
+
+#: What a diagnostic returns: ``arviz.InferenceData`` or ``xarray.DataTree``.
+Container = Any
+
+#: The sample dimensions of every group with draws.
+_SAMPLE = ("chain", "draw")
+
+#: Simulations behind a simultaneous ECDF band on ArviZ >= 1.0.
+_BAND_SIMULATIONS = 1000
+
+
+class ContainerAdapter(Protocol):
+    """What the diagnostics need from an ArviZ generation."""
+
+    def dict_to_dataset(
+        self,
+        data: Mapping[str, np.ndarray],
+        *,
+        dims: Mapping[str, Sequence[str]] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        sample_dims: Sequence[str] = ("chain", "draw"),
+    ) -> xr.Dataset:
+        """Arrays with ``sample_dims`` leading as the dataset of a group."""
+
+    def build(self, groups: Mapping[str, xr.Dataset], attrs: Mapping[str, Any]) -> Any:
+        """The container holding ``groups`` with root ``attrs``."""
+
+    def groups(self, data: Any) -> list[str]:
+        """Group names of a container (``[]`` for anything else)."""
+
+    def dataset(self, data: Any, name: str) -> xr.Dataset:
+        """The dataset of group ``name``."""
+
+    def psislw(self, log_ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pareto-smoothed log weights of ``(..., S)`` log ratios (normalised
+        along the last axis) and k̂ ``(...)``, with relative efficiency 1
+        (independent draws)."""
+
+    def tail_length(self, num: int) -> int:
+        """Draws in the Pareto-fitted tail of ``num`` independent draws."""
+
+    def approximate_loo(
+        self, data: Any, log_p: xr.DataArray, log_q: xr.DataArray, **options: Any
+    ) -> Any:
+        """PSIS-LOO corrected for the approximation (ArviZ's ``ELPDData``);
+        ``options``: ``pointwise``, ``var_name``."""
+
+    def ecdf_band(
+        self, num: int, eval_points: np.ndarray, prob: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Simultaneous ``prob`` band of the ECDF of ``num`` independent
+        uniform draws at ``eval_points``."""
+
+
+class InferenceDataAdapter:
+    """ArviZ 0.2x: ``arviz.InferenceData`` and ArviZ's own numerics."""
+
+    def dict_to_dataset(
+        self,
+        data: Mapping[str, np.ndarray],
+        *,
+        dims: Mapping[str, Sequence[str]] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        sample_dims: Sequence[str] = ("chain", "draw"),
+    ) -> xr.Dataset:
+        return az.dict_to_dataset(
+            dict(data),
+            dims=dict(dims or {}),
+            attrs=dict(attrs or {}),
+            library=numpyro,
+            default_dims=list(sample_dims),
+        )
+
+    def build(self, groups: Mapping[str, xr.Dataset], attrs: Mapping[str, Any]) -> Any:
+        return az.InferenceData(**groups, attrs=dict(attrs))
+
+    def groups(self, data: Any) -> list[str]:
+        if isinstance(data, az.InferenceData):
+            return list(data.groups())
+        return []
+
+    def dataset(self, data: Any, name: str) -> xr.Dataset:
+        return data[name]
+
+    def psislw(self, log_ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`arviz.psislw` with ``reff=1``."""
+        log_weight, k = az.psislw(np.array(log_ratio, copy=True), reff=1.0)
+        return np.asarray(log_weight), np.asarray(k)
+
+    def tail_length(self, num: int) -> int:
+        """``ceil(min(S/5, 3√S))`` (``arviz.psislw``)."""
+        return math.ceil(min(0.2 * num, 3 * math.sqrt(num)))
+
+    def approximate_loo(
+        self, data: Any, log_p: xr.DataArray, log_q: xr.DataArray, **options: Any
+    ) -> Any:
+        """The array core (ArviZ 0.2x has no such function) in ArviZ's
+        ``ELPDData``, as :func:`arviz.loo` fills it."""
+        from arviz.stats.stats_utils import ELPDData
+
+        log_lik = _log_likelihood(
+            self.dataset(data, "log_likelihood"), options.get("var_name")
+        )
+        obs = log_lik.stack(__obs__=[d for d in log_lik.dims if d not in _SAMPLE])
+        values = obs.transpose("__obs__", *_SAMPLE).values
+        values = values.reshape(values.shape[0], -1)
+        elpd_i, pareto_k, p_i = approximate_loo_pointwise(
+            values, log_p.values.reshape(-1), log_q.values.reshape(-1), self.psislw
+        )
+        num_draws = values.shape[1]
+        good_k = min(1 - 1 / np.log10(num_draws), 0.7)
+        fields = {
+            "elpd_loo": float(elpd_i.sum()),
+            "se": float(np.sqrt(elpd_i.size * np.var(elpd_i))),
+            "p_loo": float(p_i.sum()),
+            "n_samples": num_draws,
+            "n_data_points": elpd_i.size,
+            "warning": bool(np.any(pareto_k > good_k)),
+        }
+        if options.get("pointwise"):
+            shape = log_lik.isel({d: 0 for d in _SAMPLE})
+            fields["loo_i"] = shape.copy(data=elpd_i.reshape(shape.shape))
+            fields["pareto_k"] = shape.copy(data=pareto_k.reshape(shape.shape))
+        fields.update(scale="log", good_k=good_k, approx_posterior=True)
+        return ELPDData(data=list(fields.values()), index=list(fields))
+
+    def ecdf_band(
+        self, num: int, eval_points: np.ndarray, prob: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``arviz.stats.ecdf_utils.ecdf_confidence_band``, optimised
+        (Säilynoja et al. 2022)."""
+        from arviz.stats.ecdf_utils import ecdf_confidence_band
+
+        lower, upper = ecdf_confidence_band(
+            num, eval_points, eval_points, prob=prob, method="optimized"
+        )
+        return np.asarray(lower), np.asarray(upper)
+
+
+class DataTreeAdapter:
+    """ArviZ ≥ 1.0: ``xarray.DataTree`` with arviz-base and arviz-stats."""
+
+    def dict_to_dataset(
+        self,
+        data: Mapping[str, np.ndarray],
+        *,
+        dims: Mapping[str, Sequence[str]] | None = None,
+        attrs: Mapping[str, Any] | None = None,
+        sample_dims: Sequence[str] = ("chain", "draw"),
+    ) -> xr.Dataset:
+        from arviz_base import dict_to_dataset
+
+        return dict_to_dataset(
+            dict(data),
+            dims=dict(dims or {}),
+            attrs=dict(attrs or {}),
+            inference_library=numpyro,
+            sample_dims=list(sample_dims),
+        )
+
+    def build(self, groups: Mapping[str, xr.Dataset], attrs: Mapping[str, Any]) -> Any:
+        return xr.DataTree.from_dict(
+            {"/": xr.Dataset(attrs=dict(attrs)), **dict(groups)}
+        )
+
+    def groups(self, data: Any) -> list[str]:
+        if isinstance(data, xr.DataTree):
+            return list(data.children)
+        return []
+
+    def dataset(self, data: Any, name: str) -> xr.Dataset:
+        return data[name].to_dataset()
+
+    def psislw(self, log_ratio: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``arviz_stats``' PSIS, which smooths the *negated* input (it is
+        written for log-likelihoods): the log ratios go in negated."""
+        from arviz_stats.base import array_stats
+
+        log_weight, k = array_stats.psislw(-np.asarray(log_ratio), r_eff=1.0)
+        return np.asarray(log_weight), np.asarray(k)
+
+    def tail_length(self, num: int) -> int:
+        """``floor(3√S)`` above 225 draws, else ``floor(S/5)`` (arviz-stats)."""
+        return math.floor(3 * math.sqrt(num) if num > 225 else num / 5)
+
+    def approximate_loo(
+        self, data: Any, log_p: xr.DataArray, log_q: xr.DataArray, **options: Any
+    ) -> Any:
+        """``arviz_stats.loo_approximate_posterior``."""
+        from arviz_stats import loo_approximate_posterior
+
+        return loo_approximate_posterior(data, log_p, log_q, **options)
+
+    def ecdf_band(
+        self, num: int, eval_points: np.ndarray, prob: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``arviz_stats.ecdf_utils``' simulated simultaneous band
+        (Säilynoja et al. 2022)."""
+        from arviz_stats.ecdf_utils import (
+            get_pointwise_confidence_band,
+            simulate_confidence_bands,
+        )
+
+        pointwise = simulate_confidence_bands(
+            num, 1, eval_points, prob, _BAND_SIMULATIONS, np.random.default_rng(0)
+        )
+        lower, upper = get_pointwise_confidence_band(pointwise, num, eval_points)
+        return np.asarray(lower), np.asarray(upper)
+
+
+#: The adapter of the installed ArviZ.
+ADAPTER: ContainerAdapter = (
+    InferenceDataAdapter() if ARVIZ_MAJOR == 0 else DataTreeAdapter()
+)
+
+
+def has_group(data: Any, name: str) -> bool:
+    """Whether ``data`` is the installed ArviZ's container with group ``name``."""
+    return name in ADAPTER.groups(data)
+
+
+def get_group(data: Any, name: str) -> xr.Dataset:
+    """One group of a diagnostic's result as an ``xarray.Dataset``, on either
+    ArviZ generation (``data[name]`` of an ``InferenceData``,
+    ``data[name].to_dataset()`` of a ``DataTree``).
+
+    **Example**::
+
+        >>> result = diagnostics.vsbc(...)
+        >>> diagnostics.get_group(result, "vsbc_symmetry").to_dataframe()
+
+    :param data: the result of a diagnostic.
+    :param name: the group's name.
+    :return: the group's variables, coordinates and attributes.
+    """
+    if not has_group(data, name):
+        raise KeyError(
+            f"get_group: no group {name!r}; the groups are {ADAPTER.groups(data)}."
+        )
+    return ADAPTER.dataset(data, name)
+
+
+def dataset(data: Any, name: str, function: str, producer: str) -> xr.Dataset:
+    """The dataset of group ``name``, or a ``TypeError`` naming ``function``
+    and the diagnostic (``producer``) whose result it expects."""
+    if not has_group(data, name):
+        kind = "InferenceData" if ARVIZ_MAJOR == 0 else "DataTree"
+        raise TypeError(
+            f"{function}: expected the {kind} returned by numpyro_pvi.diagnostics."
+            f"{producer} (with a {name!r} group), got {type(data).__name__}"
+            + (f" with groups {ADAPTER.groups(data)}." if ADAPTER.groups(data) else ".")
+        )
+    return ADAPTER.dataset(data, name)
+
+
+def _log_likelihood(group: xr.Dataset, var_name: str | None) -> xr.DataArray:
+    """The pointwise log-likelihood variable ``var_name`` (the only one when
+    ``None``) of a ``log_likelihood`` group."""
+    names = list(group.data_vars)
+    if var_name is None and len(names) == 1:
+        return group[names[0]]
+    if var_name not in names:
+        raise ValueError(
+            f"approximate_loo: var_name must be one of {names}, got {var_name!r}."
+        )
+    return group[var_name]

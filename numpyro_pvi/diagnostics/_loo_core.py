@@ -1,0 +1,42 @@
+"""PSIS-LOO corrected for an approximate posterior: the array core.
+
+Magnusson et al. (2019): with draws :math:`\\theta_s \\sim q`, the
+leave-one-out importance ratios for observation :math:`i` are
+:math:`p(\\theta_s, y) / (q(\\theta_s)\\, p(y_i \\mid \\theta_s))`; they are
+Pareto-smoothed per observation and weight :math:`p(y_i \\mid \\theta_s)`.
+The same computation as ``arviz_stats.loo_approximate_posterior`` (ArviZ ≥ 1.0),
+which the ArviZ 0.2x adapter lacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from scipy.special import logsumexp
+
+__all__ = ["approximate_loo_pointwise"]
+
+
+def approximate_loo_pointwise(
+    log_lik: np.ndarray,
+    log_p: np.ndarray,
+    log_q: np.ndarray,
+    psislw: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pointwise elpd, k̂ and effective number of parameters.
+
+    :param log_lik: ``(N, S)`` pointwise log-likelihood of ``S`` draws of q.
+    :param log_p: ``(S,)`` log joint density :math:`\\log p(\\theta_s, y)`.
+    :param log_q: ``(S,)`` log density of the approximation.
+    :param psislw: Pareto smoothing of ``(N, S)`` log ratios along the last
+        axis, returning normalised log weights and ``(N,)`` k̂.
+    :return: ``elpd_i``, ``pareto_k``, ``p_loo_i``, each ``(N,)``.
+    """
+    correction = log_p - log_q
+    log_ratio = -log_lik + (correction - np.max(correction))
+    log_ratio = log_ratio - np.max(log_ratio, axis=-1, keepdims=True)
+    log_weight, pareto_k = psislw(log_ratio)
+    elpd_i = logsumexp(log_weight + log_lik, axis=-1)
+    lppd_i = logsumexp(log_lik, axis=-1) - np.log(log_lik.shape[-1])
+    return elpd_i, np.asarray(pareto_k), lppd_i - elpd_i
