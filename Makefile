@@ -4,7 +4,17 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 VPY := $(VENV)/bin/python
 
-.PHONY: demo test lint bench clean
+# Second leg: Python 3.12 with ArviZ 1.x (and the JAX it brings), in its own
+# virtual environment. Found on PATH or through pyenv (.ci/find-python).
+PYTHON312 ?= $(shell .ci/find-python 3.12)
+VENV312 := .venv-py312
+VPY312 := $(VENV312)/bin/python
+# what the leg runs: every diagnostics and export test, and the tutorials
+LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
+	tests/test_export.py tests/test_vsbc.py tests/test_diagnostics_edges.py \
+	tests/test_tutorials.py
+
+.PHONY: demo test test-default test-py312 lint bench clean
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +33,30 @@ demo: $(VENV)/.installed
 
 # Tests are spread over two xdist workers one by one, except those marked
 # with the same `xdist_group` (module-scoped fixtures), which share a worker.
-test: $(VENV)/.installed-test
+test: test-default test-py312
+
+test-default: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
-	$(VPY) -m pytest -q -n 2 --dist loadgroup
+	$(VPY) -m pytest -q -n 2 --dist loadgroup --durations=15
 	JAX_ENABLE_X64=1 $(VPY) -m pytest -q -n 2 --dist loadgroup -m numerics
+
+$(VENV312)/.installed-test: pyproject.toml
+	$(PYTHON312) -m venv $(VENV312)
+	$(VPY312) -m pip install --quiet --upgrade pip
+	$(VPY312) -m pip install --quiet --no-compile -e ".[test]"
+	touch $@
+
+ifeq ($(PYTHON312),)
+test-py312:
+	@echo "*** SKIPPED: the Python 3.12 / ArviZ 1.x leg: no Python 3.12 found" \
+	      "(not on PATH, not in pyenv). Install one to run it. ***" >&2
+else
+test-py312: $(VENV312)/.installed-test
+	$(VPY312) -c "import arviz, jax, sys; print('Python', sys.version.split()[0], \
+	    '| ArviZ', arviz.__version__, '| JAX', jax.__version__); \
+	    sys.exit(int(arviz.__version__.split('.')[0]) < 1 and 'ArviZ 1.x expected')"
+	$(VPY312) -m pytest -q -n 2 --dist loadgroup --durations=10 $(LEG312_TESTS)
+endif
 
 lint: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
@@ -41,4 +71,4 @@ bench: $(VENV)/.installed
 	$(VPY) -m benchmarks.posteriordb $(POSTERIORDB)
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV312) build dist *.egg-info .pytest_cache .ruff_cache
