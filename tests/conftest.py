@@ -93,8 +93,9 @@ def _optimized_marker(request):
 
 
 #: The longest units of work, scheduled first (in this order): the sharding
-#: group (a four-device subprocess, about a minute), the tutorial notebooks.
-_LONGEST_FIRST = ("four_devices", "test_tutorials")
+#: groups (four-device subprocesses, up to a minute each), the tutorial
+#: notebooks.
+_LONGEST_FIRST = ("four_devices", "four_devices_vsbc", "test_tutorials")
 
 
 def _schedule_rank(item: pytest.Item) -> int:
@@ -118,18 +119,21 @@ def tutorial_runner():
     return TUTORIAL_RUNNER
 
 
-@pytest.fixture(scope="session")
-def four_devices():
-    """The JSON results of sharding_worker.py, run once in a subprocess with
-    four host devices. Tests that use it share the ``xdist_group``
-    ``"four_devices"``, so that one worker runs it."""
+def _run_sharding_worker(part: str) -> dict:
+    """The JSON results of ``sharding_worker.py 4 <part>``, run in a
+    subprocess with four host devices."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
     )
     env["JAX_PLATFORMS"] = "cpu"
     out = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("sharding_worker.py")), "4"],
+        [
+            sys.executable,
+            str(Path(__file__).with_name("sharding_worker.py")),
+            "4",
+            part,
+        ],
         env=env,
         capture_output=True,
         text=True,
@@ -138,6 +142,21 @@ def four_devices():
     if out.returncode:
         raise AssertionError(out.stderr[-4000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def four_devices():
+    """The objectives on sharded data (four host devices), run once. Tests
+    that use it share the ``xdist_group`` ``"four_devices"``, so that one
+    worker runs it."""
+    return _run_sharding_worker("objectives")
+
+
+@pytest.fixture(scope="session")
+def four_devices_vsbc():
+    """VSBC dispatched over four host devices, run once (``xdist_group``
+    ``"four_devices_vsbc"``)."""
+    return _run_sharding_worker("vsbc")
 
 
 @pytest.fixture(autouse=True)

@@ -366,12 +366,12 @@ def test_works_with_the_package_objectives(loss, chain_method):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.xdist_group("four_devices")
-def test_sharded_matches_vectorized_on_four_devices(four_devices):
+@pytest.mark.xdist_group("four_devices_vsbc")
+def test_sharded_matches_vectorized_on_four_devices(four_devices_vsbc):
     # the same VSBC run (a normal model with unknown mean and log scale, 10
     # replications of 60 steps) with each chain method, on four host devices
     # (tests/sharding_worker.py: vsbc_dispatch)
-    out = four_devices["vsbc_dispatch"]
+    out = four_devices_vsbc["vsbc_dispatch"]
     assert out["devices"] == 4
     reference = out["vectorized"]
     # 10 replications on 4 devices: padded to 12 (one chunk) or to 2 chunks of
