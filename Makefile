@@ -10,9 +10,18 @@ PYTHON312 ?= $(shell .ci/find-python 3.12)
 VENV312 := .venv-py312
 VPY312 := $(VENV312)/bin/python
 # what the leg runs: every diagnostics and export test, and the tutorials
+# that read the diagnostics' containers
+LEG312_TUTORIALS := 02_pvi_model_criticism 06_did_it_work
 LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
 	tests/test_export.py tests/test_vsbc.py tests/test_diagnostics_edges.py \
-	tests/test_tutorials.py
+	$(foreach nb,$(LEG312_TUTORIALS),\
+	"tests/test_tutorials.py::test_notebook_executes_in_smoke_mode[$(nb)]")
+
+ifeq ($(PYTHON312),)
+LEG312_VENV :=
+else
+LEG312_VENV := $(VENV312)/.installed-test
+endif
 
 .PHONY: demo test test-default test-py312 lint bench clean
 
@@ -31,10 +40,15 @@ $(VENV)/.installed-test: pyproject.toml | $(VPY)
 demo: $(VENV)/.installed
 	$(VPY) -m numpyro_pvi.demo
 
+# The two virtual environments are installed side by side, then the legs run
+# one after the other.
+test:
+	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV)
+	$(MAKE) test-default
+	$(MAKE) test-py312
+
 # Tests are spread over two xdist workers one by one, except those marked
 # with the same `xdist_group` (module-scoped fixtures), which share a worker.
-test: test-default test-py312
-
 test-default: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
 	$(VPY) -m pytest -q -n 2 --dist loadgroup --durations=15
