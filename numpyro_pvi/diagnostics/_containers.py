@@ -243,11 +243,19 @@ class DataTreeAdapter:
             simulate_confidence_bands,
         )
 
+        # the ECDF is exactly 0 at 0 and 1 at 1: the band is simulated and
+        # computed inside (0, 1) only, as arviz_stats.ecdf_pit does (the
+        # binomial quantiles at 0 and 1 break the band)
+        points = np.asarray(eval_points, dtype=float)
+        inner = (points > 0.0) & (points < 1.0)
         pointwise = simulate_confidence_bands(
-            num, 1, eval_points, prob, _BAND_SIMULATIONS, np.random.default_rng(0)
+            num, 1, points[inner], prob, _BAND_SIMULATIONS, np.random.default_rng(0)
         )
-        lower, upper = get_pointwise_confidence_band(pointwise, num, eval_points)
-        return np.asarray(lower), np.asarray(upper)
+        lower, upper = (points >= 1.0).astype(float), (points > 0.0).astype(float)
+        lower[inner], upper[inner] = get_pointwise_confidence_band(
+            pointwise, num, points[inner]
+        )
+        return lower, upper
 
 
 #: The adapter of the installed ArviZ.

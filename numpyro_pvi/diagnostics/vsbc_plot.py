@@ -100,7 +100,8 @@ def plot_vsbc(
             component_labels(var, values.shape[2:]), columns, strict=True
         ):
             p_by_label[lab] = col
-    band = ADAPTER.ecdf_band(int(sym.attrs["num_simulations"]), _EVAL, 0.94)
+    if kind == "ecdf":
+        band = ADAPTER.ecdf_band(int(sym.attrs["num_simulations"]), _EVAL, 0.94)
     edges = np.append(hist["bin_left"].values, hist["bin_right"].values[-1])
     for ax, label in zip(axes, labels, strict=True):
         row = sym.sel(component=label)
