@@ -1,8 +1,8 @@
 """Predictive and calibrated variational inference for NumPyro.
 
 Objectives that plug into :class:`numpyro.infer.SVI` as ``loss=...`` with any
-autoguide, held-out scoring, and diagnostics returned as ArviZ
-``InferenceData``.
+autoguide, held-out scoring, and diagnostics returned in ArviZ's native
+container (``xarray.DataTree`` on ArviZ ≥ 1.0, ``InferenceData`` on 0.2x).
 """
 
 from numpyro_pvi import guides, scores
