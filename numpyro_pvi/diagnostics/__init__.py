@@ -5,7 +5,8 @@ groups on ArviZ ≥ 1.0.
 
 "Yes, but did it work?" (Yao, Vehtari, Simpson & Gelman 2018): PSIS k̂ and
 variational simulation-based calibration (VSBC), plus the export of any
-fitted guide (with PSIS-LOO corrected for the approximation) and the PVI heterogeneity check of Lai & Yao (2024).
+fitted guide (with PSIS-LOO corrected for the approximation) and the PVI
+heterogeneity check of Lai & Yao (2024).
 """
 
 from numpyro_pvi.diagnostics._containers import get_group
