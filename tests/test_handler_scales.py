@@ -119,6 +119,15 @@ def test_exported_log_likelihood_applies_each_scale(case):
         np.testing.assert_allclose(
             fit.log_likelihood[name].values[0, s].sum(), joint - prior, rtol=1e-5
         )
+        # lp and log_q of the approximation-corrected LOO: NumPyro's joint
+        # density (each site with its own scale) and the guide's density
+        np.testing.assert_allclose(
+            fit.sample_stats["lp"].values[0, s], joint, rtol=1e-5
+        )
+        log_q, _ = log_density(guide, args, {}, {**params, **draw})
+        np.testing.assert_allclose(
+            fit.sample_stats["log_q"].values[0, s], log_q, rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize(
