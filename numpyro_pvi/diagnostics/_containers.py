@@ -60,7 +60,7 @@ class ContainerAdapter(Protocol):
         *,
         dims: Mapping[str, Sequence[str]] | None = None,
         attrs: Mapping[str, Any] | None = None,
-        sample_dims: Sequence[str] = ("chain", "draw"),
+        sample_dims: Sequence[str] = _SAMPLE,
     ) -> xr.Dataset:
         """Arrays with ``sample_dims`` leading as the dataset of a group."""
 
@@ -103,7 +103,7 @@ class InferenceDataAdapter:
         *,
         dims: Mapping[str, Sequence[str]] | None = None,
         attrs: Mapping[str, Any] | None = None,
-        sample_dims: Sequence[str] = ("chain", "draw"),
+        sample_dims: Sequence[str] = _SAMPLE,
     ) -> xr.Dataset:
         return az.dict_to_dataset(
             dict(data),
@@ -188,7 +188,7 @@ class DataTreeAdapter:
         *,
         dims: Mapping[str, Sequence[str]] | None = None,
         attrs: Mapping[str, Any] | None = None,
-        sample_dims: Sequence[str] = ("chain", "draw"),
+        sample_dims: Sequence[str] = _SAMPLE,
     ) -> xr.Dataset:
         from arviz_base import dict_to_dataset
 
