@@ -1,0 +1,13 @@
+"""Choosing among objectives: K-fold cross-validation of the held-out
+predictive score, e.g. of PVI's regularizer and λ against VI."""
+
+from numpyro_pvi.selection._folds import mask_observations
+from numpyro_pvi.selection.cross_validation import CrossValidation, cross_validate
+from numpyro_pvi.selection.plot import plot_cross_validation
+
+__all__ = [
+    "CrossValidation",
+    "cross_validate",
+    "mask_observations",
+    "plot_cross_validation",
+]

@@ -1,0 +1,172 @@
+"""Candidate objectives of a cross-validation: the default grid, labels, and
+grids of one objective over λ fitted by one compiled program."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from numpyro.infer import Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
+from numpyro.infer.elbo import ELBO
+
+from numpyro_pvi.predictive import PredictiveELBO
+from numpyro_pvi.scores import Score
+
+__all__ = [
+    "DEFAULT_LAMS",
+    "VI_OBJECTIVES",
+    "Grid",
+    "default_candidates",
+    "grids",
+    "labelled",
+    "lam_coordinates",
+    "reference_label",
+]
+
+#: λ of the default candidates per regularizer: pure prediction (λ = 0), the
+#: prior regularizer up to λ = 1, the posterior one up to λ = 10 (near VI).
+DEFAULT_LAMS = {"prior": (0.0, 0.01, 0.1, 1.0), "posterior": (0.1, 1.0, 10.0)}
+#: The objectives of plain VI (the reference of the paired differences).
+VI_OBJECTIVES = (Trace_ELBO, TraceMeanField_ELBO, TraceGraph_ELBO)
+
+
+def default_candidates(score: str | Score, num_particles: int) -> dict[str, ELBO]:
+    """PVI with the score over :data:`DEFAULT_LAMS` and ``Trace_ELBO``."""
+    out: dict[str, ELBO] = {"VI": Trace_ELBO(num_particles=num_particles)}
+    for reg, lams in DEFAULT_LAMS.items():
+        for lam in lams:
+            loss = PredictiveELBO(
+                score, num_particles=num_particles, regularizer=reg, lam=lam
+            )
+            out[_pvi_label(loss)] = loss
+    return out
+
+
+def _pvi_label(loss: PredictiveELBO) -> str:
+    if loss.regularizer is None or loss.lam == 0:
+        return "lam=0"
+    return f"{loss.regularizer} lam={float(loss.lam):g}"
+
+
+def _label(loss: ELBO) -> str:
+    if isinstance(loss, VI_OBJECTIVES):
+        return "VI"
+    if type(loss) is PredictiveELBO:
+        return _pvi_label(loss)
+    if isinstance(loss, PredictiveELBO):
+        return f"{type(loss).__name__} {_pvi_label(loss)}"
+    return type(loss).__name__
+
+
+def labelled(candidates: Mapping[str, ELBO] | Sequence[ELBO]) -> dict[str, ELBO]:
+    """The candidates as ``label -> loss``, each checked to be an ELBO.
+
+    :param candidates: a mapping (labels kept) or a sequence (labelled by
+        objective and λ, repeated labels numbered).
+    """
+    if isinstance(candidates, Mapping):
+        items = [(str(k), v) for k, v in candidates.items()]
+    else:
+        items, seen = [], {}
+        for loss in candidates:
+            label = _label(loss) if isinstance(loss, ELBO) else repr(loss)
+            seen[label] = seen.get(label, 0) + 1
+            items.append(
+                (label if seen[label] == 1 else f"{label} #{seen[label]}", loss)
+            )
+    if not items:
+        raise ValueError(
+            "cross_validate: candidates is empty; pass objectives to compare, "
+            "or candidates=None for the default PVI grid and Trace_ELBO."
+        )
+    for label, loss in items:
+        if not isinstance(loss, ELBO):
+            raise TypeError(
+                f"cross_validate: candidate {label!r} is {loss!r}, not a NumPyro "
+                "objective (numpyro.infer.elbo.ELBO)."
+            )
+    return dict(items)
+
+
+class Grid(NamedTuple):
+    """Candidates that differ only in λ, fitted by one compiled program:
+    ``make_loss(lam)`` builds the loss for a (traced) scalar λ."""
+
+    labels: tuple[str, ...]
+    values: np.ndarray
+    make_loss: Callable[[jax.Array], ELBO]
+
+
+def _same_but_lam(a: ELBO, b: ELBO) -> bool:
+    if type(a) is not type(b):
+        return False
+    va = {k: v for k, v in vars(a).items() if k != "lam"}
+    vb = {k: v for k, v in vars(b).items() if k != "lam"}
+    try:
+        return bool(va == vb)
+    except (TypeError, ValueError):  # array-valued attributes
+        return False
+
+
+def _with_lam(loss: PredictiveELBO) -> Callable[[jax.Array], ELBO]:
+    def make_loss(lam: jax.Array) -> ELBO:
+        new = copy.copy(loss)
+        new.lam = lam  # a traced scalar: the regularizer is always computed
+        return new
+
+    return make_loss
+
+
+def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
+    """Group the candidates into :class:`Grid` s: PVI objectives equal but for
+    λ share one; every other candidate is a grid of one."""
+    groups: list[list[tuple[str, ELBO]]] = []
+    for label, loss in candidates.items():
+        home = next(
+            (
+                g
+                for g in groups
+                if isinstance(loss, PredictiveELBO) and _same_but_lam(g[0][1], loss)
+            ),
+            None,
+        )
+        if home is None:
+            groups.append([(label, loss)])
+        else:
+            home.append((label, loss))
+    out = []
+    for group in groups:
+        labels = tuple(label for label, _ in group)
+        first = group[0][1]
+        if isinstance(first, PredictiveELBO):
+            values = np.asarray([float(loss.lam) for _, loss in group])
+            out.append(Grid(labels, values, _with_lam(first)))
+        else:
+            out.append(Grid(labels, np.zeros(1), lambda _, loss=first: loss))
+    return out
+
+
+def reference_label(candidates: Mapping[str, ELBO]) -> str | None:
+    """The label of the first plain-VI candidate, if any."""
+    return next(
+        (k for k, v in candidates.items() if isinstance(v, VI_OBJECTIVES)), None
+    )
+
+
+def lam_coordinates(candidates: Mapping[str, ELBO]) -> tuple[list[str], list[float]]:
+    """Per candidate its regularizer (``""`` for none) and λ (NaN for none)."""
+    regs, lams = [], []
+    for loss in candidates.values():
+        if isinstance(loss, PredictiveELBO):
+            lam = float(loss.lam)
+            regs.append(
+                "" if loss.regularizer is None or lam == 0 else loss.regularizer
+            )
+            lams.append(lam if loss.regularizer is not None else 0.0)
+        else:
+            regs.append("")
+            lams.append(float("nan"))
+    return regs, lams

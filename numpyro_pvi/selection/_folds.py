@@ -1,0 +1,110 @@
+"""Folds of the data plate and the model that sees one fold's complement.
+
+:func:`fold_ids` assigns each observation of the data plate to one of ``K``
+folds; :func:`mask_observations` wraps a model so that only the kept
+observations enter any objective, with every other site unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import random
+from numpyro.primitives import Messenger
+
+__all__ = ["fold_ids", "mask_observations"]
+
+
+def fold_ids(rng_key: jax.Array, num_obs: int, num_folds: int) -> jax.Array:
+    """``(num_obs,)`` fold of each observation: a random permutation dealt
+    into ``num_folds`` folds in turn, so fold sizes differ by at most one and
+    every observation is in exactly one fold.
+
+    :param rng_key: key of the permutation.
+    :param int num_obs: number :math:`N` of observations.
+    :param int num_folds: number :math:`K \\le N` of folds.
+    """
+    order = random.permutation(rng_key, num_obs)
+    return (
+        jnp.zeros(num_obs, jnp.int32)
+        .at[order]
+        .set(jnp.arange(num_obs, dtype=jnp.int32) % num_folds)
+    )
+
+
+class mask_observations(Messenger):
+    r"""Keep only some observations of the data plate in a model.
+
+    Every observed site inside the plate ``data_plate`` gets, at
+    observation :math:`i`, its log density masked to zero and its handler
+    scale multiplied by :math:`k_i \in \{0, 1\}`, where ``keep`` is
+    :math:`k` over all :math:`N` observations of the plate (indexed by the
+    plate's subsample when it is subsampled). Dropped observations then
+    contribute nothing to any objective of the package or of NumPyro — a
+    predictive score weights each observation by its scale — while latent
+    sites, local ones included, are untouched: a dropped observation's local
+    latent keeps its prior term, so the guide's factor for it is fitted by
+    the prior side of the objective only.
+
+    ``keep`` may be a traced array, so that one compiled program fits every
+    fold of a cross-validation under ``vmap``.
+
+    :param fn: the model.
+    :param keep: ``(N,)`` array, nonzero for the observations kept.
+    :param str data_plate: name of the plate that indexes observations.
+    """
+
+    def __init__(
+        self, fn: Callable | None = None, *, keep: Any, data_plate: str
+    ) -> None:
+        if jnp.ndim(keep) != 1:
+            raise ValueError(
+                "mask_observations: keep must be a 1-d array over the "
+                f"observations of data_plate='{data_plate}', got shape "
+                f"{jnp.shape(keep)}."
+            )
+        self.keep = jnp.asarray(keep) != 0
+        self.data_plate = data_plate
+        self._plate = None  # (size, subsample indices) of the data plate
+        super().__init__(fn)
+
+    def __enter__(self) -> Any:
+        self._plate = None
+        return super().__enter__()
+
+    def postprocess_message(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "plate" and msg["name"] == self.data_plate:
+            self._plate = (msg["args"][0], msg["value"])
+
+    def process_message(self, msg: dict[str, Any]) -> None:
+        if msg["type"] != "sample" or not msg["is_observed"]:
+            return
+        frame = next(
+            (f for f in msg["cond_indep_stack"] if f.name == self.data_plate), None
+        )
+        if frame is None:
+            raise ValueError(
+                f"Observed site '{msg['name']}' is not inside data_plate="
+                f"'{self.data_plate}': cross-validation drops observations of "
+                "the data plate, so every observed site must be indexed by it."
+            )
+        if self._plate is None:
+            raise ValueError(
+                f"mask_observations: the plate '{self.data_plate}' of site "
+                f"'{msg['name']}' was not opened inside the model; open it "
+                "with numpyro.plate inside the model function."
+            )
+        size, indices = self._plate
+        if self.keep.shape[0] != size:
+            raise ValueError(
+                f"mask_observations: keep has {self.keep.shape[0]} entries but "
+                f"the plate '{self.data_plate}' of site '{msg['name']}' has size "
+                f"{size}; pass one entry per observation of the plate."
+            )
+        keep = jnp.reshape(self.keep[indices], (-1,) + (1,) * (-frame.dim - 1))
+        msg["fn"] = msg["fn"].mask(keep)
+        weight = keep.astype(jnp.result_type(float))
+        msg["scale"] = weight if msg["scale"] is None else msg["scale"] * weight

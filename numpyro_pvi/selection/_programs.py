@@ -1,0 +1,203 @@
+"""The compiled programs of a cross-validation: fits of a grid of candidates
+over all folds (``vmap`` over λ and folds, run in blocks), and the held-out
+pointwise scores of the fits."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from numpyro.handlers import substitute
+from numpyro.infer import SVI
+
+from numpyro_pvi._data_plate import DataPlate
+from numpyro_pvi._draws import guide_draws
+from numpyro_pvi._particles import ParticleSpec
+from numpyro_pvi.evaluation import _Estimate
+from numpyro_pvi.scores import Score
+from numpyro_pvi.selection._candidates import Grid
+from numpyro_pvi.selection._folds import mask_observations
+
+__all__ = ["ModelData", "fit_grid", "pointwise_scorer", "score_fits"]
+
+#: Progress-bar updates per compiled block of fits.
+_PROGRESS_BLOCKS = 20
+
+
+class ModelData:
+    """Model arguments split into array leaves (inputs of the compiled
+    programs) and everything else (compile-time constants)."""
+
+    def __init__(self, args: tuple, kwargs: dict) -> None:
+        leaves, self._treedef = jax.tree.flatten((args, kwargs))
+        self._is_array = [isinstance(x, jax.Array | np.ndarray) for x in leaves]
+        self._static = [
+            None if a else x for x, a in zip(leaves, self._is_array, strict=True)
+        ]
+        self.dynamic = [x for x, a in zip(leaves, self._is_array, strict=True) if a]
+        self.args, self.kwargs = args, kwargs
+
+    def rebuild(self, dynamic: list[jax.Array]) -> tuple[tuple, dict]:
+        """``(args, kwargs)`` with the array leaves ``dynamic``."""
+        arrays = iter(dynamic)
+        leaves = [
+            next(arrays) if a else x
+            for x, a in zip(self._static, self._is_array, strict=True)
+        ]
+        return jax.tree.unflatten(self._treedef, leaves)
+
+
+def fit_grid(
+    grid: Grid,
+    model: Callable,
+    guide: Callable,
+    optim: Any,
+    plate: DataPlate,
+    keeps: jax.Array,
+    rng_key: jax.Array,
+    data: ModelData,
+    *,
+    num_steps: int,
+    progress_bar: bool,
+) -> tuple[dict[str, jax.Array], np.ndarray]:
+    """Fit every λ of ``grid`` on every fold's complement (``keeps``, ``(K,
+    N)``) from the same key: one compiled program, run in blocks of steps.
+
+    :return: the fitted parameters with leading axes ``(G, K)`` and the mean
+        loss of each fit over its last block of steps, ``(G, K)``.
+    """
+    from tqdm.auto import tqdm
+
+    values = jnp.asarray(grid.values, dtype=jnp.result_type(float))
+
+    def svi(value: jax.Array, keep: jax.Array) -> SVI:
+        masked = mask_observations(model, keep=keep, data_plate=plate.name)
+        return SVI(masked, guide, optim, loss=grid.make_loss(value))
+
+    def over_fits(f: Callable, *rest: Any) -> Any:  # λ outer, folds inner
+        inner = jax.vmap(f, in_axes=(None, 0, None) + (0,) * len(rest))
+        return jax.vmap(inner, in_axes=(0, None, None) + (0,) * len(rest))
+
+    # keys, folds and data are inputs, not constants: a second call with
+    # other ones runs the same program (cached when a compilation cache is on)
+    @jax.jit
+    def init(values: jax.Array, keeps: jax.Array, key: jax.Array, dynamic: list):
+        args, kwargs = data.rebuild(dynamic)
+
+        def one(value: jax.Array, keep: jax.Array, key: jax.Array) -> Any:
+            return svi(value, keep).init(key, *args, **kwargs)
+
+        return over_fits(one)(values, keeps, key)
+
+    @jax.jit
+    def run(states: Any, n: jax.Array, values, keeps, key, dynamic: list):
+        args, kwargs = data.rebuild(dynamic)
+
+        def one(value: jax.Array, keep: jax.Array, key: jax.Array, state: Any):
+            s = svi(value, keep)
+            s.init(key, *args, **kwargs)  # sets s up; the result is unused
+
+            def step(_: Any, carry: tuple) -> tuple:
+                state, total = carry
+                state, loss = s.update(state, *args, **kwargs)
+                return state, total + loss
+
+            state, total = lax.fori_loop(0, n, step, (state, jnp.zeros(())))
+            return state, total / n
+
+        return over_fits(one, states)(values, keeps, key, states)
+
+    @jax.jit
+    def get_params(states: Any, values, keeps, key, dynamic: list) -> Any:
+        args, kwargs = data.rebuild(dynamic)
+
+        def one(value: jax.Array, keep: jax.Array, key: jax.Array, state: Any):
+            s = svi(value, keep)
+            s.init(key, *args, **kwargs)
+            return s.get_params(state)
+
+        return over_fits(one, states)(values, keeps, key, states)
+
+    inputs = (values, keeps, rng_key, data.dynamic)
+    states = init(*inputs)
+    block = math.ceil(num_steps / _PROGRESS_BLOCKS) if progress_bar else num_steps
+    desc = f"CV {', '.join(grid.labels)}"
+    with tqdm(total=num_steps, disable=not progress_bar, desc=desc) as bar:
+        done = 0
+        while done < num_steps:
+            n = min(block, num_steps - done)
+            states, losses = run(states, jnp.asarray(n), *inputs)
+            done += n
+            bar.update(n)
+    return get_params(states, *inputs), np.asarray(losses)
+
+
+def pointwise_scorer(
+    model: Callable,
+    guide: Callable,
+    plate: DataPlate,
+    score: Score,
+    num_draws: int,
+    data: ModelData,
+) -> Callable:
+    """``scorer(key, params, dynamic) -> (N,)``: the score of the fit's
+    posterior predictive at every observation of the data plate. A
+    subsampled data plate is scored in batches of its subsample size (the
+    plate's indices substituted), so the model runs as written."""
+    spec = ParticleSpec(
+        num_draws, score.requires, plate.name, objective="cross_validate"
+    )
+    reduce = _Estimate(score)
+    if plate.subsample_size == plate.size:
+
+        def scorer(key: jax.Array, params: Any, dynamic: list) -> jax.Array:
+            args, kwargs = data.rebuild(dynamic)
+            return guide_draws(
+                key, params, model, guide, args, kwargs, spec, reduce=reduce
+            )
+
+        return scorer
+    b = plate.subsample_size
+    num_batches = math.ceil(plate.size / b)
+    batches = jnp.resize(jnp.arange(plate.size), (num_batches, b))
+
+    def batched(key: jax.Array, params: Any, dynamic: list) -> jax.Array:
+        args, kwargs = data.rebuild(dynamic)
+
+        def one(idx: jax.Array) -> jax.Array:
+            sub = {plate.name: idx}
+            return guide_draws(
+                key,
+                params,
+                substitute(model, data=sub),
+                substitute(guide, data=sub),
+                args,
+                kwargs,
+                spec,
+                reduce=reduce,
+            )
+
+        return jnp.reshape(lax.map(one, batches), -1)[: plate.size]
+
+    return batched
+
+
+def score_fits(
+    scorer: Callable, rng_key: jax.Array, params: Any, data: ModelData
+) -> np.ndarray:
+    """``(G, K, N)`` pointwise scores of fits with leading axes ``(G, K)``,
+    one fit after another (``lax.map``: memory of one fit's draws)."""
+    g, k = jax.tree.leaves(params)[0].shape[:2]
+
+    @jax.jit
+    def run(key: jax.Array, params: Any, dynamic: list) -> jax.Array:
+        flat = jax.tree.map(lambda x: x.reshape((g * k,) + x.shape[2:]), params)
+        out = lax.map(lambda p: scorer(key, p, dynamic), flat)
+        return out.reshape((g, k, -1))
+
+    return np.asarray(run(rng_key, params, data.dynamic))
