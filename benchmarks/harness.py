@@ -29,6 +29,7 @@ __all__ = [
     "BenchmarkResult",
     "DataSplit",
     "format_table",
+    "merge_validation",
     "random_split",
     "run_benchmark",
 ]
@@ -102,6 +103,24 @@ def random_split(
             }
         )
     return DataSplit(*out)
+
+
+def merge_validation(split: DataSplit, per_observation: Sequence[str]) -> DataSplit:
+    """One fitting part: ``train`` and ``validation`` concatenated along the
+    observations (arrays named in ``per_observation``), ``validation`` empty.
+
+    :param split: a :class:`DataSplit`.
+    :param per_observation: names of the arrays indexed by observation.
+    """
+    train = {
+        k: (
+            np.concatenate([np.asarray(v), np.asarray(split.validation[k])])
+            if k in per_observation
+            else v
+        )
+        for k, v in split.train.items()
+    }
+    return DataSplit(train, {}, split.test)
 
 
 @dataclass

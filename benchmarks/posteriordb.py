@@ -81,8 +81,15 @@ from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from benchmarks.candidates import Objective, pvi_objective
+from benchmarks.cv_harness import run_cv_benchmark
 from benchmarks.dense_guide import DenseGuide
-from benchmarks.harness import DataSplit, format_table, random_split, run_benchmark
+from benchmarks.harness import (
+    DataSplit,
+    format_table,
+    merge_validation,
+    random_split,
+    run_benchmark,
+)
 from numpyro_pvi.scores import get_score
 
 __all__ = ["DenseGuide", "paper_models"]
@@ -165,7 +172,10 @@ class PaperModel(NamedTuple):
     name: str
     posterior: str
     model: Callable
-    splits: Callable[[int], DataSplit]
+    #: ``splits(seed)``: 60/20/20 train / validation / test; with
+    #: ``merged=True`` train and validation are one fitting part (``train``,
+    #: ``validation`` empty), as cross-validation uses them.
+    splits: Callable[..., DataSplit]
     outcome: str  # "continuous", "count" or "binary"
 
 
@@ -193,8 +203,11 @@ def paper_models(data_dir: str | os.PathLike) -> dict[str, PaperModel]:
     def regression(raw_x: np.ndarray, y: np.ndarray) -> Callable[[int], DataSplit]:
         data = {"x": raw_x.astype(np.float32), "y": y.astype(np.float32)}
 
-        def split(seed: int) -> DataSplit:
-            return _standardise(random_split(data, num_obs=len(y), seed=seed))
+        def split(seed: int, *, merged: bool = False) -> DataSplit:
+            parts = random_split(data, num_obs=len(y), seed=seed)
+            if merged:
+                parts = merge_validation(parts, ("x", "y"))
+            return _standardise(parts)
 
         return split
 
@@ -243,10 +256,12 @@ def paper_models(data_dir: str | os.PathLike) -> dict[str, PaperModel]:
         counts = np.asarray(d["C"], np.int32)
         n = len(counts)
 
-        def glmm_split(seed: int) -> DataSplit:
+        def glmm_split(seed: int, *, merged: bool = False) -> DataSplit:
             split = random_split(
                 {"idx": np.arange(n), "C": counts}, num_obs=n, seed=seed
             )
+            if merged:
+                split = merge_validation(split, ("idx", "C"))
             return DataSplit(*({**p, "year_all": year} for p in split))
 
         models["glmm"] = PaperModel(
@@ -343,6 +358,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="VI,PVI-Log,PVI-CRPS,PVI-Quad",
         help="comma-separated subset of the objectives",
     )
+    parser.add_argument(
+        "--selection",
+        choices=("cv", "split"),
+        default="cv",
+        help="cv: 5-fold cross-validation (numpyro_pvi.selection) on train + "
+        "validation; split: the paper's grid chosen on the validation split",
+    )
     parser.add_argument("--json", default=None, help="write the raw results here")
     parser.add_argument(
         "--jax-cache",
@@ -386,21 +408,35 @@ def main(argv: Sequence[str] | None = None) -> None:
             continue
         pm = available[key]
         t0, c0 = time.perf_counter(), time.process_time()
-        results = run_benchmark(
-            pm.model,
-            [pm.splits(s) for s in range(args.seeds)],
-            {
-                k: v
-                for k, v in paper_objectives(pm.outcome, args.num_particles).items()
-                if k in args.objectives.split(",")
-            },
-            guides,
-            scores=paper_scores(pm.outcome),
-            num_steps=args.steps,
-            learning_rate=args.lr,
-            num_draws=args.num_draws,
-            progress=lambda line, key=key: print(f"{key:>8} {line}", flush=True),
-        )
+        if args.selection == "cv":
+            results = run_cv_benchmark(
+                pm.model,
+                [pm.splits(s, merged=True) for s in range(args.seeds)],
+                guides,
+                cv_scores=[s for s in ("log", "crps") if s in paper_scores(pm.outcome)],
+                test_scores=paper_scores(pm.outcome),
+                num_steps=args.steps,
+                learning_rate=args.lr,
+                num_particles=args.num_particles,
+                num_draws=args.num_draws,
+                progress=lambda line, key=key: print(f"{key:>8} {line}", flush=True),
+            )
+        else:
+            results = run_benchmark(
+                pm.model,
+                [pm.splits(s) for s in range(args.seeds)],
+                {
+                    k: v
+                    for k, v in paper_objectives(pm.outcome, args.num_particles).items()
+                    if k in args.objectives.split(",")
+                },
+                guides,
+                scores=paper_scores(pm.outcome),
+                num_steps=args.steps,
+                learning_rate=args.lr,
+                num_draws=args.num_draws,
+                progress=lambda line, key=key: print(f"{key:>8} {line}", flush=True),
+            )
         table = format_table(results, title=key)
         print(
             f"{key}: {time.perf_counter() - t0:.0f}s wall, "

@@ -12,8 +12,10 @@ import numpy as np
 from numpyro.infer import Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from numpyro.infer.elbo import ELBO
 
+from numpyro_pvi.particles import StratifiedGuide
 from numpyro_pvi.predictive import PredictiveELBO
 from numpyro_pvi.scores import Score
+from numpyro_pvi.stratified import StratifiedELBO
 
 __all__ = [
     "DEFAULT_LAMS",
@@ -30,12 +32,17 @@ __all__ = [
 #: prior regularizer up to λ = 1, the posterior one up to λ = 10 (near VI).
 DEFAULT_LAMS = {"prior": (0.0, 0.01, 0.1, 1.0), "posterior": (0.1, 1.0, 10.0)}
 #: The objectives of plain VI (the reference of the paired differences).
-VI_OBJECTIVES = (Trace_ELBO, TraceMeanField_ELBO, TraceGraph_ELBO)
+VI_OBJECTIVES = (Trace_ELBO, TraceMeanField_ELBO, TraceGraph_ELBO, StratifiedELBO)
 
 
-def default_candidates(score: str | Score, num_particles: int) -> dict[str, ELBO]:
-    """PVI with the score over :data:`DEFAULT_LAMS` and ``Trace_ELBO``."""
-    out: dict[str, ELBO] = {"VI": Trace_ELBO(num_particles=num_particles)}
+def default_candidates(
+    score: str | Score, num_particles: int, guide: Callable
+) -> dict[str, ELBO]:
+    """PVI with the score over :data:`DEFAULT_LAMS`, and VI: ``Trace_ELBO``,
+    or :class:`~numpyro_pvi.StratifiedELBO` for a mixture guide (whose
+    weights ``Trace_ELBO`` cannot learn)."""
+    vi = StratifiedELBO if isinstance(guide, StratifiedGuide) else Trace_ELBO
+    out: dict[str, ELBO] = {"VI": vi(num_particles=num_particles)}
     for reg, lams in DEFAULT_LAMS.items():
         for lam in lams:
             loss = PredictiveELBO(

@@ -65,6 +65,18 @@ class CrossValidation:
     rule: str = "one_se"
     reference: str | None = None
 
+    def select(self, rule: str) -> str:
+        """The label another rule selects from the same scores.
+
+        :param str rule: ``"one_se"`` (needs a VI candidate) or ``"best"``.
+        """
+        if rule not in _RULES or (rule == "one_se" and self.reference is None):
+            raise ValueError(
+                f"CrossValidation.select: rule must be one of {_RULES} "
+                f"('one_se' needs a VI candidate), got {rule!r}."
+            )
+        return _select(self.scores, rule, self.reference)
+
     def __str__(self) -> str:
         s = self.scores
         lines = [
@@ -115,7 +127,8 @@ def cross_validate(
     :math:`\mathrm{sd}_i(s_{ci} - s_{{\rm VI},i})/\sqrt N` [1]. All fits use
     the same key, and all scores the same key, so the differences are paired.
 
-    By default the candidates are ``Trace_ELBO`` ("VI") and
+    By default the candidates are ``Trace_ELBO`` ("VI"; for a mixture guide
+    :class:`~numpyro_pvi.StratifiedELBO`, the VI of mixtures) and
     :class:`~numpyro_pvi.PredictiveELBO` with ``score``, λ = 0, the prior
     regularizer with λ ∈ {0.01, 0.1, 1} and the posterior regularizer with
     λ ∈ {0.1, 1, 10} (tending to VI), each with ``num_particles`` particles.
@@ -192,13 +205,14 @@ def cross_validate(
     if rule not in _RULES:
         raise ValueError(f"cross_validate: rule must be one of {_RULES}, got {rule!r}.")
     if candidates is None:
-        candidates = default_candidates(score, num_particles)
+        candidates = default_candidates(score, num_particles, guide)
     candidates = labelled(candidates)
     reference = reference_label(candidates)
     if rule == "one_se" and reference is None:
         raise ValueError(
             "cross_validate: rule='one_se' moves toward VI, but no candidate is "
-            "plain VI (Trace_ELBO); add one, or pass rule='best'."
+            "plain VI (Trace_ELBO, or StratifiedELBO for a mixture guide); add "
+            "one, or pass rule='best'."
         )
 
     fold_key, fit_key, score_key = random.split(rng_key, 3)
@@ -224,11 +238,31 @@ def cross_validate(
             final_loss[label] = losses[g]
     dataset = _dataset(candidates, held_out, final_loss, rows, reference)
     dataset.attrs.update(score=score.name, num_folds=num_folds, rule=rule)
+    if not np.isfinite(dataset["mean"]).any():
+        raise FloatingPointError(
+            "cross_validate: every candidate's held-out score is NaN or "
+            "infinite; check the fits' final_loss in the scores (a smaller step "
+            "size, or more particles)."
+        )
     best = _select(dataset, rule, reference)
     dataset.attrs["best"] = best
     return CrossValidation(
         dataset, candidates[best], best, candidates, rows, rule, reference
     )
+
+
+def _select(dataset: xr.Dataset, rule: str, reference: str | None) -> str:
+    """The label ``rule`` selects (non-finite scores never win): the best
+    mean, or with ``"one_se"`` VI when it is within one paired standard
+    error of the best."""
+    mean = np.asarray(dataset["mean"])
+    labels = list(dataset.candidate.values)
+    best = labels[int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))]
+    if rule == "one_se" and best != reference:
+        diff = float(dataset["diff"].sel(candidate=best))
+        if diff <= float(dataset["diff_se"].sel(candidate=best)):
+            return reference
+    return best
 
 
 def _data_plate(
@@ -295,21 +329,3 @@ def _dataset(
         "fold_of": ("observation", folds),
     }
     return xr.Dataset(data_vars, coords=coords, attrs={"reference": reference or ""})
-
-
-def _select(dataset: xr.Dataset, rule: str, reference: str | None) -> str:
-    """The selected candidate's label (non-finite means never win)."""
-    mean = np.asarray(dataset["mean"])
-    if not np.isfinite(mean).any():
-        raise FloatingPointError(
-            "cross_validate: every candidate's held-out score is NaN or "
-            "infinite; check the fits' final_loss (a smaller step size, or "
-            "more particles)."
-        )
-    labels = list(dataset.candidate.values)
-    best = int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))
-    if rule == "one_se" and labels[best] != reference:
-        diff, diff_se = float(dataset["diff"][best]), float(dataset["diff_se"][best])
-        if diff <= diff_se:
-            return reference
-    return labels[best]

@@ -1,0 +1,178 @@
+r"""The held-out benchmark with λ chosen by cross-validation: for every split,
+:func:`numpyro_pvi.selection.cross_validate` chooses among VI and the PVI
+grid on the fitting part (train and validation merged), the chosen
+objective is refitted on the whole fitting part and scored on the test
+part, beside VI fitted the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import random
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.elbo import ELBO
+
+from benchmarks.harness import BenchmarkResult, DataSplit
+from numpyro_pvi import predictive_score
+from numpyro_pvi._svi_scan import svi_scan
+from numpyro_pvi.selection import cross_validate
+
+__all__ = ["RULES", "run_cv_benchmark"]
+
+#: Selection rules compared: each gets its own row.
+RULES = ("one_se", "best")
+_NAMES = {"log": "Log", "crps": "CRPS", "quadratic": "Quad"}
+
+
+def _optimizer(learning_rate: float, num_steps: int) -> optax.GradientTransformation:
+    """Adam, the step size decaying from ``learning_rate`` to a tenth of it
+    (cosine), as :func:`benchmarks.harness.run_benchmark` uses."""
+
+    def schedule(t: jax.Array) -> jax.Array:
+        frac = jnp.minimum(t / num_steps, 1.0)
+        return learning_rate * (0.1 + 0.45 * (1.0 + jnp.cos(jnp.pi * frac)))
+
+    return optax.adam(schedule)
+
+
+def _fit(model, guide, optim, loss: ELBO, num_steps: int) -> Callable:
+    """``jit`` of one SVI run: ``fit(key, data) -> params``."""
+
+    @jax.jit
+    def fit(key: jax.Array, data: dict[str, Any]) -> Any:
+        svi = SVI(model, guide, optim, loss=loss)
+        state, _ = svi_scan(
+            svi, svi.init(key, **data), num_steps=num_steps, kwargs=data
+        )
+        return svi.get_params(state)
+
+    return fit
+
+
+def _test_sums(key, params, model, guide, data, scores, num_draws) -> dict:
+    return {
+        name: float(
+            jnp.sum(
+                predictive_score(
+                    key, params, model, guide, score=name, num_draws=num_draws, **data
+                )
+            )
+        )
+        for name in scores
+    }
+
+
+def run_cv_benchmark(
+    model: Callable,
+    splits: Sequence[DataSplit],
+    guides: Mapping[str, Callable[[Callable], Callable]],
+    *,
+    cv_scores: Sequence[str] = ("log",),
+    test_scores: Sequence[str] = ("log",),
+    num_steps: int = 2000,
+    learning_rate: float = 3e-2,
+    num_particles: int = 100,
+    num_draws: int = 1000,
+    num_folds: int = 5,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[BenchmarkResult]:
+    """VI and, per score in ``cv_scores``, PVI with the candidate chosen by
+    ``num_folds``-fold cross-validation under each rule of :data:`RULES`, on
+    every split (``split.train`` is the fitting part; ``split.test`` scored).
+
+    Keys: split ``s`` uses ``random.split(PRNGKey(seed), S)[s]`` for the
+    cross-validation and every fit, and the matching key of ``seed + 2`` for
+    the test scores (as :func:`benchmarks.harness.run_benchmark`).
+
+    :return: one :class:`BenchmarkResult` per (guide, objective); its
+        ``validation`` holds each candidate's CV mean per split.
+    """
+    num_seeds = len(splits)
+    fit_keys = random.split(random.PRNGKey(seed), num_seeds)
+    test_keys = random.split(random.PRNGKey(seed + 2), num_seeds)
+    optim = _optimizer(learning_rate, num_steps)
+    results = []
+    for guide_label, make_guide in guides.items():
+        guide = make_guide(model)
+        SVI(model, guide, optim, loss=Trace_ELBO()).init(fit_keys[0], **splits[0].train)
+        vi = Trace_ELBO(num_particles=num_particles)
+        fits = {"VI": _fit(model, guide, optim, vi, num_steps)}
+        rows: dict[str, dict[str, Any]] = {}
+
+        def row(label: str, rows: dict = rows) -> dict[str, Any]:
+            return rows.setdefault(
+                label, {"selected": [], "test": [], "validation": {}, "seconds": 0.0}
+            )
+
+        for s, split in enumerate(splits):
+            start = time.perf_counter()
+            params = {"VI": fits["VI"](fit_keys[s], split.train)}
+            r = row("VI")
+            r["selected"].append("-")
+            r["test"].append(
+                _test_sums(test_keys[s], params["VI"], model, guide, split.test,
+                           test_scores, num_draws)
+            )  # fmt: skip
+            r["seconds"] += time.perf_counter() - start
+            for score in cv_scores:
+                start = time.perf_counter()
+                cv = cross_validate(
+                    fit_keys[s], model, guide, optim, num_steps, score=score,
+                    num_particles=num_particles, num_draws=num_draws,
+                    num_folds=num_folds, rule="best", progress_bar=False,
+                    **split.train,
+                )  # fmt: skip
+                seconds = time.perf_counter() - start
+                for rule in RULES:
+                    label = cv.select(rule)
+                    # candidates of different scores share labels ("lam=0")
+                    key = label if label == cv.reference else (score, label)
+                    if key not in params:
+                        loss = cv.candidates[label]
+                        if key not in fits:
+                            fits[key] = _fit(model, guide, optim, loss, num_steps)
+                        params[key] = fits[key](fit_keys[s], split.train)
+                    r = row(f"PVI-{_NAMES.get(score, score)} (CV, {rule})")
+                    r["selected"].append(label)
+                    r["test"].append(
+                        _test_sums(test_keys[s], params[key], model, guide,
+                                   split.test, test_scores, num_draws)
+                    )  # fmt: skip
+                    r["seconds"] += seconds / len(RULES)
+                    for c in cv.scores.candidate.values:
+                        r["validation"].setdefault(str(c), []).append(
+                            float(cv.scores["mean"].sel(candidate=c))
+                        )
+                if progress is not None:
+                    d = cv.scores
+                    progress(
+                        f"{guide_label:>6} seed {s} {score:<5} "
+                        f"best {cv.best_label:<18} one-SE {cv.select('one_se'):<18}"
+                        f" diff {float(d['diff'].sel(candidate=cv.best_label)):+.4f}"
+                        f" ± {float(d['diff_se'].sel(candidate=cv.best_label)):.4f}"
+                        f"  [{seconds:.0f}s]"
+                    )
+        for label, r in rows.items():
+            results.append(
+                BenchmarkResult(
+                    guide=guide_label,
+                    objective=label,
+                    selected=r["selected"],
+                    validation={k: np.asarray(v) for k, v in r["validation"].items()},
+                    test={
+                        n: np.asarray([t[n] for t in r["test"]]) for n in test_scores
+                    },
+                    final_loss={},
+                    params={},
+                    seconds=r["seconds"],
+                )
+            )
+    return results

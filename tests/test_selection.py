@@ -1,0 +1,332 @@
+"""Cross-validated choice of the objective (``numpyro_pvi.selection``)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from jax import random
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+from numpyro.infer.util import log_density
+
+from numpyro_pvi import PredictiveELBO, StratifiedELBO, predictive_score
+from numpyro_pvi._svi_scan import svi_scan
+from numpyro_pvi.guides import AutoGaussianMixture
+from numpyro_pvi.scores import get_score
+from numpyro_pvi.selection import (
+    CrossValidation,
+    cross_validate,
+    mask_observations,
+    plot_cross_validation,
+)
+from numpyro_pvi.selection._folds import fold_ids
+from numpyro_pvi.selection._programs import ModelData, pointwise_scorer
+
+N = 24
+
+
+def one_site(y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 3.0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+
+def two_sites(y):
+    """Two observed sites per observation, on scales a factor 20 apart."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 3.0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("a", dist.Normal(theta, 1.0), obs=y[:, 0])
+        numpyro.sample("b", dist.Normal(20.0 * theta, 20.0), obs=y[:, 1])
+
+
+def local_latent(y):
+    """A local latent per observation: a fold-out observation's is predicted
+    from the guide's factor for it."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 3.0))
+    with numpyro.plate("obs", y.shape[0]):
+        z = numpyro.sample("z", dist.Normal(theta, 1.0))
+        numpyro.sample("y", dist.Normal(z, 0.5), obs=y)
+
+
+def subsampled(y, batch=8):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 3.0))
+    with numpyro.plate("obs", y.shape[0], subsample_size=batch) as idx:
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y[idx])
+
+
+def _data(model, seed=0, n=N):
+    rng = np.random.default_rng(seed)
+    y = 1.0 + 2.0 * rng.standard_normal((n, 2) if model is two_sites else n)
+    return jnp.asarray(y, jnp.result_type(float))
+
+
+CANDIDATES = {
+    "VI": Trace_ELBO(num_particles=4),
+    "prior lam=0.1": PredictiveELBO(num_particles=4, lam=0.1),
+    "prior lam=1": PredictiveELBO(num_particles=4, lam=1.0),
+}
+STEPS, DRAWS = 30, 64
+
+
+def _cv(model, y, **kw):
+    options = dict(candidates=CANDIDATES, num_folds=4, num_draws=DRAWS)
+    return cross_validate(
+        random.PRNGKey(1), model, AutoNormal(model), optax.adam(0.05), STEPS, y,
+        progress_bar=False, **{**options, **kw},
+    )  # fmt: skip
+
+
+def test_folds_partition_the_data_plate():
+    for n, k in [(10, 3), (24, 4), (7, 7), (101, 5)]:
+        folds = np.asarray(fold_ids(random.PRNGKey(n), n, k))
+        assert folds.shape == (n,)
+        counts = np.bincount(folds, minlength=k)
+        assert counts.sum() == n and counts.max() - counts.min() <= 1
+        assert set(folds.tolist()) == set(range(k))
+
+
+@pytest.mark.parametrize("model", [one_site, two_sites])
+def test_mask_equals_the_kept_data(model):
+    """The masked model's log density is the model's on the kept data only."""
+    y = _data(model)
+    keep = np.arange(N) % 3 != 0
+    params = {"theta": jnp.asarray(0.7)}
+    masked = mask_observations(model, keep=keep, data_plate="obs")
+    full, _ = log_density(masked, (y,), {}, params)
+    kept, _ = log_density(model, (y[keep],), {}, params)
+    np.testing.assert_allclose(full, kept, rtol=1e-6)
+
+
+def test_mask_with_a_subsampled_plate_is_unbiased():
+    """Subsampled: the mean over subsamples of the masked log-likelihood is the
+    kept data's (the subsample scale N/b times the kept fraction)."""
+    y = _data(one_site)
+    keep = np.arange(N) % 2 == 0
+    params = {"theta": jnp.asarray(0.3)}
+    masked = mask_observations(subsampled, keep=keep, data_plate="obs")
+
+    def one(key):
+        seeded = numpyro.handlers.seed(masked, key)
+        return log_density(seeded, (y,), {}, params)[0]
+
+    values = jax.vmap(one)(random.split(random.PRNGKey(0), 4000))
+    kept, _ = log_density(one_site, (y[keep],), {}, params)
+    tol = 4 * np.std(values) / np.sqrt(values.size)
+    assert abs(float(np.mean(values)) - float(kept)) < tol
+
+
+def test_mask_errors():
+    y = _data(one_site)
+    with pytest.raises(ValueError, match="1-d array"):
+        mask_observations(one_site, keep=np.ones((2, 3)), data_plate="obs")
+    bad = mask_observations(one_site, keep=np.ones(N + 1), data_plate="obs")
+    with pytest.raises(ValueError, match="has size 24"):
+        log_density(bad, (y,), {}, {"theta": 0.0})
+
+
+def _separate(model, y, cv, label):
+    """Each fold fitted (its own SVI run) and scored on its own, with
+    cross_validate's keys (``random.split(rng_key, 3)``: folds, fits, scores)."""
+    _, fit_key, score_key = random.split(random.PRNGKey(1), 3)
+    guide = AutoNormal(model)
+
+    @jax.jit
+    def fit(keep):
+        masked = mask_observations(model, keep=keep, data_plate="obs")
+        svi = SVI(masked, guide, optax.adam(0.05), loss=cv.candidates[label])
+        state, _ = svi_scan(svi, svi.init(fit_key, y), num_steps=STEPS, args=(y,))
+        return svi.get_params(state)
+
+    out = np.zeros(y.shape[0])
+    for k in range(cv.scores.sizes["fold"]):
+        params = fit(jnp.asarray(cv.folds != k))
+        scores = predictive_score(score_key, params, model, guide, y, num_draws=DRAWS)
+        out[cv.folds == k] = np.asarray(scores)[cv.folds == k]
+    return out
+
+
+@pytest.mark.parametrize(
+    "model",
+    [one_site, pytest.param(two_sites, marks=pytest.mark.numerics), local_latent],
+)
+def test_cv_equals_separately_fitted_folds(model):
+    """Every candidate's pointwise held-out scores, and so its CV mean, equal
+    those of folds fitted and scored one by one (a grid over λ vmapped with
+    the folds, VI alone)."""
+    y = _data(model)
+    cv = _cv(model, y)
+    tol = (
+        dict(rtol=1e-9, atol=1e-9)
+        if jax.config.jax_enable_x64
+        else dict(rtol=2e-4, atol=2e-4)
+    )
+    for label in CANDIDATES:
+        separate = _separate(model, y, cv, label)
+        np.testing.assert_allclose(
+            cv.scores["pointwise"].sel(candidate=label), separate, **tol
+        )
+        np.testing.assert_allclose(
+            cv.scores["mean"].sel(candidate=label), separate.mean(), **tol
+        )
+    # every observation is held out exactly once, in the fold it belongs to
+    np.testing.assert_array_equal(cv.scores["fold_of"], cv.folds)
+    counts = np.bincount(cv.folds, minlength=4)
+    np.testing.assert_allclose(
+        np.asarray(cv.scores["fold_score"].sel(candidate="VI")) @ counts / N,
+        cv.scores["mean"].sel(candidate="VI"),
+        rtol=1e-5,
+    )
+
+
+def test_subsampled_plate():
+    """A subsampled data plate is fitted on subsamples and every observation
+    scored (in batches of the subsample size): the scores equal those of the
+    same model without subsampling."""
+    y = _data(one_site)
+    params = {"theta_auto_loc": jnp.asarray(0.5), "theta_auto_scale": jnp.asarray(0.3)}
+    scores = []
+    for model in (subsampled, one_site):
+        guide = AutoNormal(model)
+        SVI(model, guide, optax.adam(0.1), Trace_ELBO()).init(random.PRNGKey(0), y)
+        data = ModelData((y,), {})
+        plate = numpyro_plate(model, y)
+        scorer = pointwise_scorer(model, guide, plate, get_score("log"), DRAWS, data)
+        scores.append(scorer(random.PRNGKey(3), params, data.dynamic))
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5)
+    cv = _cv(subsampled, y)
+    assert np.isfinite(cv.scores["pointwise"]).all()
+    assert cv.scores.sizes["observation"] == N
+
+
+def numpyro_plate(model, y):
+    from numpyro_pvi._data_plate import plate_of
+
+    tr = numpyro.handlers.trace(numpyro.handlers.seed(model, 0)).get_trace(y)
+    return plate_of(tr, None)
+
+
+def test_mixture_guide():
+    """A mixture guide under every candidate: finite scores, and the
+    mixture's stratified predictive is what is scored."""
+    y = _data(one_site)
+    guide = AutoGaussianMixture(one_site, num_components=2)
+    cv = cross_validate(
+        random.PRNGKey(1), one_site, guide, optax.adam(0.05), STEPS, y,
+        num_particles=4, num_folds=3, num_draws=DRAWS, progress_bar=False,
+    )  # fmt: skip
+    assert np.isfinite(cv.scores["pointwise"]).all()
+    # VI of a mixture is the stratified ELBO (Trace_ELBO cannot learn weights)
+    assert isinstance(cv.candidates["VI"], StratifiedELBO)
+    assert cv.reference == "VI"
+
+
+def _toy(sigma, n, seed):
+    """Lai & Yao's toy: the model says y ~ N(theta, 1); the data have sd sigma."""
+    y = sigma * np.random.default_rng(seed).standard_normal(n)
+    return jnp.asarray(y, jnp.result_type(float))
+
+
+def _held_out(loss, y, y_test):
+    guide = AutoNormal(one_site)
+    svi = SVI(one_site, guide, optax.adam(0.05), loss=loss)
+    result = svi.run(random.PRNGKey(5), 600, y, progress_bar=False)
+    s = predictive_score(random.PRNGKey(6), result.params, one_site, guide, y_test)
+    return np.asarray(s)
+
+
+@pytest.mark.optimized
+@pytest.mark.parametrize("sigma", [1.0, 2.0])
+def test_selection_known_answers(sigma):
+    """Well specified (sigma = 1): the choice is not significantly worse than
+    VI on fresh data. Misspecified (sigma = 2, Lai & Yao's toy): a small λ is
+    chosen (pure prediction, or a regularizer that does not pull it toward VI)
+    and beats VI on fresh data by far more than its standard error."""
+    y, y_test = _toy(sigma, 60, 0), _toy(sigma, 2000, 1)
+    cv = cross_validate(
+        random.PRNGKey(0), one_site, AutoNormal(one_site), optax.adam(0.05), 600,
+        y, num_particles=16, num_draws=256, progress_bar=False,
+    )  # fmt: skip
+    vi = _held_out(Trace_ELBO(num_particles=16), y, y_test)
+    chosen = _held_out(cv.best, y, y_test)
+    diff = chosen - vi
+    se = diff.std(ddof=1) / np.sqrt(diff.size)
+    if sigma == 1.0:
+        assert diff.mean() > -2 * se - 1e-6, (cv.best_label, diff.mean(), se)
+    else:
+        # a predictive candidate far from the VI limit
+        assert cv.best_label not in {"VI", "posterior lam=1", "posterior lam=10"}
+        assert diff.mean() > 5 * se and diff.mean() > 0.2, (diff.mean(), se)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(num_folds=1), ValueError, "at least 2 folds"),
+        (dict(num_folds=N + 1), ValueError, "larger than the 24 observations"),
+        (dict(candidates=[]), ValueError, "candidates is empty"),
+        (dict(candidates={"a": "elbo"}), TypeError, "not a NumPyro objective"),
+        (dict(score="quadratic"), ValueError, "no finite support"),
+        (
+            dict(candidates={"p": PredictiveELBO(num_particles=4)}),
+            ValueError,
+            "no candidate is plain VI",
+        ),
+        (dict(rule="median"), ValueError, "rule must be one of"),
+        (dict(num_steps=0), ValueError, "num_steps"),
+    ],
+)
+def test_bad_input(kwargs, error, match):
+    y = _data(one_site)
+    steps = kwargs.pop("num_steps", STEPS)
+    with pytest.raises(error, match=match):
+        cross_validate(
+            random.PRNGKey(1), one_site, AutoNormal(one_site), optax.adam(0.05),
+            steps, y, progress_bar=False, **kwargs,
+        )  # fmt: skip
+
+
+def test_no_data_plate():
+    def model(y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+    with pytest.raises(ValueError, match="share no plate"):
+        cross_validate(
+            random.PRNGKey(1), model, AutoNormal(model), optax.adam(0.05), 5,
+            _data(one_site), progress_bar=False,
+        )  # fmt: skip
+
+
+def test_result_reading_and_plot():
+    import matplotlib.pyplot as plt
+
+    y = _toy(2.0, 40, 0)
+    cv = cross_validate(
+        random.PRNGKey(0), one_site, AutoNormal(one_site), optax.adam(0.05), 100,
+        y, num_particles=4, num_draws=DRAWS, progress_bar=False,
+    )  # fmt: skip
+    assert isinstance(cv, CrossValidation)
+    assert (
+        list(cv.scores.candidate.values)[0] == "VI"
+        and cv.scores.sizes["candidate"] == 8
+    )
+    assert cv.best is cv.candidates[cv.best_label]
+    assert cv.select("best") == str(
+        cv.scores.candidate[int(np.nanargmax(cv.scores["mean"]))].values
+    )
+    assert cv.best_label in str(cv) and "selected" in str(cv)
+    axes = plot_cross_validation(cv)
+    assert len(axes) == 2
+    # one error-bar curve per regularizer and the VI line in the first panel
+    assert {t.get_text() for t in axes[0].get_legend().get_texts()} >= {
+        "PVI, prior regularizer",
+        "PVI, posterior regularizer",
+        "VI",
+        "selected",
+    }
+    plt.close("all")
+    with pytest.raises(TypeError, match="result of cross_validate"):
+        plot_cross_validation(cv.scores)
