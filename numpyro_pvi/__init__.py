@@ -5,7 +5,7 @@ autoguide, held-out scoring, and diagnostics returned in ArviZ's native
 container (``xarray.DataTree`` on ArviZ ≥ 1.0, ``InferenceData`` on 0.2x).
 """
 
-from numpyro_pvi import guides, scores
+from numpyro_pvi import guides, scores, selection
 from numpyro_pvi.evaluation import predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
@@ -26,5 +26,6 @@ __all__ = [
     "guides",
     "predictive_score",
     "scores",
+    "selection",
     "shard_data",
 ]

@@ -1,0 +1,118 @@
+"""Wall time of :func:`numpyro_pvi.selection.cross_validate` against the
+same fits done one by one with ``SVI.run``.
+
+5-fold cross-validation of the 8 default candidates (VI and the PVI λ grid)
+on one posteriordb model is 40 fits and 40 held-out scores. The baseline
+does exactly these fits and scores with what a user would write without the
+library: for every candidate and fold ``SVI(mask_observations(model, ...),
+...).run(...)`` — with its default progress bar (one dispatched step at a
+time), and without it (one compiled loop per call) — and
+:func:`~numpyro_pvi.predictive_score` of the held-out fold. All runs are in
+one process, from a cold compilation cache (no persistent cache), run in
+alternation ``--reps`` times; wall times include compilation, as a user
+waits for it.
+
+Usage::
+
+    python -m benchmarks.cv_speed [DATA_DIR] [--model nes] [--steps 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax import random
+from numpyro.infer import SVI
+from numpyro.infer.autoguide import AutoNormal
+
+from benchmarks.cv_harness import _optimizer
+from benchmarks.posteriordb import _default_data_dir, paper_models
+from numpyro_pvi import predictive_score
+from numpyro_pvi.selection import cross_validate, mask_observations
+from numpyro_pvi.selection._candidates import default_candidates
+from numpyro_pvi.selection._folds import fold_ids
+
+__all__ = ["main"]
+
+
+def _one_by_one(model, data, num_steps, lr, num_particles, *, progress_bar):
+    """The 40 fits and held-out scores, each an ``SVI.run`` of its own."""
+    guide = AutoNormal(model)
+    n = len(data["y"] if "y" in data else data["C"])
+    folds = np.asarray(fold_ids(random.PRNGKey(0), n, 5))
+    total = 0.0
+    for loss in default_candidates("log", num_particles, guide).values():
+        for k in range(5):
+            masked = mask_observations(model, keep=folds != k, data_plate="obs")
+            svi = SVI(masked, guide, _optimizer(lr, num_steps), loss=loss)
+            result = svi.run(
+                random.PRNGKey(1), num_steps, progress_bar=progress_bar, **data
+            )
+            scores = predictive_score(
+                random.PRNGKey(2), result.params, model, guide, **data
+            )
+            total += float(np.sum(np.asarray(scores)[folds == k]))
+    return total
+
+
+def _library(model, data, num_steps, lr, num_particles):
+    cv = cross_validate(
+        random.PRNGKey(0), model, AutoNormal(model), _optimizer(lr, num_steps),
+        num_steps, num_particles=num_particles, progress_bar=False, **data,
+    )  # fmt: skip
+    return float(cv.scores["mean"].sum())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("data_dir", nargs="?", default=str(_default_data_dir()))
+    parser.add_argument("--model", default="nes")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--num-particles", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=3e-2)
+    parser.add_argument("--reps", type=int, default=1)
+    args = parser.parse_args(argv)
+    if not Path(args.data_dir).is_dir():
+        raise SystemExit(f"data directory {args.data_dir} does not exist")
+    pm = paper_models(args.data_dir)[args.model]
+    data = pm.splits(0, merged=True).train
+    runs = {
+        "cross_validate": lambda: _library(
+            pm.model, data, args.steps, args.lr, args.num_particles
+        ),
+        "40 x SVI.run (progress bar)": lambda: _one_by_one(
+            pm.model, data, args.steps, args.lr, args.num_particles, progress_bar=True
+        ),
+        "40 x SVI.run (no progress bar)": lambda: _one_by_one(
+            pm.model, data, args.steps, args.lr, args.num_particles, progress_bar=False
+        ),
+    }
+    print(
+        f"model {args.model}: {args.steps} steps, M = {args.num_particles}, 5 folds "
+        f"x 8 candidates, jax {jax.__version__}, {os.cpu_count()} cores"
+    )
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for rep in range(args.reps):
+        for label, run in runs.items():
+            jax.clear_caches()
+            load = os.getloadavg()[0]
+            start = time.perf_counter()
+            run()
+            times[label].append(time.perf_counter() - start)
+            print(f"rep {rep} {label:<32} {times[label][-1]:8.1f} s  load {load:.2f}")
+    base = np.median(times["cross_validate"])
+    for label, t in times.items():
+        print(
+            f"{label:<32} median {np.median(t):8.1f} s  "
+            f"ratio {np.median(t) / base:5.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
