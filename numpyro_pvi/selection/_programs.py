@@ -25,8 +25,9 @@ from numpyro_pvi.selection._folds import mask_observations
 
 __all__ = ["ModelData", "fit_grid", "pointwise_scorer", "score_fits"]
 
-#: Progress-bar updates per compiled block of fits.
-_PROGRESS_BLOCKS = 20
+#: Blocks of steps per fit: the progress bar's updates; the last block's
+#: mean loss is reported.
+_BLOCKS = 20
 
 
 class ModelData:
@@ -69,7 +70,8 @@ def fit_grid(
     N)``) from the same key: one compiled program, run in blocks of steps.
 
     :return: the fitted parameters with leading axes ``(G, K)`` and the mean
-        loss of each fit over its last block of steps, ``(G, K)``.
+        loss of each fit over its last block of steps (the last 5%),
+        ``(G, K)``.
     """
     from tqdm.auto import tqdm
 
@@ -125,7 +127,7 @@ def fit_grid(
 
     inputs = (values, keeps, rng_key, data.dynamic)
     states = init(*inputs)
-    block = math.ceil(num_steps / _PROGRESS_BLOCKS) if progress_bar else num_steps
+    block = math.ceil(num_steps / _BLOCKS)
     desc = f"CV {', '.join(grid.labels)}"
     with tqdm(total=num_steps, disable=not progress_bar, desc=desc) as bar:
         done = 0

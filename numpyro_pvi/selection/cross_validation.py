@@ -46,9 +46,10 @@ class CrossValidation:
         ``observation``: ``pointwise`` (each observation's score when held
         out), ``fold_score`` (mean held-out score of each fold), ``mean`` and
         ``se`` per candidate, ``diff`` and ``diff_se`` (paired difference to
-        the reference, VI), ``final_loss`` (mean training loss over the last
-        steps of each fit); coordinates ``regularizer`` and ``lam``. Scores
-        are positively oriented (higher is better; the CRPS is negated).
+        the reference, VI), ``final_loss`` (mean training loss over the
+        last 5% of the steps of each fit); coordinates ``regularizer``,
+        ``lam`` and ``fold_of``. Scores are positively oriented (higher is
+        better; the CRPS is negated).
     :ivar best: the selected loss object, for ``SVI(..., loss=cv.best)``.
     :ivar best_label: its label.
     :ivar candidates: label -> loss, every candidate.
