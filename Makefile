@@ -9,11 +9,14 @@ VPY := $(VENV)/bin/python
 PYTHON312 ?= $(shell .ci/find-python 3.12)
 VENV312 := .venv-py312
 VPY312 := $(VENV312)/bin/python
-# what the leg runs: every diagnostics and export test, and the tutorials
-# that read the diagnostics' containers
-LEG312_TUTORIALS := 02_pvi_model_criticism 06_did_it_work
+# what the leg runs: every diagnostics and export test, the tutorial that
+# reads the diagnostics' containers most, and cross-validation's result and
+# its equality with separately fitted folds (JAX 1.x-era APIs)
+LEG312_TUTORIALS := 06_did_it_work
 LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
 	tests/test_export.py tests/test_vsbc.py tests/test_diagnostics_edges.py \
+	"tests/test_selection.py::test_result_reading_and_plot" \
+	"tests/test_selection.py::test_cv_equals_separately_fitted_folds[local_latent-log]" \
 	$(foreach nb,$(LEG312_TUTORIALS),\
 	"tests/test_tutorials.py::test_notebook_executes_in_smoke_mode[$(nb)]")
 
