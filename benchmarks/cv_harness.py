@@ -24,7 +24,7 @@ from numpyro_pvi import predictive_score
 from numpyro_pvi._svi_scan import svi_scan
 from numpyro_pvi.selection import cross_validate
 
-__all__ = ["RULES", "run_cv_benchmark"]
+__all__ = ["RULES", "format_paired", "run_cv_benchmark"]
 
 #: Selection rules compared: each gets its own row.
 RULES = ("one_se", "best")
@@ -176,3 +176,30 @@ def run_cv_benchmark(
                 )
             )
     return results
+
+
+def format_paired(results: Sequence[BenchmarkResult], *, title: str = "") -> str:
+    """Markdown table of PVI (CV) − VI on each PVI objective's own test score,
+    paired by split: mean (standard error over splits), splits where PVI is
+    better; the CRPS as VI's minus PVI's (positive: PVI better).
+
+    :param results: the output of :func:`run_cv_benchmark` for one model.
+    :param title: the model column's value.
+    """
+    lines = [
+        "| model | guide | objective | selection | PVI − VI | PVI better |",
+        "|---|---|---|---|---|---|",
+    ]
+    vi = {r.guide: r for r in results if r.objective == "VI"}
+    for r in results:
+        if r.objective == "VI":
+            continue
+        name = "crps" if "CRPS" in r.objective else "log"
+        diff = r.test[name] - vi[r.guide].test[name]  # positively oriented
+        se = diff.std(ddof=1) / np.sqrt(diff.size) if diff.size > 1 else np.nan
+        objective, rule = r.objective.split(" (CV, ")
+        lines.append(
+            f"| {title} | {r.guide} | {objective} | {rule.rstrip(')')} | "
+            f"{diff.mean():+.2f} ({se:.2f}) | {int((diff > 0).sum())}/{diff.size} |"
+        )
+    return "\n".join(lines)

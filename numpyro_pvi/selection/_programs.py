@@ -110,18 +110,7 @@ def fit_grid(
                 return state, total + loss
 
             state, total = lax.fori_loop(0, n, step, (state, jnp.zeros(())))
-            return state, total / n
-
-        return over_fits(one, states)(values, keeps, key, states)
-
-    @jax.jit
-    def get_params(states: Any, values, keeps, key, dynamic: list) -> Any:
-        args, kwargs = data.rebuild(dynamic)
-
-        def one(value: jax.Array, keep: jax.Array, key: jax.Array, state: Any):
-            s = svi(value, keep)
-            s.init(key, *args, **kwargs)
-            return s.get_params(state)
+            return state, total / n, s.get_params(state)
 
         return over_fits(one, states)(values, keeps, key, states)
 
@@ -133,10 +122,10 @@ def fit_grid(
         done = 0
         while done < num_steps:
             n = min(block, num_steps - done)
-            states, losses = run(states, jnp.asarray(n), *inputs)
+            states, losses, params = run(states, jnp.asarray(n), *inputs)
             done += n
             bar.update(n)
-    return get_params(states, *inputs), np.asarray(losses)
+    return params, np.asarray(losses)
 
 
 def pointwise_scorer(
@@ -190,16 +179,22 @@ def pointwise_scorer(
 
 
 def score_fits(
-    scorer: Callable, rng_key: jax.Array, params: Any, data: ModelData
-) -> np.ndarray:
-    """``(G, K, N)`` pointwise scores of fits with leading axes ``(G, K)``,
-    one fit after another (``lax.map``: memory of one fit's draws)."""
-    g, k = jax.tree.leaves(params)[0].shape[:2]
+    scorer: Callable, rng_key: jax.Array, params: list[Any], data: ModelData
+) -> list[np.ndarray]:
+    """``(G, K, N)`` pointwise scores of each grid's fits (leading axes ``(G,
+    K)``), all grids in one program, one fit after another (``lax.map``:
+    memory of one fit's draws)."""
+    sizes = [jax.tree.leaves(p)[0].shape[0] for p in params]
+    k = jax.tree.leaves(params[0])[0].shape[1]
 
     @jax.jit
-    def run(key: jax.Array, params: Any, dynamic: list) -> jax.Array:
-        flat = jax.tree.map(lambda x: x.reshape((g * k,) + x.shape[2:]), params)
-        out = lax.map(lambda p: scorer(key, p, dynamic), flat)
-        return out.reshape((g, k, -1))
+    def run(key: jax.Array, params: list[Any], dynamic: list) -> jax.Array:
+        flat = jax.tree.map(
+            lambda *xs: jnp.concatenate([x.reshape((-1,) + x.shape[2:]) for x in xs]),
+            *params,
+        )
+        return lax.map(lambda p: scorer(key, p, dynamic), flat)
 
-    return np.asarray(run(rng_key, params, data.dynamic))
+    out = np.asarray(run(rng_key, params, data.dynamic))
+    out = out.reshape((sum(sizes), k, -1))
+    return np.split(out, np.cumsum(sizes)[:-1])

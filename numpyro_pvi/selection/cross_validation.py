@@ -226,16 +226,19 @@ def cross_validate(
     scorer = pointwise_scorer(model, guide, plate, score, num_draws, data)
     jax.eval_shape(scorer, score_key, params, data.dynamic)  # the score applies
 
-    held_out, final_loss = {}, {}
-    rows, cols = np.asarray(folds), np.arange(plate.size)
-    for grid in grids(candidates):
-        fitted, losses = fit_grid(
+    fits = [
+        (grid, *fit_grid(
             grid, model, guide, optim, plate, keeps, fit_key, data,
             num_steps=num_steps, progress_bar=progress_bar,
-        )  # fmt: skip
-        pointwise = score_fits(scorer, score_key, fitted, data)  # (G, K, N)
-        for g, label in enumerate(grid.labels):
-            held_out[label] = pointwise[g][rows, cols]
+        ))
+        for grid in grids(candidates)
+    ]  # fmt: skip
+    pointwise = score_fits(scorer, score_key, [p for _, p, _ in fits], data)
+    held_out, final_loss = {}, {}
+    rows, cols = np.asarray(folds), np.arange(plate.size)
+    for (grid, _, losses), scores in zip(fits, pointwise, strict=True):
+        for g, label in enumerate(grid.labels):  # scores: (G, K, N)
+            held_out[label] = scores[g][rows, cols]
             final_loss[label] = losses[g]
     dataset = _dataset(candidates, held_out, final_loss, rows, reference)
     dataset.attrs.update(score=score.name, num_folds=num_folds, rule=rule)
