@@ -233,3 +233,19 @@ def test_dense_guide_density_matches_multivariate_normal():
         values.append(loss.loss(random.PRNGKey(6), p, regression, guide, x, y))
     assert jax.tree.structure(params[0]) == jax.tree.structure(params[1])
     np.testing.assert_allclose(values[0], values[1], rtol=1e-5)
+
+
+def test_merge_validation_is_train_and_validation():
+    """The fitting part of the cross-validated benchmark: train and
+    validation concatenated, the test part untouched, constants passed."""
+    data = {"x": np.arange(50.0), "y": -np.arange(50.0), "c": np.ones(3)}
+    split = harness.random_split(data, num_obs=50, seed=3)
+    merged = harness.merge_validation(split, ("x", "y"))
+    np.testing.assert_array_equal(
+        merged.train["x"], np.concatenate([split.train["x"], split.validation["x"]])
+    )
+    np.testing.assert_array_equal(merged.train["y"], -merged.train["x"])
+    np.testing.assert_array_equal(merged.test["x"], split.test["x"])
+    assert merged.validation == {} and merged.train["c"] is data["c"]
+    covered = np.concatenate([merged.train["x"], merged.test["x"]])
+    np.testing.assert_array_equal(np.sort(covered), data["x"])
