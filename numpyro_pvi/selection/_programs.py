@@ -5,8 +5,10 @@ pointwise scores of the fits."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +25,16 @@ from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._candidates import Grid
 from numpyro_pvi.selection._folds import mask_observations
 
-__all__ = ["ModelData", "fit_grid", "pointwise_scorer", "score_fits"]
+__all__ = [
+    "GridProgram",
+    "ModelData",
+    "compile_all",
+    "lower_grid",
+    "lower_scores",
+    "pointwise_scorer",
+    "run_grid",
+    "split_scores",
+]
 
 #: Blocks of steps per fit: the progress bar's updates; the last block's
 #: mean loss is reported.
@@ -40,7 +51,9 @@ class ModelData:
         self._static = [
             None if a else x for x, a in zip(leaves, self._is_array, strict=True)
         ]
-        self.dynamic = [x for x, a in zip(leaves, self._is_array, strict=True) if a]
+        self.dynamic = [
+            jnp.asarray(x) for x, a in zip(leaves, self._is_array, strict=True) if a
+        ]
         self.args, self.kwargs = args, kwargs
 
     def rebuild(self, dynamic: list[jax.Array]) -> tuple[tuple, dict]:
@@ -53,7 +66,16 @@ class ModelData:
         return jax.tree.unflatten(self._treedef, leaves)
 
 
-def fit_grid(
+class GridProgram(NamedTuple):
+    """The lowered programs of one grid's fits and their inputs."""
+
+    grid: Grid
+    init: Any  # lowered, then compiled: inputs -> states
+    run: Any  # lowered, then compiled: (states, n, *inputs) -> (states, loss, params)
+    inputs: tuple
+
+
+def lower_grid(
     grid: Grid,
     model: Callable,
     guide: Callable,
@@ -62,19 +84,10 @@ def fit_grid(
     keeps: jax.Array,
     rng_key: jax.Array,
     data: ModelData,
-    *,
-    num_steps: int,
-    progress_bar: bool,
-) -> tuple[dict[str, jax.Array], np.ndarray]:
-    """Fit every λ of ``grid`` on every fold's complement (``keeps``, ``(K,
-    N)``) from the same key: one compiled program, run in blocks of steps.
-
-    :return: the fitted parameters with leading axes ``(G, K)`` and the mean
-        loss of each fit over its last block of steps (the last 5%),
-        ``(G, K)``.
-    """
-    from tqdm.auto import tqdm
-
+) -> GridProgram:
+    """Trace and lower the fits of every λ of ``grid`` on every fold's
+    complement (``keeps``, ``(K, N)``) from the same key: a ``vmap`` over λ
+    and folds, ``n`` steps per call (a traced count)."""
     values = jnp.asarray(grid.values, dtype=jnp.result_type(float))
 
     def svi(value: jax.Array, keep: jax.Array) -> SVI:
@@ -87,7 +100,6 @@ def fit_grid(
 
     # keys, folds and data are inputs, not constants: a second call with
     # other ones runs the same program (cached when a compilation cache is on)
-    @jax.jit
     def init(values: jax.Array, keeps: jax.Array, key: jax.Array, dynamic: list):
         args, kwargs = data.rebuild(dynamic)
 
@@ -96,7 +108,6 @@ def fit_grid(
 
         return over_fits(one)(values, keeps, key)
 
-    @jax.jit
     def run(states: Any, n: jax.Array, values, keeps, key, dynamic: list):
         args, kwargs = data.rebuild(dynamic)
 
@@ -115,14 +126,42 @@ def fit_grid(
         return over_fits(one, states)(values, keeps, key, states)
 
     inputs = (values, keeps, rng_key, data.dynamic)
-    states = init(*inputs)
+    init_lowered = jax.jit(init).lower(*inputs)
+    states = jax.eval_shape(init, *inputs)
+    count = jax.ShapeDtypeStruct((), jnp.int32)
+    return GridProgram(
+        grid, init_lowered, jax.jit(run).lower(states, count, *inputs), inputs
+    )
+
+
+def compile_all(lowered: list[Any]) -> list[Any]:
+    """Compile lowered programs, as many at once as there are cores (XLA's
+    compiler runs outside Python's lock; tracing and lowering stay serial)."""
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(lambda p: p.compile(), lowered))
+
+
+def run_grid(
+    program: GridProgram, *, num_steps: int, progress_bar: bool
+) -> tuple[Any, np.ndarray]:
+    """Run a compiled :class:`GridProgram` for ``num_steps`` steps in blocks.
+
+    :return: the fitted parameters with leading axes ``(G, K)`` and the mean
+        loss of each fit over its last block of steps (the last 5%),
+        ``(G, K)``.
+    """
+    from tqdm.auto import tqdm
+
+    states = program.init(*program.inputs)
     block = math.ceil(num_steps / _BLOCKS)
-    desc = f"CV {', '.join(grid.labels)}"
+    desc = f"CV {', '.join(program.grid.labels)}"
     with tqdm(total=num_steps, disable=not progress_bar, desc=desc) as bar:
         done = 0
         while done < num_steps:
             n = min(block, num_steps - done)
-            states, losses, params = run(states, jnp.asarray(n), *inputs)
+            states, losses, params = program.run(
+                states, jnp.asarray(n, jnp.int32), *program.inputs
+            )
             done += n
             bar.update(n)
     return params, np.asarray(losses)
@@ -178,16 +217,14 @@ def pointwise_scorer(
     return batched
 
 
-def score_fits(
+def lower_scores(
     scorer: Callable, rng_key: jax.Array, params: list[Any], data: ModelData
-) -> list[np.ndarray]:
-    """``(G, K, N)`` pointwise scores of each grid's fits (leading axes ``(G,
-    K)``), all grids in one program, one fit after another (``lax.map``:
-    memory of one fit's draws)."""
-    sizes = [jax.tree.leaves(p)[0].shape[0] for p in params]
-    k = jax.tree.leaves(params[0])[0].shape[1]
+) -> Any:
+    """Lower the scoring of every grid's fits (``params``: their shapes, with
+    leading axes ``(G, K)``) at every observation, in one program, one fit
+    after another (``lax.map``: memory of one fit's draws). The compiled
+    program returns ``(sum G · K, N)``."""
 
-    @jax.jit
     def run(key: jax.Array, params: list[Any], dynamic: list) -> jax.Array:
         flat = jax.tree.map(
             lambda *xs: jnp.concatenate([x.reshape((-1,) + x.shape[2:]) for x in xs]),
@@ -195,6 +232,12 @@ def score_fits(
         )
         return lax.map(lambda p: scorer(key, p, dynamic), flat)
 
-    out = np.asarray(run(rng_key, params, data.dynamic))
-    out = out.reshape((sum(sizes), k, -1))
+    return jax.jit(run).lower(rng_key, params, data.dynamic)
+
+
+def split_scores(scores: jax.Array, params: list[Any]) -> list[np.ndarray]:
+    """``(G, K, N)`` scores per grid from :func:`lower_scores`'s output."""
+    sizes = [jax.tree.leaves(p)[0].shape[0] for p in params]
+    k = jax.tree.leaves(params[0])[0].shape[1]
+    out = np.asarray(scores).reshape((sum(sizes), k, -1))
     return np.split(out, np.cumsum(sizes)[:-1])

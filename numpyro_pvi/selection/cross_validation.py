@@ -28,9 +28,12 @@ from numpyro_pvi.selection._candidates import (
 from numpyro_pvi.selection._folds import fold_ids
 from numpyro_pvi.selection._programs import (
     ModelData,
-    fit_grid,
+    compile_all,
+    lower_grid,
+    lower_scores,
     pointwise_scorer,
-    score_fits,
+    run_grid,
+    split_scores,
 )
 
 __all__ = ["CrossValidation", "cross_validate"]
@@ -226,14 +229,25 @@ def cross_validate(
     scorer = pointwise_scorer(model, guide, plate, score, num_draws, data)
     jax.eval_shape(scorer, score_key, params, data.dynamic)  # the score applies
 
-    fits = [
-        (grid, *fit_grid(
-            grid, model, guide, optim, plate, keeps, fit_key, data,
-            num_steps=num_steps, progress_bar=progress_bar,
-        ))
+    programs = [
+        lower_grid(grid, model, guide, optim, plate, keeps, fit_key, data)
         for grid in grids(candidates)
-    ]  # fmt: skip
-    pointwise = score_fits(scorer, score_key, [p for _, p, _ in fits], data)
+    ]
+    shapes = [p.run.out_info[2] for p in programs]
+    score_program = lower_scores(scorer, score_key, shapes, data)
+    compiled = compile_all(
+        [x for p in programs for x in (p.init, p.run)] + [score_program]
+    )
+    programs = [
+        p._replace(init=i, run=r)
+        for p, i, r in zip(programs, compiled[0:-1:2], compiled[1:-1:2], strict=True)
+    ]
+    fits = [
+        (p.grid, *run_grid(p, num_steps=num_steps, progress_bar=progress_bar))
+        for p in programs
+    ]
+    params = [fitted for _, fitted, _ in fits]
+    pointwise = split_scores(compiled[-1](score_key, params, data.dynamic), params)
     held_out, final_loss = {}, {}
     rows, cols = np.asarray(folds), np.arange(plate.size)
     for (grid, _, losses), scores in zip(fits, pointwise, strict=True):
