@@ -148,7 +148,10 @@ def cross_validate(
     **Cost.** Candidates that differ only in λ form one compiled program: a
     ``vmap`` over λ (traced) and over the folds of ``num_steps`` SVI steps,
     run in blocks with a progress bar; other candidates get one program
-    each.
+    each. All programs, and the one that scores every fit, are compiled at
+    once on all cores. On a posteriordb regression (8 candidates, 5 folds,
+    2000 steps) this is 3.9 times faster than the 40 fits done one
+    ``SVI.run`` at a time (``benchmarks/RESULTS.md``).
 
     **Example**
 
