@@ -243,7 +243,6 @@ def _held_out(loss, y, y_test):
     return np.asarray(s)
 
 
-@pytest.mark.optimized
 @pytest.mark.parametrize("sigma", [1.0, 2.0])
 def test_selection_known_answers(sigma):
     """Well specified (sigma = 1): the choice is not significantly worse than
