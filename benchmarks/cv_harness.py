@@ -14,12 +14,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.elbo import ELBO
 
-from benchmarks.harness import BenchmarkResult, DataSplit
+from benchmarks.harness import BenchmarkResult, DataSplit, decaying_adam
 from numpyro_pvi import predictive_score
 from numpyro_pvi._svi_scan import svi_scan
 from numpyro_pvi.selection import cross_validate
@@ -29,17 +28,6 @@ __all__ = ["RULES", "format_paired", "run_cv_benchmark"]
 #: Selection rules compared: each gets its own row.
 RULES = ("one_se", "best")
 _NAMES = {"log": "Log", "crps": "CRPS", "quadratic": "Quad"}
-
-
-def _optimizer(learning_rate: float, num_steps: int) -> optax.GradientTransformation:
-    """Adam, the step size decaying from ``learning_rate`` to a tenth of it
-    (cosine), as :func:`benchmarks.harness.run_benchmark` uses."""
-
-    def schedule(t: jax.Array) -> jax.Array:
-        frac = jnp.minimum(t / num_steps, 1.0)
-        return learning_rate * (0.1 + 0.45 * (1.0 + jnp.cos(jnp.pi * frac)))
-
-    return optax.adam(schedule)
 
 
 def _fit(model, guide, optim, loss: ELBO, num_steps: int) -> Callable:
@@ -98,7 +86,7 @@ def run_cv_benchmark(
     num_seeds = len(splits)
     fit_keys = random.split(random.PRNGKey(seed), num_seeds)
     test_keys = random.split(random.PRNGKey(seed + 2), num_seeds)
-    optim = _optimizer(learning_rate, num_steps)
+    optim = decaying_adam(learning_rate, num_steps)
     results = []
     for guide_label, make_guide in guides.items():
         guide = make_guide(model)

@@ -31,7 +31,7 @@ from jax import random
 from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
-from benchmarks.cv_harness import _optimizer
+from benchmarks.harness import decaying_adam
 from benchmarks.posteriordb import _default_data_dir, paper_models
 from numpyro_pvi import predictive_score
 from numpyro_pvi.selection import cross_validate, mask_observations
@@ -50,7 +50,7 @@ def _one_by_one(model, data, num_steps, lr, num_particles, *, progress_bar):
     for loss in default_candidates("log", num_particles, guide).values():
         for k in range(5):
             masked = mask_observations(model, keep=folds != k, data_plate="obs")
-            svi = SVI(masked, guide, _optimizer(lr, num_steps), loss=loss)
+            svi = SVI(masked, guide, decaying_adam(lr, num_steps), loss=loss)
             result = svi.run(
                 random.PRNGKey(1), num_steps, progress_bar=progress_bar, **data
             )
@@ -63,7 +63,7 @@ def _one_by_one(model, data, num_steps, lr, num_particles, *, progress_bar):
 
 def _library(model, data, num_steps, lr, num_particles):
     cv = cross_validate(
-        random.PRNGKey(0), model, AutoNormal(model), _optimizer(lr, num_steps),
+        random.PRNGKey(0), model, AutoNormal(model), decaying_adam(lr, num_steps),
         num_steps, num_particles=num_particles, progress_bar=False, **data,
     )  # fmt: skip
     return float(cv.scores["mean"].sum())

@@ -27,7 +27,13 @@ from numpyro_pvi._structure import check_full_data, replay_trace
 from numpyro_pvi._validation import check_int
 from numpyro_pvi.particles import ParticleTerms
 
-__all__ = ["check_fitted_call", "guide_draws", "structured_draws"]
+__all__ = [
+    "check_fitted_call",
+    "guide_draws",
+    "join_arrays",
+    "split_arrays",
+    "structured_draws",
+]
 
 
 def check_fitted_call(
@@ -120,19 +126,33 @@ def guide_draws(
         chunk_size=chunk_size,
         reduce=reduce,
     )
-    leaves, treedef = jax.tree.flatten((args, kwargs))
-    is_array = [isinstance(x, jax.Array | np.ndarray) for x in leaves]
-    static = tuple(None if a else x for x, a in zip(leaves, is_array, strict=True))
-    dynamic = [x for x, a in zip(leaves, is_array, strict=True) if a]
+    structure, dynamic = split_arrays(args, kwargs)
     try:
-        hash((static, reduce))
+        hash((structure, reduce))
     except TypeError:  # an unhashable constant: compile for this call only
         return jax.jit(
             lambda key, params: _draws(key, params, args, kwargs, **options)
         )(rng_key, param_map)
-    return _cached_draws(
-        rng_key, param_map, dynamic, structure=(treedef, static), **options
-    )
+    return _cached_draws(rng_key, param_map, dynamic, structure=structure, **options)
+
+
+def split_arrays(args: tuple, kwargs: dict) -> tuple[tuple[Any, tuple], list]:
+    """Model arguments as ``(structure, arrays)``: the array leaves (inputs of
+    a compiled program) and everything else, ``(treedef, leaves)`` with
+    ``None`` in place of each array (compile-time constants; hashable when
+    the constants are). :func:`join_arrays` is the inverse."""
+    leaves, treedef = jax.tree.flatten((args, kwargs))
+    is_array = [isinstance(x, jax.Array | np.ndarray) for x in leaves]
+    static = tuple(None if a else x for x, a in zip(leaves, is_array, strict=True))
+    return (treedef, static), [x for x, a in zip(leaves, is_array, strict=True) if a]
+
+
+def join_arrays(structure: tuple[Any, tuple], arrays: list) -> tuple[tuple, dict]:
+    """``(args, kwargs)`` from :func:`split_arrays`'s structure and arrays."""
+    treedef, static = structure
+    arrays = iter(arrays)
+    leaves = [next(arrays) if x is None else x for x in static]
+    return jax.tree.unflatten(treedef, leaves)
 
 
 def structured_draws(
@@ -189,10 +209,7 @@ def _cached_draws(
     structure: tuple[Any, tuple],
     **options: Any,
 ) -> Any:
-    treedef, static = structure
-    arrays = iter(dynamic)
-    leaves = [next(arrays) if x is None else x for x in static]
-    args, kwargs = jax.tree.unflatten(treedef, leaves)
+    args, kwargs = join_arrays(structure, dynamic)
     return _draws(rng_key, param_map, args, kwargs, **options)
 
 

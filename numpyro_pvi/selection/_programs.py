@@ -18,7 +18,7 @@ from numpyro.handlers import substitute
 from numpyro.infer import SVI
 
 from numpyro_pvi._data_plate import DataPlate
-from numpyro_pvi._draws import guide_draws
+from numpyro_pvi._draws import guide_draws, join_arrays, split_arrays
 from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi.evaluation import _Estimate
 from numpyro_pvi.scores import Score
@@ -46,24 +46,13 @@ class ModelData:
     programs) and everything else (compile-time constants)."""
 
     def __init__(self, args: tuple, kwargs: dict) -> None:
-        leaves, self._treedef = jax.tree.flatten((args, kwargs))
-        self._is_array = [isinstance(x, jax.Array | np.ndarray) for x in leaves]
-        self._static = [
-            None if a else x for x, a in zip(leaves, self._is_array, strict=True)
-        ]
-        self.dynamic = [
-            jnp.asarray(x) for x, a in zip(leaves, self._is_array, strict=True) if a
-        ]
+        self._structure, arrays = split_arrays(args, kwargs)
+        self.dynamic = [jnp.asarray(x) for x in arrays]
         self.args, self.kwargs = args, kwargs
 
     def rebuild(self, dynamic: list[jax.Array]) -> tuple[tuple, dict]:
         """``(args, kwargs)`` with the array leaves ``dynamic``."""
-        arrays = iter(dynamic)
-        leaves = [
-            next(arrays) if a else x
-            for x, a in zip(self._static, self._is_array, strict=True)
-        ]
-        return jax.tree.unflatten(self._treedef, leaves)
+        return join_arrays(self._structure, dynamic)
 
 
 class GridProgram(NamedTuple):
