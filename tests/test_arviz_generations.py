@@ -181,21 +181,3 @@ def test_get_group_reads_either_container():
     assert ds.equals(group(data, "sample_stats"))
     with pytest.raises(KeyError, match="no group 'vsbc'"):
         get_group(data, "vsbc")
-
-
-def test_ecdf_band_is_simultaneous_at_its_level():
-    """ArviZ's simultaneous 94% band (as plot_vsbc draws it) holds the whole
-    ECDF of 100 uniform draws in about 94% of data sets; tolerance from the
-    binomial error of 2000 data sets plus the band's own simulation error."""
-    from numpyro_pvi.diagnostics._containers import ADAPTER
-
-    num, level = 100, 0.94
-    points = np.linspace(0.0, 1.0, 101)
-    lower, upper = ADAPTER.ecdf_band(num, points, level)
-    draws = np.sort(np.random.default_rng(0).uniform(size=(2000, num)), axis=1)
-    ecdf = np.stack([np.searchsorted(d, points, side="right") / num for d in draws])
-    inside = np.all((ecdf >= lower - 1e-12) & (ecdf <= upper + 1e-12), axis=1)
-    assert abs(inside.mean() - level) < 0.03
-    # exact at the ends, open inside
-    assert lower[0] == upper[0] == 0.0 and lower[-1] == upper[-1] == 1.0
-    assert np.all(upper[1:-1] - lower[1:-1] > 0.0)

@@ -195,6 +195,10 @@ def test_biased_sigma_is_flagged_over_and_coefficients_are_not(wide):
 def test_narrow_unbiased_guide_passes_symmetry_with_u_shaped_histogram(narrow):
     sym = group(narrow, "vsbc_symmetry")
     assert sym["direction"].sel(component="sigma").item() == "ok"
+    # what symmetry cannot see, dispersion and uniformity do
+    assert sym["dispersion"].sel(component="sigma").item() == "too narrow"
+    assert float(sym["spread_ratio"].sel(component="sigma")) > 2  # capped: p = 0, 1
+    assert float(sym["p_value_uniformity"].sel(component="sigma")) < 1e-3
     counts = narrow.vsbc_histogram["count"].sel(component="sigma").values
     # a uniform p puts 2/num_bins = 2/7 of the replications in the outer bins
     assert (counts[0] + counts[-1]) / counts.sum() > 0.75
@@ -219,7 +223,7 @@ def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     }
     for name in ("prior", "vsbc", "prior_sbc"):
         ds = group(idata, name)
-        assert set(ds.data_vars) == {"beta", "sigma"}
+        assert set(ds.data_vars) == {"beta", "sigma", "log_likelihood"}
         assert ds["beta"].dims == ("chain", "draw", "beta_dim_0")
         assert ds["beta"].shape == (1, 40, K)
     p = idata.vsbc["sigma"].values
@@ -229,7 +233,18 @@ def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     assert np.all(np.isfinite(idata.vsbc_fit_stats["loss"].values))
     assert idata.vsbc_fit_stats["loss"].shape == (1, 40)
     sym = group(idata, "vsbc_symmetry")
-    assert list(sym["component"].values) == ["beta[0]", "beta[1]", "beta[2]", "sigma"]
+    assert list(sym["component"].values) == [
+        "beta[0]",
+        "beta[1]",
+        "beta[2]",
+        "sigma",
+        "log_likelihood",
+    ]
+    assert list(sym["kind"].values) == ["parameter"] * 4 + ["test quantity"]
+    for name in ("dispersion", "p_value_dispersion", "spread_ratio"):
+        assert sym[name].dims == ("component",)
+    for name in ("p_value_uniformity", "p_value_uniformity_unadjusted"):
+        assert np.all((sym[name].values >= 0) & (sym[name].values <= 1))
     hist = idata.vsbc_histogram
     np.testing.assert_array_equal(hist["count"].sum("bin").values, 40)
     np.testing.assert_allclose(hist["bin_left"].values[1:], hist["bin_right"][:-1])
@@ -247,9 +262,23 @@ def test_layout_and_netcdf_round_trip(narrow, tmp_path):
 def test_plot_vsbc_panels(narrow, kind):
     before = narrow.vsbc["beta"].values.copy()
     axes = plot_vsbc(narrow, kind=kind)
-    assert len(axes) == K + 1 and len(axes[0].figure.axes) == K + 1
-    title = axes[-1].get_title()
-    assert "symmetry test p-value" in title and "ok" in title
+    assert len(axes) == K + 2 and len(axes[0].figure.axes) == K + 2
+    sym = group(narrow, "vsbc_symmetry")
+    for ax, label in zip(axes, sym["component"].values, strict=True):
+        row = sym.sel(component=label)
+        title = ax.get_title()
+        assert title.startswith(str(label))
+        assert f"bias: {row['direction'].item()}" in title
+        assert f"spread: {row['dispersion'].item()}" in title
+        rejected = float(row["p_value_uniformity"]) < 0.05
+        assert ("uniformity: rejected" in title) == rejected
+        if kind == "ecdf":  # the curve leaves the band exactly when rejected
+            band = ax.collections[0].get_paths()[0].vertices[:, 1]
+            curve = ax.lines[0].get_ydata()
+            color = ax.lines[0].get_color()
+            assert (color == "tab:red") == rejected
+            assert curve.min() >= band.min() - 1e-9 or rejected
+    assert "spread: too narrow" in axes[K].get_title()
     plt.close("all")
     axes = plot_vsbc(narrow, kind=kind, var_names="sigma")
     assert len(axes) == 1 and len(axes[0].figure.axes) == 1
@@ -259,6 +288,105 @@ def test_plot_vsbc_panels(narrow, kind):
 
 def test_public_names():
     assert diagnostics.vsbc is vsbc and diagnostics.plot_vsbc is plot_vsbc
+
+
+# --------------------------------------------------------------------------
+# test quantities: the joint log-likelihood sees what marginals miss
+# --------------------------------------------------------------------------
+
+NSUM = 20
+
+
+def sum_model(y=None):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with numpyro.plate("data", NSUM):
+        numpyro.sample("y", dist.Normal(theta[0] + theta[1], 1.0), obs=y)
+
+
+def exact_marginals_guide(y=None):
+    """Independent normals with the exact posterior marginals of sum_model:
+    covariance I - n/(1+2n) 11ᵀ, mean Σ 1 Σy. The posterior correlation,
+    about -0.96, is missing."""
+    shrink = NSUM / (1 + 2 * NSUM)
+    mean = (1 - 2 * shrink) * jnp.sum(y) * jnp.ones(2)
+    zero = numpyro.param("zero", 0.0)
+    numpyro.sample(
+        "theta",
+        dist.Normal(mean + zero, jnp.sqrt(1 - shrink)).expand([2]).to_event(1),
+    )
+
+
+def test_joint_log_likelihood_flags_a_guide_with_exact_marginals():
+    """Modrák et al. (2023): a guide with the exact marginals and no
+    correlation passes every marginal check, while the joint log-likelihood
+    (the sum θ₁ + θ₂ that the data pin down is 20 times too spread) is
+    flagged: its p piles up near 1. A user quantity sees it too."""
+    result = vsbc(
+        jax.random.PRNGKey(0),
+        sum_model,
+        exact_marginals_guide,
+        optax.adam(1e-3),
+        Trace_ELBO(),
+        jnp.zeros(NSUM),
+        num_simulations=100,
+        num_svi_steps=2,
+        num_draws=500,
+        progress_bar=False,
+        test_quantities={"total": lambda theta, data: jnp.sum(theta["theta"])},
+    )
+    sym = group(result, "vsbc_symmetry")
+    for label in ("theta[0]", "theta[1]"):
+        assert sym["direction"].sel(component=label).item() == "ok"
+        assert sym["dispersion"].sel(component=label).item() == "ok"
+    assert sym["direction"].sel(component="log_likelihood").item() == "under"
+    assert sym["dispersion"].sel(component="total").item() == "too wide"
+    assert float(sym["spread_ratio"].sel(component="total")) < 0.5
+    # the quantities at the true values: the sum of θ*, and log p(y | θ*)
+    prior = group(result, "prior")
+    np.testing.assert_allclose(
+        prior["total"].values, prior["theta"].values.sum(-1), rtol=1e-5
+    )
+    assert np.all(prior["log_likelihood"].values < 0)
+
+
+def test_joint_log_likelihood_is_numpyros_log_likelihood_summed():
+    from numpyro.infer.util import log_likelihood
+
+    from numpyro_pvi.diagnostics._test_quantities import joint_log_likelihood
+
+    y = jax.random.normal(jax.random.PRNGKey(1), (NSUM,))
+    theta = {"theta": jnp.array([0.3, -1.2])}
+    f = joint_log_likelihood(sum_model, lambda data: ((), {"y": data["y"]}))
+    expected = log_likelihood(sum_model, {"theta": theta["theta"][None]}, y=y)["y"]
+    np.testing.assert_allclose(f(theta, {"y": y}), expected.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "quantities, log_lik, match",
+    [
+        ({"theta": lambda t, d: t["theta"][0]}, True, "name of a latent site"),
+        ({"log_likelihood": lambda t, d: 0.0}, True, "rename it"),
+        ([lambda t, d: 0.0], True, "must be a mapping"),
+        ({"bad": 3}, False, "to callables"),
+        ({"bad": lambda t, d: t["nope"]}, False, "test quantity 'bad' failed"),
+    ],
+)
+def test_test_quantities_bad_input(quantities, log_lik, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        vsbc(
+            jax.random.PRNGKey(0),
+            sum_model,
+            exact_marginals_guide,
+            optax.adam(1e-3),
+            Trace_ELBO(),
+            jnp.zeros(NSUM),
+            num_simulations=4,
+            num_svi_steps=2,
+            num_draws=10,
+            progress_bar=False,
+            test_quantities=quantities,
+            log_likelihood=log_lik,
+        )
 
 
 # --------------------------------------------------------------------------
@@ -314,6 +442,9 @@ def test_eight_schools_tau_centred_vs_non_centred():
     sym_nc = result["non_centred"].vsbc_symmetry
     assert outer["centred"] > 0.6 and outer["centred"] > outer["non_centred"]
     assert sym_c["direction"].sel(component="tau").item() == "ok"
+    # ... which the dispersion test reads: too narrow, uniformity rejected
+    assert sym_c["dispersion"].sel(component="tau").item() == "too narrow"
+    assert float(sym_c["p_value_uniformity"].sel(component="tau")) < 0.05
     assert sym_nc["direction"].sel(component="tau").item() == "under"
     assert float(sym_nc["p_value_adjusted"].sel(component="tau")) < 0.05
     # the group mean is not biased in either parameterisation

@@ -2,11 +2,11 @@
 
 The diagnostics compute NumPy arrays and ``xarray.Dataset`` groups (the array
 core); an adapter turns them into ArviZ's native container and reads them
-back, and wraps the two ArviZ numerics the diagnostics reuse (Pareto
-smoothing, simultaneous ECDF bands):
+back, and wraps the ArviZ numerics the diagnostics reuse (Pareto
+smoothing, PSIS-LOO of an approximate posterior):
 
 - :class:`InferenceDataAdapter` for ArviZ 0.2x (``arviz.InferenceData``,
-  ``arviz.psislw``, ``arviz.stats.ecdf_utils``);
+  ``arviz.psislw``);
 - :class:`DataTreeAdapter` for ArviZ ≥ 1.0 (``xarray.DataTree``, arviz-base,
   arviz-stats).
 
@@ -47,9 +47,6 @@ Container = Any
 #: The sample dimensions of every group with draws.
 _SAMPLE = ("chain", "draw")
 
-#: Simulations behind a simultaneous ECDF band on ArviZ >= 1.0.
-_BAND_SIMULATIONS = 1000
-
 
 class ContainerAdapter(Protocol):
     """What the diagnostics need from an ArviZ generation."""
@@ -87,11 +84,6 @@ class ContainerAdapter(Protocol):
         """PSIS-LOO corrected for the approximation (ArviZ's ``ELPDData``);
         ``options``: ``pointwise``, ``var_name``."""
 
-    def ecdf_band(
-        self, num: int, eval_points: np.ndarray, prob: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Simultaneous ``prob`` band of the ECDF of ``num`` independent
-        uniform draws at ``eval_points``."""
 
 
 class InferenceDataAdapter:
@@ -166,17 +158,6 @@ class InferenceDataAdapter:
         fields.update(scale="log", good_k=good_k, approx_posterior=True)
         return ELPDData(data=list(fields.values()), index=list(fields))
 
-    def ecdf_band(
-        self, num: int, eval_points: np.ndarray, prob: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``arviz.stats.ecdf_utils.ecdf_confidence_band``, optimised
-        (Säilynoja et al. 2022)."""
-        from arviz.stats.ecdf_utils import ecdf_confidence_band
-
-        lower, upper = ecdf_confidence_band(
-            num, eval_points, eval_points, prob=prob, method="optimized"
-        )
-        return np.asarray(lower), np.asarray(upper)
 
 
 class DataTreeAdapter:
@@ -233,29 +214,6 @@ class DataTreeAdapter:
 
         return loo_approximate_posterior(data, log_p, log_q, **options)
 
-    def ecdf_band(
-        self, num: int, eval_points: np.ndarray, prob: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """``arviz_stats.ecdf_utils``' simulated simultaneous band
-        (Säilynoja et al. 2022)."""
-        from arviz_stats.ecdf_utils import (
-            get_pointwise_confidence_band,
-            simulate_confidence_bands,
-        )
-
-        # the ECDF is exactly 0 at 0 and 1 at 1: the band is simulated and
-        # computed inside (0, 1) only, as arviz_stats.ecdf_pit does (the
-        # binomial quantiles at 0 and 1 break the band)
-        points = np.asarray(eval_points, dtype=float)
-        inner = (points > 0.0) & (points < 1.0)
-        pointwise = simulate_confidence_bands(
-            num, 1, points[inner], prob, _BAND_SIMULATIONS, np.random.default_rng(0)
-        )
-        lower, upper = (points >= 1.0).astype(float), (points > 0.0).astype(float)
-        lower[inner], upper[inner] = get_pointwise_confidence_band(
-            pointwise, num, points[inner]
-        )
-        return lower, upper
 
 
 #: The adapter of the installed ArviZ.

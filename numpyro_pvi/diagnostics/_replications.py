@@ -4,7 +4,7 @@ sequentially, vectorised or sharded over the local devices, in chunks."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -40,14 +40,18 @@ def replication_fn(
     latent_names: Sequence[str],
     num_svi_steps: int,
     num_draws: int,
+    quantities: Mapping[str, Callable] | None = None,
 ) -> Callable:
     """``(key, data, θ*) -> (#{draws < θ*}, final loss, mean of the last 10%
     losses, loss drift)``.
 
     The counts are integers: ``p = count / num_draws`` lies on an exact grid,
     which the symmetry test needs to recognise ties between ``p`` and ``1 - p``.
+    Each test quantity ``f`` of ``quantities`` (a function of the latent
+    values and the data set) is counted too: ``#{f(θ_l, y) < f(θ*, y)}``.
     The drift is :func:`loss_drift` of the losses.
     """
+    quantities = dict(quantities or {})
     tail = max(1, num_svi_steps // 10)
 
     def one(inputs: tuple) -> tuple[dict, jax.Array, jax.Array]:
@@ -67,6 +71,9 @@ def replication_fn(
             parallel=True,
         )(key_draw, *args, **kwargs)
         below = {n: jnp.sum(draws[n] < theta[n], axis=0) for n in latent_names}
+        for name, f in quantities.items():
+            at_draws = jax.vmap(lambda th, f=f: f(th, data))(draws)
+            below[name] = jnp.sum(at_draws < f(theta, data), axis=0)
         return below, losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses)
 
     return one

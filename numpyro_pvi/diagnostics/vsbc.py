@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -36,6 +36,7 @@ from numpyro_pvi.diagnostics._idata import (
     root_attrs,
     site_dims,
 )
+from numpyro_pvi.diagnostics._rank_tests import rank_datasets
 from numpyro_pvi.diagnostics._replications import (
     DRIFT_THRESHOLD,
     UNCONVERGED_WARNING,
@@ -44,7 +45,7 @@ from numpyro_pvi.diagnostics._replications import (
     run_replications,
 )
 from numpyro_pvi.diagnostics._simulated_data import data_injector, unobserve
-from numpyro_pvi.diagnostics.symmetry import symmetry_test
+from numpyro_pvi.diagnostics._test_quantities import resolve_quantities
 from numpyro_pvi.diagnostics.vsbc_plot import plot_vsbc
 from numpyro_pvi.distributions import simulators_without_density
 
@@ -52,10 +53,6 @@ __all__ = ["loss_drift", "plot_vsbc", "vsbc"]
 
 _CHAIN_METHODS = ("sequential", "vectorized", "sharded")
 _CORRECTIONS = ("holm", "bh", None)
-
-
-def _num_bins(num: int) -> int:
-    return int(np.clip(math.ceil(math.sqrt(num)), 5, 20))
 
 
 def _setup(
@@ -72,11 +69,14 @@ def _setup(
     num_draws: int,
     observed_sites: Sequence[str] | None,
     simulated_data_to_args: Callable | None,
-) -> tuple[Callable, tuple, dict, list[str]]:
+    test_quantities: Mapping[str, Callable] | None,
+    log_likelihood: bool,
+) -> tuple[Callable, tuple, dict, list[str], dict[str, np.ndarray]]:
     """Sites, prior predictive draws and the function of one replication.
 
     :return: ``one``, its batched inputs ``(keys, data, θ*)``, an abstract
-        model trace and the latent site names.
+        model trace, the latent site names and the test quantities at the
+        true values (``f(θ*, y)`` per replication).
     """
     key_trace, key_prior, key_warmup, key_fit = random.split(rng_key, 4)
     model_trace = model_structure(model, key_trace, args, kwargs)
@@ -90,6 +90,14 @@ def _setup(
         ) from None
     _validate_latent_sites(model_trace, latent_names)
     inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
+    quantities = resolve_quantities(
+        test_quantities,
+        log_likelihood=log_likelihood,
+        latent_names=latent_names,
+        model=model,
+        inject=inject,
+        function="vsbc",
+    )
 
     prior_predictive = Predictive(
         unobserve(model, observed),
@@ -109,10 +117,34 @@ def _setup(
         seed(guide, key_warmup)(*args0, **kwargs0)
 
     one = replication_fn(
-        model, guide, optim, loss, inject, latent_names, num_svi_steps, num_draws
+        model,
+        guide,
+        optim,
+        loss,
+        inject,
+        latent_names,
+        num_svi_steps,
+        num_draws,
+        quantities,
     )
     keys = random.split(key_fit, num_simulations)
-    return one, (keys, data, theta), model_trace, latent_names
+    true_values = {
+        name: _at_true_values(name, f, theta, data) for name, f in quantities.items()
+    }
+    return one, (keys, data, theta), model_trace, latent_names, true_values
+
+
+def _at_true_values(name: str, f: Callable, theta: dict, data: dict) -> np.ndarray:
+    """``f(θ*, y)`` of every replication, or an error naming the quantity."""
+    try:
+        return np.asarray(jax.jit(jax.vmap(f))(theta, data))
+    except Exception as err:  # a user function: say which one failed
+        raise ValueError(
+            f"vsbc: test quantity '{name}' failed on the simulated data: "
+            f"{type(err).__name__}: {err}. A test quantity is f(theta, data) with "
+            "theta and data dicts site name -> value, returning an array of "
+            "fixed shape, written with jax.numpy."
+        ) from err
 
 
 def _validate(
@@ -161,6 +193,8 @@ def vsbc(
     alpha: float = 0.05,
     chunk_size: int | None = None,
     simulated_data_to_args: Callable | None = None,
+    test_quantities: Mapping[str, Callable] | None = None,
+    log_likelihood: bool = True,
     **kwargs: Any,
 ) -> Container:
     r"""Variational simulation-based calibration (Yao et al. 2018, Algorithm 2).
@@ -186,9 +220,28 @@ def vsbc(
     all components of all latent sites. The one-sided tests give the
     direction: ``"over"`` when :math:`p` piles up near 0 (q overestimates
     θ, the paper's right-skewed histogram), ``"under"`` when it piles up near
-    1, ``"ok"`` when symmetry is not rejected at level ``alpha``. A symmetric
-    but U-shaped histogram (too narrow but unbiased) or hump-shaped one (too
-    wide) is not flagged: read the histograms (:func:`plot_vsbc`).
+    1, ``"ok"`` when symmetry is not rejected at level ``alpha``.
+
+    Symmetry is blind to a guide that is unbiased but too narrow (a
+    symmetric U-shaped histogram: its intervals under-cover, the commonest
+    failure of mean-field VI) or too wide (a hump). Two more tests read the
+    same ranks :math:`r = L p` (:mod:`~numpyro_pvi.diagnostics.dispersion`,
+    :mod:`~numpyro_pvi.diagnostics.uniformity`): ``dispersion`` (``"too
+    narrow"``, ``"too wide"`` or ``"ok"``) from the spread of the normal
+    scores :math:`\Phi^{-1}((r + 1/2)/(L+1))`, whatever the bias; and
+    ``p_value_uniformity`` from the simultaneous ECDF band of Säilynoja et
+    al. (2022), which rejects any departure from what an exact posterior
+    gives. Both are corrected for multiplicity like the symmetry test.
+
+    **Test quantities.** Besides every scalar component of every latent
+    site, functions :math:`f(\theta, y)` of the latent values and the data
+    set are calibrated the same way, :math:`p = \Pr_q(f(\theta, y) <
+    f(\theta^*, y))`: ``test_quantities`` maps names to such functions
+    (``theta`` and ``data`` are dicts site → value; write them with
+    ``jax.numpy``), and with ``log_likelihood=True`` the joint
+    log-likelihood :math:`\log p(y \mid \theta)` is one of them, named
+    ``"log_likelihood"``: it sees the joint posterior, where a guide can be
+    off in directions no marginal shows (Modrák et al. 2023).
 
     The model must be generative: observed sites are sampled from the prior
     predictive whatever data the model is called with (only their shapes are
@@ -240,17 +293,27 @@ def vsbc(
     :param simulated_data_to_args: optional ``f(data, *args, **kwargs) ->
         (args, kwargs)`` that passes the simulated data (a dict site →
         value) to the model and guide, when they take it in a container.
+    :param test_quantities: optional mapping name → ``f(theta, data)``
+        calibrated beside the parameters (see above).
+    :param log_likelihood: also calibrate the joint log-likelihood (test
+        quantity ``"log_likelihood"``).
     :param kwargs: keyword arguments of the model and guide.
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` with
         the same groups on ArviZ ≥ 1.0, with replications along ``draw``
-        (one ``chain``): ``prior`` (:math:`θ^*`), ``vsbc`` (:math:`p`, same
+        (one ``chain``): ``prior`` (:math:`θ^*`, and each test quantity at
+        :math:`θ^*`), ``vsbc`` (:math:`p`, same
         variables and dims), ``prior_sbc`` (the same :math:`p`, where ArviZ's
         calibration plots read them: ``arviz_plots.plot_ecdf_pit(result)``
         on ArviZ ≥ 1.0), ``vsbc_symmetry`` (per scalar ``component``:
         ``ks_statistic``, ``p_value``, ``p_value_adjusted``,
-        ``p_value_over``, ``p_value_under``, ``direction``, and
-        ``num_extreme``: replications with :math:`p` exactly 0 or 1, whose
-        guide put no mass on the far side of :math:`θ^*`; attribute
+        ``p_value_over``, ``p_value_under``, ``direction``; ``dispersion``,
+        ``p_value_dispersion`` (corrected) and ``spread_ratio`` (by what
+        factor the guide's spread should grow, 1 when calibrated);
+        ``p_value_uniformity`` (corrected) and
+        ``p_value_uniformity_unadjusted``; and ``num_extreme``: replications
+        with :math:`p` exactly 0 or 1, whose guide put no mass on the far
+        side of :math:`θ^*`; coords ``variable`` and ``kind``
+        (``"parameter"`` or ``"test quantity"``); attribute
         ``num_unconverged``), ``vsbc_fit_stats`` (``loss``: final loss;
         ``loss_tail``: mean loss over the last 10% of steps; ``loss_drift``:
         :func:`loss_drift`, the fall of the loss over the last tenth of the
@@ -266,6 +329,13 @@ def vsbc(
     - Talts, S., Betancourt, M., Simpson, D., Vehtari, A. & Gelman, A.
       (2018). *Validating Bayesian inference algorithms with
       simulation-based calibration.* arXiv:1804.06788.
+    - Säilynoja, T., Bürkner, P.-C. & Vehtari, A. (2022). *Graphical test
+      for discrete uniformity and its applications in goodness-of-fit
+      evaluation and multiple sample comparison.* Statistics and Computing.
+    - Modrák, M., Moon, A. H., Kim, S., Bürkner, P., Huurre, N.,
+      Faltejsková, K., Gelman, A. & Vehtari, A. (2023).
+      *Simulation-based calibration checking for Bayesian computation: the
+      choice of test quantities shapes sensitivity.* Bayesian Analysis.
     - Holm, S. (1979). *A simple sequentially rejective multiple test
       procedure.* Scandinavian Journal of Statistics.
     - Benjamini, Y. & Hochberg, Y. (1995). *Controlling the false discovery
@@ -280,7 +350,7 @@ def vsbc(
         alpha,
         chunk_size,
     )
-    one, inputs, model_trace, latent_names = _setup(
+    one, inputs, model_trace, latent_names, true_values = _setup(
         rng_key,
         model,
         guide,
@@ -293,8 +363,10 @@ def vsbc(
         num_draws=num_draws,
         observed_sites=observed_sites,
         simulated_data_to_args=simulated_data_to_args,
+        test_quantities=test_quantities,
+        log_likelihood=log_likelihood,
     )
-    theta = inputs[2]
+    theta = {**inputs[2], **true_values}
     below, final_loss, tail_loss, drift = run_replications(
         one,
         inputs,
@@ -305,17 +377,24 @@ def vsbc(
     )
 
     theta = {n: np.asarray(v) for n, v in theta.items()}
-    shapes = {n: theta[n].shape[1:] for n in latent_names}
+    names = list(latent_names) + list(true_values)
+    shapes = {n: theta[n].shape[1:] for n in names}
     dims = {n: d for n, d in site_dims(model_trace).items() if n in latent_names}
-    labels = [lab for n in latent_names for lab in component_labels(n, shapes[n])]
-    variable = [n for n in latent_names for _ in range(math.prod(shapes[n]))]
-    p = {n: below[n] / num_draws for n in latent_names}
-    below_flat = np.concatenate(
-        [below[n].reshape(num_simulations, -1) for n in latent_names], axis=1
+    labels = [lab for n in names for lab in component_labels(n, shapes[n])]
+    variable = [n for n in names for _ in range(math.prod(shapes[n]))]
+    p = {n: below[n] / num_draws for n in names}
+    ranks = np.concatenate(
+        [below[n].reshape(num_simulations, -1) for n in names], axis=1
     )
-    component = {"component": labels, "variable": ("component", variable)}
-    sym_ds, hist_ds = _symmetry_datasets(
-        below_flat, num_draws, component, correction=correction, alpha=alpha
+    kind = ["parameter"] * sum(math.prod(shapes[n]) for n in latent_names)
+    kind += ["test quantity"] * (len(labels) - len(kind))
+    component = {
+        "component": labels,
+        "variable": ("component", variable),
+        "kind": ("component", kind),
+    }
+    sym_ds, hist_ds = rank_datasets(
+        ranks, num_draws, component, correction=correction, alpha=alpha
     )
 
     attrs = {
@@ -339,49 +418,6 @@ def vsbc(
     }
     attrs = root_attrs(guide, loss=type(loss).__name__, diagnostic="vsbc")
     return ADAPTER.build(groups, attrs)
-
-
-def _symmetry_datasets(
-    below: np.ndarray,
-    num_draws: int,
-    component: dict[str, Any],
-    *,
-    correction: str | None,
-    alpha: float,
-) -> tuple[xr.Dataset, xr.Dataset]:
-    """The ``vsbc_symmetry`` and ``vsbc_histogram`` groups from the
-    ``(replication, component)`` counts of draws below the true values."""
-    num_simulations = below.shape[0]
-    p = below / num_draws
-    symmetry = symmetry_test(below, num_draws, correction, alpha)
-    num_bins = _num_bins(num_simulations)
-    edges = np.linspace(0.0, 1.0, num_bins + 1)
-    counts = np.stack([np.histogram(p[:, j], bins=edges)[0] for j in range(p.shape[1])])
-    extreme = np.sum((below == 0) | (below == num_draws), axis=0)
-    sym_ds = xr.Dataset(
-        {
-            **{k: ("component", v) for k, v in symmetry.items()},
-            "num_extreme": ("component", extreme),
-        },
-        coords=component,
-        attrs={
-            "test": "Kolmogorov-Smirnov statistic of p against 1 - p; exact "
-            "p-values under symmetry of p about 1/2 (sign-flip null)",
-            "correction": str(correction),
-            "alpha": alpha,
-            "num_simulations": num_simulations,
-        },
-    )
-    hist_ds = xr.Dataset(
-        {"count": (("component", "bin"), counts)},
-        coords={
-            **component,
-            "bin": np.arange(num_bins),
-            "bin_left": ("bin", edges[:-1]),
-            "bin_right": ("bin", edges[1:]),
-        },
-    )
-    return sym_ds, hist_ds
 
 
 def _fit_stats(
