@@ -12,6 +12,10 @@ heterogeneity check of Lai & Yao (2024).
 from numpyro_pvi.diagnostics._containers import get_group
 from numpyro_pvi.diagnostics.export import approximate_loo, to_inference_data
 from numpyro_pvi.diagnostics.heterogeneity import heterogeneity, plot_heterogeneity
+from numpyro_pvi.diagnostics.predictive_calibration import (
+    plot_predictive_calibration,
+    predictive_calibration,
+)
 from numpyro_pvi.diagnostics.psis import (
     pareto_smooth,
     plot_psis,
@@ -25,7 +29,9 @@ __all__: list[str] = [
     "get_group",
     "heterogeneity",
     "pareto_smooth",
+    "predictive_calibration",
     "plot_heterogeneity",
+    "plot_predictive_calibration",
     "plot_psis",
     "plot_vsbc",
     "psis",

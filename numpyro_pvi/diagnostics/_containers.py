@@ -85,7 +85,6 @@ class ContainerAdapter(Protocol):
         ``options``: ``pointwise``, ``var_name``."""
 
 
-
 class InferenceDataAdapter:
     """ArviZ 0.2x: ``arviz.InferenceData`` and ArviZ's own numerics."""
 
@@ -159,7 +158,6 @@ class InferenceDataAdapter:
         return ELPDData(data=list(fields.values()), index=list(fields))
 
 
-
 class DataTreeAdapter:
     """ArviZ ≥ 1.0: ``xarray.DataTree`` with arviz-base and arviz-stats."""
 
@@ -213,7 +211,6 @@ class DataTreeAdapter:
         from arviz_stats import loo_approximate_posterior
 
         return loo_approximate_posterior(data, log_p, log_q, **options)
-
 
 
 #: The adapter of the installed ArviZ.

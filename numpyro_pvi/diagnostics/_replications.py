@@ -4,23 +4,27 @@ sequentially, vectorised or sharded over the local devices, in chunks."""
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import xarray as xr
 from jax import lax, random
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from numpyro.handlers import condition
 from numpyro.infer import SVI, Predictive
 
 from numpyro_pvi._svi_scan import svi_scan
+from numpyro_pvi.diagnostics._idata import draws_dataset
 
 __all__ = [
     "DRIFT_THRESHOLD",
     "UNCONVERGED_WARNING",
     "dispatcher",
+    "fit_stats",
     "loss_drift",
     "replication_fn",
     "run_replications",
@@ -185,3 +189,45 @@ def run_replications(
             outputs.append(jax.device_get(run(chunk)))
             bar.update(min(chunk_size, num - c * chunk_size))
     return jax.tree.map(lambda *xs: np.concatenate(xs)[:num], *outputs)
+
+
+def fit_stats(
+    final_loss: np.ndarray,
+    tail_loss: np.ndarray,
+    drift: np.ndarray,
+    attrs: dict,
+    *,
+    function: str,
+    group: str,
+) -> xr.Dataset:
+    """The fit statistics of the replications (``loss``, ``loss_tail``,
+    ``loss_drift``, ``converged``) for the result's ``group``; warns, naming
+    ``function``, when too many
+    had not converged (attribute ``num_unconverged``)."""
+    num_simulations = drift.shape[0]
+    converged = ~(drift > DRIFT_THRESHOLD)  # nan (too few steps) counts as converged
+    num_unconverged = int(np.sum(~converged))
+    if num_unconverged > UNCONVERGED_WARNING * num_simulations:
+        warnings.warn(
+            f"{function}: {num_unconverged} of {num_simulations} replications had not "
+            f"converged after {attrs['num_svi_steps']} SVI steps (loss still "
+            f"falling by more than {DRIFT_THRESHOLD:g} standard errors over the "
+            f"last tenth of the steps, loss_drift of the {group} group): their "
+            "ranks measure an unfinished fit, not the method. Increase num_svi_steps "
+            "or the step size.",
+            UserWarning,
+            stacklevel=4,
+        )
+    return draws_dataset(
+        {
+            "loss": final_loss,
+            "loss_tail": tail_loss,
+            "loss_drift": drift,
+            "converged": converged,
+        },
+        attrs={
+            **attrs,
+            "drift_threshold": DRIFT_THRESHOLD,
+            "num_unconverged": num_unconverged,
+        },
+    )

@@ -15,13 +15,11 @@ all local devices (``jax.sharding``), in chunks for progress reporting.
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
-import xarray as xr
 from jax import random
 from numpyro.handlers import block, seed
 from numpyro.infer import Predictive
@@ -38,8 +36,7 @@ from numpyro_pvi.diagnostics._idata import (
 )
 from numpyro_pvi.diagnostics._rank_tests import rank_datasets
 from numpyro_pvi.diagnostics._replications import (
-    DRIFT_THRESHOLD,
-    UNCONVERGED_WARNING,
+    fit_stats,
     loss_drift,
     replication_fn,
     run_replications,
@@ -147,7 +144,8 @@ def _at_true_values(name: str, f: Callable, theta: dict, data: dict) -> np.ndarr
         ) from err
 
 
-def _validate(
+def validate_options(
+    function: str,
     num_simulations: int,
     num_svi_steps: int,
     num_draws: int,
@@ -161,19 +159,21 @@ def _validate(
         ("num_svi_steps", num_svi_steps, 1),
         ("num_draws", num_draws, 1),
     ):
-        check_int(value, arg, "vsbc", minimum=low)
+        check_int(value, arg, function, minimum=low)
     if not callable(chain_method) and chain_method not in _CHAIN_METHODS:
         raise ValueError(
-            f"vsbc: chain_method must be one of {_CHAIN_METHODS} or a callable "
+            f"{function}: chain_method must be one of {_CHAIN_METHODS} or a callable "
             f"such as jax.vmap, got {chain_method!r}."
         )
     if correction not in _CORRECTIONS:
         raise ValueError(
-            f"vsbc: correction must be 'holm', 'bh' or None, got {correction!r}."
+            f"{function}: correction must be 'holm', 'bh' or None, got {correction!r}."
         )
-    check_real(alpha, "alpha", "vsbc", low=0.0, high=1.0, low_open=True, high_open=True)
+    check_real(
+        alpha, "alpha", function, low=0.0, high=1.0, low_open=True, high_open=True
+    )
     if chunk_size is not None:
-        check_int(chunk_size, "chunk_size", "vsbc", minimum=1)
+        check_int(chunk_size, "chunk_size", function, minimum=1)
 
 
 def vsbc(
@@ -341,7 +341,8 @@ def vsbc(
     - Benjamini, Y. & Hochberg, Y. (1995). *Controlling the false discovery
       rate.* JRSS B.
     """
-    _validate(
+    validate_options(
+        "vsbc",
         num_simulations,
         num_svi_steps,
         num_draws,
@@ -406,7 +407,9 @@ def vsbc(
     vsbc_ds = draws_dataset(
         p, dims=dims, attrs={**attrs, "quantity": "p = Pr_q(theta < theta*)"}
     )
-    fit_ds = _fit_stats(final_loss, tail_loss, drift, attrs)
+    fit_ds = fit_stats(
+        final_loss, tail_loss, drift, attrs, function="vsbc", group="vsbc_fit_stats"
+    )
     sym_ds.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
     groups = {
         "prior": prior_ds,
@@ -418,37 +421,3 @@ def vsbc(
     }
     attrs = root_attrs(guide, loss=type(loss).__name__, diagnostic="vsbc")
     return ADAPTER.build(groups, attrs)
-
-
-def _fit_stats(
-    final_loss: np.ndarray, tail_loss: np.ndarray, drift: np.ndarray, attrs: dict
-) -> xr.Dataset:
-    """The ``vsbc_fit_stats`` group; warns when too many replications had not
-    converged (attribute ``num_unconverged``)."""
-    num_simulations = drift.shape[0]
-    converged = ~(drift > DRIFT_THRESHOLD)  # nan (too few steps) counts as converged
-    num_unconverged = int(np.sum(~converged))
-    if num_unconverged > UNCONVERGED_WARNING * num_simulations:
-        warnings.warn(
-            f"vsbc: {num_unconverged} of {num_simulations} replications had not "
-            f"converged after {attrs['num_svi_steps']} SVI steps (loss still "
-            f"falling by more than {DRIFT_THRESHOLD:g} standard errors over the "
-            "last tenth of the steps, vsbc_fit_stats.loss_drift): their p values "
-            "measure an unfinished fit, not the method. Increase num_svi_steps "
-            "or the step size.",
-            UserWarning,
-            stacklevel=3,
-        )
-    return draws_dataset(
-        {
-            "loss": final_loss,
-            "loss_tail": tail_loss,
-            "loss_drift": drift,
-            "converged": converged,
-        },
-        attrs={
-            **attrs,
-            "drift_threshold": DRIFT_THRESHOLD,
-            "num_unconverged": num_unconverged,
-        },
-    )

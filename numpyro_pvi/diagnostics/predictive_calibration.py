@@ -1,0 +1,457 @@
+r"""Is the fitted posterior *predictive* calibrated? PIT of held-out
+observations over simulated data sets.
+
+VSBC asks whether a method recovers the Bayesian posterior of the
+parameters; predictive objectives (PVI, PAC^m) do not target it, and the
+question their users ask is whether new observations fall where the fitted
+posterior predictive says they will. :func:`predictive_calibration` answers
+it over data sets from a data-generating process (the model's own prior
+predictive by default, any simulator for the misspecified case): in each,
+one observation of the data plate is held out, the guide is fitted to the
+rest, and the held-out value is ranked among ``L`` draws from the fitted
+posterior predictive — the probability integral transform (PIT), on the
+rank scale, randomised for discrete outcomes (ties drawn uniformly), so
+that it is exactly discrete uniform when the predictive is calibrated. The
+ranks are read like VSBC's: ``direction`` (bias), ``dispersion`` (too
+narrow / too wide) and ``p_value_uniformity``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+from numpyro.handlers import block, condition, seed
+from numpyro.infer import SVI, Predictive
+from numpyro.infer.calibration import _resolve_observed_sites
+
+from numpyro_pvi._data_plate import DataPlate, per_observation, plate_of
+from numpyro_pvi._particles import ParticleSpec, particle_terms
+from numpyro_pvi._structure import check_full_data, model_structure
+from numpyro_pvi._svi_scan import svi_scan
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
+from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs
+from numpyro_pvi.diagnostics._rank_plot import plot_rank_panels
+from numpyro_pvi.diagnostics._rank_tests import rank_datasets
+from numpyro_pvi.diagnostics._replications import (
+    fit_stats,
+    loss_drift,
+    run_replications,
+)
+from numpyro_pvi.diagnostics._simulated_data import data_injector, unobserve
+from numpyro_pvi.diagnostics.vsbc import validate_options
+from numpyro_pvi.distributions import simulators_without_density
+from numpyro_pvi.particles import Y_SIM
+from numpyro_pvi.selection import mask_observations
+
+__all__ = ["pit_ranks", "plot_predictive_calibration", "predictive_calibration"]
+
+_WHERE = "predictive_calibration"
+
+
+def pit_ranks(
+    rng_key: jax.Array,
+    params: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    args: tuple,
+    kwargs: dict,
+    *,
+    index: jax.Array,
+    plate: DataPlate,
+    num_draws: int,
+) -> jax.Array:
+    r"""Randomised PIT ranks of observation ``index`` of the data plate.
+
+    With :math:`\tilde y_l \sim p(\tilde y \mid \theta_l)`,
+    :math:`\theta_l \sim q` (:math:`l = 1..L`), the rank of the observed
+    :math:`y` is :math:`\#\{\tilde y_l < y\} + U`, :math:`U` uniform on
+    :math:`0, \dots, \#\{\tilde y_l = y\}`: discrete uniform on
+    :math:`0..L` when :math:`y` is a draw from the same predictive, for
+    continuous and discrete outcomes alike. One rank per scalar component
+    of the observation (observed sites in trace order).
+
+    :return: ``(d,)`` integer ranks in ``0..num_draws``.
+    """
+    key_draw, key_tie = random.split(rng_key)
+    spec = ParticleSpec(
+        num_draws,
+        frozenset({Y_SIM}),
+        plate.name,
+        objective=_WHERE,
+        require_reparam=False,
+        stratified=False,
+    )
+    terms = particle_terms(key_draw, params, model, guide, args, kwargs, spec)
+    y_sim = jax.lax.stop_gradient(terms.y_sim[:, index])  # (L, d)
+    y_obs = terms.y_obs[index]
+    below = jnp.sum(y_sim < y_obs, axis=0)
+    ties = jnp.sum(y_sim == y_obs, axis=0)
+    return below + random.randint(key_tie, below.shape, 0, ties + 1)
+
+
+def _columns(model_trace: dict, observed: Sequence[str], plate: DataPlate) -> list:
+    """``(label, site)`` of every scalar component of one observation."""
+    out = []
+    for name in observed:
+        site = model_trace[name]
+        rows = per_observation(
+            np.zeros(np.shape(site["value"])), plate, site["fn"].event_dim, xp=np
+        )
+        width = rows.shape[1]
+        labels = [name] if width == 1 else [f"{name}[{i}]" for i in range(width)]
+        out += [(label, name) for label in labels]
+    return out
+
+
+def _generated_data(
+    key: jax.Array,
+    num: int,
+    model: Callable,
+    observed: Sequence[str],
+    model_trace: dict,
+    data_generator: Callable | None,
+    args: tuple,
+    kwargs: dict,
+) -> dict[str, jax.Array]:
+    """``num`` data sets: the model's prior predictive, or the generator's."""
+    if data_generator is None:
+        prior = Predictive(
+            unobserve(model, observed),
+            num_samples=num,
+            return_sites=list(observed),
+            parallel=True,
+        )
+        return jax.jit(lambda k: prior(k, *args, **kwargs))(key)
+    if not callable(data_generator):
+        raise TypeError(f"{_WHERE}: data_generator must be callable f(rng_key).")
+    sets = [data_generator(k) for k in random.split(key, num)]
+    for name in observed:
+        expected = np.shape(model_trace[name]["value"])
+        got = [np.shape(s[name]) if name in s else None for s in sets[:1]]
+        if got[0] != expected:
+            raise ValueError(
+                f"{_WHERE}: data_generator must return a dict with the observed "
+                f"site '{name}' of shape {expected} (as the model observes it), "
+                f"got {'no such key' if got[0] is None else got[0]}."
+            )
+    return {n: jnp.stack([jnp.asarray(s[n]) for s in sets]) for n in observed}
+
+
+def _replication(
+    model: Callable,
+    guide: Callable,
+    optim: Any,
+    loss: Any,
+    inject: Callable,
+    plate: DataPlate,
+    num_svi_steps: int,
+    num_draws: int,
+) -> Callable:
+    """``(key, data, index) -> (ranks, final loss, tail loss, drift)``: fit
+    to the data without observation ``index``, rank that observation."""
+    tail = max(1, num_svi_steps // 10)
+
+    def one(inputs: tuple) -> tuple:
+        key, data, index = inputs
+        key_svi, key_pit = random.split(key)
+        args, kwargs = inject(data)
+        keep = jnp.ones(plate.size).at[index].set(0.0)
+        conditioned = condition(model, data)
+        masked = mask_observations(conditioned, keep=keep, data_plate=plate.name)
+        svi = SVI(masked, guide, optim, loss)
+        state = svi.init(key_svi, *args, **kwargs)
+        state, losses = svi_scan(
+            svi, state, num_steps=num_svi_steps, args=args, kwargs=kwargs
+        )
+        ranks = pit_ranks(
+            key_pit,
+            svi.get_params(state),
+            conditioned,
+            guide,
+            args,
+            kwargs,
+            index=index,
+            plate=plate,
+            num_draws=num_draws,
+        )
+        return ranks, losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses)
+
+    return one
+
+
+def predictive_calibration(
+    rng_key: jax.Array,
+    model: Callable,
+    guide: Callable,
+    optim: Any,
+    loss: Any,
+    *args: Any,
+    num_simulations: int = 100,
+    num_svi_steps: int = 1000,
+    data_generator: Callable | None = None,
+    num_draws: int = 1000,
+    data_plate: str | None = None,
+    observed_sites: Sequence[str] | None = None,
+    chain_method: str | Callable = "vectorized",
+    correction: str | None = "holm",
+    alpha: float = 0.05,
+    progress_bar: bool = True,
+    chunk_size: int | None = None,
+    simulated_data_to_args: Callable | None = None,
+    **kwargs: Any,
+) -> Container:
+    r"""Calibration of a method's posterior predictive on held-out data.
+
+    For each of ``num_simulations`` data sets :math:`y` from the
+    data-generating process: pick one observation :math:`j` of the data
+    plate at random, fit a fresh guide with ``num_svi_steps`` steps of
+    ``loss`` to :math:`y_{-j}` (the observation masked out of every observed
+    site, as :func:`~numpyro_pvi.selection.mask_observations` does), and
+    rank :math:`y_j` among ``num_draws`` draws of the fitted posterior
+    predictive (:func:`pit_ranks`: the PIT, randomised for discrete
+    outcomes). Per scalar component of an observation (per observed site),
+    the ranks of all data sets are tested as VSBC's are: ``direction``
+    (symmetry: the predictive is shifted), ``dispersion`` (``"too
+    narrow"``: the predictive intervals under-cover, a U-shaped PIT
+    histogram; ``"too wide"``) and ``p_value_uniformity`` (the simultaneous
+    ECDF band), corrected for multiplicity over the components.
+
+    The data sets come from the model's prior predictive (the Bayesian
+    posterior predictive is then calibrated by construction, so any flag is
+    the approximation's or the objective's) or from ``data_generator`` — a
+    function ``rng_key -> {observed site: value}`` called once per data set
+    outside ``jit`` (it may use NumPy), e.g. a distribution the model does
+    not contain, which makes the misspecified case: there PVI's predictive
+    can be calibrated where the Bayesian one is too narrow (Lai & Yao 2024).
+
+    Each replication has one held-out observation, so the ranks of
+    different data sets are independent, as the tests assume. A held-out
+    observation's local latent (if any) keeps only its prior term in the
+    fit: it is predicted as a new group would be.
+
+    :param rng_key: PRNG key.
+    :param model: NumPyro model; generative when ``data_generator`` is
+        ``None``.
+    :param guide: guide for ``model``, refitted in every replication.
+    :param optim: NumPyro optimizer or optax ``GradientTransformation``.
+    :param loss: the objective, e.g. ``Trace_ELBO()`` or
+        ``PredictiveELBO("log")``.
+    :param args: positional arguments of the model and guide.
+    :param num_simulations: number of data sets (≥ 2).
+    :param num_svi_steps: SVI steps per fit.
+    :param data_generator: ``rng_key -> dict`` of observed values, shaped as
+        the model observes them; default the model's prior predictive.
+    :param num_draws: posterior-predictive draws ``L`` per rank.
+    :param data_plate: the plate indexing observations; default the plate
+        shared by every observed site.
+    :param observed_sites: names of the observed sites; default those
+        observed in a trace of ``model(*args, **kwargs)``.
+    :param chain_method: ``"sequential"``, ``"vectorized"``, ``"sharded"``
+        or a callable such as ``jax.vmap``, as in
+        :func:`~numpyro_pvi.diagnostics.vsbc`.
+    :param correction: ``"holm"``, ``"bh"`` or ``None``.
+    :param alpha: level of the verdicts.
+    :param progress_bar: show a progress bar over chunks of data sets.
+    :param chunk_size: data sets per compiled call.
+    :param simulated_data_to_args: optional ``f(data, *args, **kwargs) ->
+        (args, kwargs)`` passing a data set to model and guide.
+    :param kwargs: keyword arguments of the model and guide.
+    :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
+        ArviZ ≥ 1.0, with data sets along ``draw``: ``calibration`` (per
+        ``component`` of an observation, coord ``variable`` = observed site:
+        ``direction``, ``p_value_adjusted`` and the symmetry test's other
+        variables, ``dispersion``, ``p_value_dispersion``,
+        ``spread_ratio``, ``p_value_uniformity``,
+        ``p_value_uniformity_unadjusted``, ``num_extreme``),
+        ``calibration_pit`` (the PIT values :math:`(r + 1/2)/(L + 1)` per
+        component, and the held-out index ``held_out``),
+        ``calibration_histogram`` and ``calibration_fit_stats`` (as VSBC's).
+
+    **References**
+
+    - Dawid, A. P. (1984). *Statistical theory: the prequential approach.*
+      JRSS A (the probability integral transform).
+    - Czado, C., Gneiting, T. & Held, L. (2009). *Predictive model
+      assessment for count data.* Biometrics (the randomised PIT).
+    - Säilynoja, T., Bürkner, P.-C. & Vehtari, A. (2022). *Graphical test for
+      discrete uniformity ...* Statistics and Computing.
+    - Lai, J. & Yao, Y. (2024). *Predictive variational inference: learn the
+      predictively optimal posterior distribution.*
+    """
+    validate_options(
+        _WHERE,
+        num_simulations,
+        num_svi_steps,
+        num_draws,
+        chain_method,
+        correction,
+        alpha,
+        chunk_size,
+    )
+    key_trace, key_data, key_index, key_warmup, key_fit = random.split(rng_key, 5)
+    model_trace = model_structure(model, key_trace, args, kwargs)
+    check_full_data(model_trace, _WHERE)
+    try:
+        observed, _ = _resolve_observed_sites(model_trace, observed_sites)
+    except ValueError as err:
+        raise ValueError(
+            f"{_WHERE}: {err} Pass the observed data as for SVI, or name the "
+            "observed sites with `observed_sites=`."
+        ) from None
+    plate = plate_of(model_trace, data_plate, warn=False)
+    if plate.name is None:
+        raise ValueError(
+            f"{_WHERE}: the observed sites share no plate, so no observation "
+            "can be held out; put them in a numpyro.plate, or name it with "
+            "data_plate=..."
+        )
+    inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
+    data = _generated_data(
+        key_data,
+        num_simulations,
+        model,
+        observed,
+        model_trace,
+        data_generator,
+        args,
+        kwargs,
+    )
+    index = random.randint(key_index, (num_simulations,), 0, plate.size)
+    with simulators_without_density(), block():
+        args0, kwargs0 = inject({n: v[0] for n, v in data.items()})
+        seed(guide, key_warmup)(*args0, **kwargs0)
+    one = _replication(
+        model, guide, optim, loss, inject, plate, num_svi_steps, num_draws
+    )
+    keys = random.split(key_fit, num_simulations)
+    ranks, final_loss, tail_loss, drift = run_replications(
+        one,
+        (keys, data, index),
+        num_simulations,
+        chain_method,
+        chunk_size,
+        progress_bar,
+    )
+    return _result(
+        np.asarray(ranks),
+        np.asarray(index),
+        (final_loss, tail_loss, drift),
+        _columns(model_trace, observed, plate),
+        guide=guide,
+        loss=loss,
+        num_draws=num_draws,
+        options=dict(
+            num_svi_steps=num_svi_steps,
+            chain_method=getattr(chain_method, "__name__", str(chain_method)),
+            data_generator="prior predictive"
+            if data_generator is None
+            else getattr(data_generator, "__name__", type(data_generator).__name__),
+        ),
+        correction=correction,
+        alpha=alpha,
+    )
+
+
+def _result(
+    ranks: np.ndarray,
+    index: np.ndarray,
+    fits: tuple,
+    columns: list,
+    *,
+    guide: Callable,
+    loss: Any,
+    num_draws: int,
+    options: dict,
+    correction: str | None,
+    alpha: float,
+) -> Container:
+    """The ArviZ container of :func:`predictive_calibration`."""
+    labels = [label for label, _ in columns]
+    component = {
+        "component": labels,
+        "variable": ("component", [site for _, site in columns]),
+    }
+    tests, histogram = rank_datasets(
+        ranks, num_draws, component, correction=correction, alpha=alpha
+    )
+    tests.attrs["data_generator"] = options["data_generator"]
+    pit = (ranks + 0.5) / (num_draws + 1)
+    pit_ds = draws_dataset(
+        {"pit": pit, "held_out": index},
+        dims={"pit": ["component"]},
+        attrs={"num_draws": num_draws, "quantity": "(rank + 1/2) / (L + 1)"},
+    ).assign_coords(component=labels)
+    fit_ds = fit_stats(*fits, options, function=_WHERE, group="calibration_fit_stats")
+    tests.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
+    groups = {
+        "calibration": tests,
+        "calibration_pit": pit_ds,
+        "calibration_histogram": histogram,
+        "calibration_fit_stats": fit_ds,
+    }
+    attrs = root_attrs(guide, loss=type(loss).__name__, diagnostic=_WHERE)
+    return ADAPTER.build(groups, attrs)
+
+
+def plot_predictive_calibration(
+    result: Container,
+    kind: str = "hist",
+    var_names: str | Sequence[str] | None = None,
+    *,
+    figsize: tuple[float, float] | None = None,
+) -> np.ndarray:
+    """Plot the PIT of a :func:`predictive_calibration` result, one panel per
+    scalar component of an observation: ``kind="hist"`` the PIT histogram
+    (U-shaped: the predictive is too narrow), ``kind="ecdf"`` the ECDF
+    difference with the simultaneous band at the level that agrees with the
+    corrected uniformity p-value; every title gives the three verdicts of
+    the ``calibration`` group.
+
+    :param result: the result of :func:`predictive_calibration`.
+    :param kind: ``"hist"`` or ``"ecdf"``.
+    :param var_names: observed site name(s) to plot; default all.
+    :param figsize: figure size.
+    :return: 1-D array of the matplotlib axes.
+    """
+    tests, pit, histogram = (
+        dataset(result, group, "plot_predictive_calibration", _WHERE)
+        for group in ("calibration", "calibration_pit", "calibration_histogram")
+    )
+    available = list(dict.fromkeys(tests["variable"].values.tolist()))
+    if var_names is None:
+        var_names = available
+    elif isinstance(var_names, str):
+        var_names = [var_names]
+    unknown = [v for v in var_names if v not in available]
+    if unknown:
+        raise ValueError(
+            f"plot_predictive_calibration: {unknown} are not observed sites of "
+            f"this result; choose from {available}."
+        )
+    labels = [
+        str(lab)
+        for lab, var in zip(
+            tests["component"].values, tests["variable"].values, strict=True
+        )
+        if var in var_names
+    ]
+    num_draws = int(tests.attrs["num_draws"])
+    values = np.asarray(pit["pit"].values).reshape(-1, len(tests["component"]))
+    ranks = {
+        str(lab): np.rint(values[:, j] * (num_draws + 1) - 0.5).astype(int)
+        for j, lab in enumerate(tests["component"].values)
+    }
+    return plot_rank_panels(
+        ranks,
+        tests,
+        histogram,
+        labels,
+        kind=kind,
+        xlabel="PIT of the held-out observation",
+        figsize=figsize,
+    )
