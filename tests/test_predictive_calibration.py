@@ -152,7 +152,7 @@ def test_discrete_outcomes_use_the_randomised_pit():
     ranks are uniform (with L = 200 draws: the randomised rank is exact for
     any L)."""
     result = diagnostics.predictive_calibration(
-        jax.random.PRNGKey(1),
+        jax.random.PRNGKey(2),
         count_model,
         AutoNormal(count_model),
         optax.adam(0.05),
