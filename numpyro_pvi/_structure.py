@@ -14,13 +14,20 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro.distributions as dist
 from jax import random
+from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistribution
 from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoGuide
 
 from numpyro_pvi.distributions import simulators_without_density
 
-__all__ = ["check_full_data", "model_structure", "replay_trace"]
+__all__ = [
+    "check_full_data",
+    "model_structure",
+    "replay_trace",
+    "single_draw_outcome",
+]
 
 
 def replay_trace(
@@ -84,6 +91,35 @@ class _SiteFn(NamedTuple):
 
     event_dim: int
     support: _Support
+    single_draw: bool = False
+
+
+#: Outcomes observed once whose every distribution over their support is of
+#: the family: a mixture of them over θ is one of them again.
+_SINGLE_DRAW = (
+    dist.BernoulliLogits,
+    dist.BernoulliProbs,
+    dist.CategoricalLogits,
+    dist.CategoricalProbs,
+)
+
+
+def single_draw_outcome(fn: Any) -> bool:
+    r"""Whether ``fn`` is a binary or categorical outcome drawn once
+    (Bernoulli, Categorical, Binomial with ``total_count`` 1), through
+    ``Independent``, ``Expanded`` and ``Masked`` wrappers. Its predictive
+    :math:`E_q[p(y \mid \theta)]` is again such a distribution: it
+    depends on q only through the mean probabilities."""
+    while isinstance(fn, (Independent, ExpandedDistribution, MaskedDistribution)):
+        fn = fn.base_dist
+    if isinstance(fn, _SINGLE_DRAW):
+        return True
+    if isinstance(fn, (dist.BinomialLogits, dist.BinomialProbs)):
+        try:
+            return bool(np.all(np.asarray(fn.total_count) == 1))
+        except jax.errors.TracerArrayConversionError:
+            return False
+    return False
 
 
 def _static_site(site: dict[str, Any]) -> dict[str, Any]:
@@ -105,7 +141,9 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
     fn = site.get("fn")
     if site["type"] == "sample":
         static["fn"] = _SiteFn(
-            int(fn.event_dim), _Support(bool(fn.support.is_discrete))
+            int(fn.event_dim),
+            _Support(bool(fn.support.is_discrete)),
+            single_draw_outcome(fn),
         )
     return static
 

@@ -1,4 +1,4 @@
-"""Which parameters vary in the population? (Lai & Yao 2024, §2.5)
+r"""Which parameters vary in the population? (Lai & Yao 2024, §2.5)
 
 Under a misspecified model, the VI (Bayesian) posterior of every parameter
 concentrates at rate ``1/√n``, while the PVI posterior of a parameter that
@@ -6,6 +6,14 @@ actually varies across observations stays wide: PVI spreads it so that the
 posterior predictive covers the spread of the data. Parameters whose PVI
 posterior sd is much larger than the VI one point to where the model should be
 expanded (e.g. a fixed effect that should be random).
+
+The reading needs the predictive score to *identify* the spread: for single
+binary or categorical outcomes the posterior predictive
+:math:`E_q[p(y_i \mid \theta)]` depends on q only through the mean
+probabilities :math:`E_q[\sigma(\eta_i)]`, so PVI's spread is set by the
+regularizer, not by the data, and a wide PVI posterior says nothing about
+heterogeneity. Such models, and parameters whose PVI sd stays near their
+prior sd, are reported as ``"not identified"``, never as heterogeneous.
 """
 
 from __future__ import annotations
@@ -17,7 +25,9 @@ from typing import Any
 import jax
 import numpy as np
 import xarray as xr
+from numpyro.infer import Predictive
 
+from numpyro_pvi._data_plate import observed_sites
 from numpyro_pvi._draws import check_fitted_call, guide_draws
 from numpyro_pvi._particles import ParticleSpec
 from numpyro_pvi._structure import check_full_data, replay_trace
@@ -26,7 +36,26 @@ from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
 from numpyro_pvi.particles import LATENTS, WHOLE_DATA
 
-__all__ = ["heterogeneity", "plot_heterogeneity"]
+__all__ = ["HETEROGENEOUS", "NOT_IDENTIFIED", "heterogeneity", "plot_heterogeneity"]
+
+HETEROGENEOUS = "heterogeneous"
+NOT_IDENTIFIED = "not identified"
+#: A PVI sd at least this fraction of the prior sd is the prior's spread,
+#: not the data's.
+PRIOR_FRACTION = 0.5
+BINARY_OUTCOME = (
+    "every observed site is a single binary or categorical outcome ({sites}): "
+    "the posterior predictive depends on q only through the mean "
+    "probabilities E_q[sigma(eta)], so no predictive score identifies the "
+    "spread of q and the PVI/VI sd ratio cannot read heterogeneity. Compare "
+    "predictive scores of an expanded model instead (e.g. with "
+    "numpyro_pvi.selection.cross_validate)."
+)
+PRIOR_DOMINATED = (
+    "a parameter whose PVI sd is at least {fraction:g} of its prior sd keeps "
+    "the prior's spread: the data do not identify it, and it is reported as "
+    "'not identified' rather than heterogeneous."
+)
 
 
 def _component_sd(latents: dict[str, jax.Array]) -> tuple[list[str], np.ndarray]:
@@ -41,6 +70,35 @@ def _component_sd(latents: dict[str, jax.Array]) -> tuple[list[str], np.ndarray]
             labels.append(name)
         columns.append(flat)
     return labels, np.concatenate(columns, axis=1)
+
+
+def _prior_sd(
+    rng_key: jax.Array,
+    model: Callable,
+    args: tuple,
+    kwargs: dict,
+    num_draws: int,
+    names: list[str],
+) -> np.ndarray:
+    """The prior sd of every scalar component of the latent sites ``names``."""
+    draws = Predictive(model, num_samples=num_draws, return_sites=names)(
+        rng_key, *args, **kwargs
+    )
+    _, flat = _component_sd({name: draws[name] for name in names})
+    return flat.std(axis=0, ddof=1)
+
+
+def _readings(
+    ratio: np.ndarray, prior_ratio: np.ndarray, threshold: float, *, binary_only: bool
+) -> np.ndarray:
+    """``"heterogeneous"``, ``"not identified"`` or ``"ok"`` per component."""
+    if binary_only:
+        return np.full(ratio.shape, NOT_IDENTIFIED)
+    wide = ratio > threshold
+    prior_like = prior_ratio >= PRIOR_FRACTION
+    return np.where(
+        wide & ~prior_like, HETEROGENEOUS, np.where(wide, NOT_IDENTIFIED, "ok")
+    )
 
 
 def heterogeneity(
@@ -63,7 +121,12 @@ def heterogeneity(
     :math:`\rho_k = \mathrm{sd}_{PVI}(\theta_k) / \mathrm{sd}_{VI}(\theta_k)`;
     :math:`\rho_k >` ``threshold`` flags :math:`\theta_k` as varying in the
     population (Lai & Yao 2024, §2.5): the model treats it as fixed but the
-    data call for a distribution over it.
+    data call for a distribution over it — provided the predictive score
+    identifies its spread. It does not when every observed site is a single
+    binary or categorical outcome (the predictive depends on q only through
+    the mean probabilities; every component is then ``"not identified"``),
+    nor for a component whose PVI sd is at least half its prior sd (the
+    spread is the prior's: ``"not identified"``, not flagged).
 
     The arguments follow the order of every function on a fitted guide
     (``rng_key, params, model, guide``), for two fits: ``(rng_key,
@@ -90,8 +153,11 @@ def heterogeneity(
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
         ArviZ ≥ 1.0, whose group ``heterogeneity`` is over dim ``parameter``
         (labels like ``beta[1]``) with ``vi_mean``, ``pvi_mean``, ``vi_sd``,
-        ``pvi_sd``, ``ratio`` and the boolean ``flagged``; its attrs hold the
-        threshold.
+        ``pvi_sd``, ``prior_sd``, ``ratio``, ``reading``
+        (``"heterogeneous"``, ``"not identified"`` or ``"ok"``) and the
+        boolean ``flagged`` (heterogeneous); its attrs hold the threshold,
+        ``identified`` (0 when the outcomes identify no spread) and the
+        ``identification`` explanation.
 
     **References**
 
@@ -124,7 +190,7 @@ def heterogeneity(
     threshold = check_real(
         threshold, "threshold", "heterogeneity", low=1.0, low_open=True
     )
-    pvi_key, vi_key = jax.random.split(rng_key)
+    pvi_key, vi_key, prior_key = jax.random.split(rng_key, 3)
     stats = {}
     for tag, key, guide, params in (
         ("pvi", pvi_key, pvi_guide, pvi_params),
@@ -150,6 +216,7 @@ def heterogeneity(
             ),
         )
         labels, flat = _component_sd(terms.latents)
+        names = sorted(terms.latents)
         stats[tag] = (labels, flat.mean(axis=0), flat.std(axis=0, ddof=1))
     labels = stats["vi"][0]
     if stats["pvi"][0] != labels:
@@ -157,7 +224,18 @@ def heterogeneity(
             "heterogeneity: the two guides give different latent components "
             f"({stats['pvi'][0]} vs {labels}); fit both to the same model."
         )
+    prior_sd = _prior_sd(prior_key, model, args, kwargs, num_draws, names)
     ratio = stats["pvi"][2] / stats["vi"][2]
+    binary = [site["name"] for site in observed_sites(tr) if site["fn"].single_draw]
+    binary_only = len(binary) == len(observed_sites(tr))
+    reading = _readings(
+        ratio, stats["pvi"][2] / prior_sd, threshold, binary_only=binary_only
+    )
+    identification = (
+        BINARY_OUTCOME.format(sites=", ".join(binary))
+        if binary_only
+        else PRIOR_DOMINATED.format(fraction=PRIOR_FRACTION)
+    )
     dim = ("parameter",)
     group = xr.Dataset(
         {
@@ -165,12 +243,17 @@ def heterogeneity(
             "pvi_mean": (dim, stats["pvi"][1]),
             "vi_sd": (dim, stats["vi"][2]),
             "pvi_sd": (dim, stats["pvi"][2]),
+            "prior_sd": (dim, prior_sd),
             "ratio": (dim, ratio),
-            "flagged": (dim, ratio > threshold),
+            "reading": (dim, reading),
+            "flagged": (dim, reading == HETEROGENEOUS),
         },
         coords={"parameter": labels},
         attrs={
             "threshold": float(threshold),
+            "prior_fraction": PRIOR_FRACTION,
+            "identified": int(not binary_only),
+            "identification": identification,
             "num_draws": num_draws,
             "pvi_guide": guide_name(pvi_guide),
             "vi_guide": guide_name(vi_guide),
@@ -182,7 +265,8 @@ def heterogeneity(
 
 
 def plot_heterogeneity(data: Container, *, ax: Any = None) -> Any:
-    """Bar chart of the PVI/VI sd ratio per parameter, flagged ones highlighted.
+    """Bar chart of the PVI/VI sd ratio per parameter: flagged ones red, those
+    whose spread is not identified grey.
 
     :param data: the result of :func:`heterogeneity`.
     :param ax: a matplotlib axis; a new one when ``None``.
@@ -198,7 +282,8 @@ def plot_heterogeneity(data: Container, *, ax: Any = None) -> Any:
     labels = [str(p) for p in ds["parameter"].values]
     ratio = np.asarray(ds["ratio"].values)
     flagged = np.asarray(ds["flagged"].values)
-    colors = np.where(flagged, "tab:red", "tab:blue")
+    unidentified = np.asarray(ds["reading"].values) == NOT_IDENTIFIED
+    colors = np.where(flagged, "tab:red", np.where(unidentified, "0.6", "tab:blue"))
     ax.barh(np.arange(len(labels)), ratio, color=colors)
     ax.axvline(1.0, color="0.4", lw=1, ls=":")
     ax.axvline(ds.attrs["threshold"], color="tab:red", lw=1, ls="--")
@@ -206,5 +291,10 @@ def plot_heterogeneity(data: Container, *, ax: Any = None) -> Any:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("posterior sd ratio PVI / VI")
-    ax.set_title(f"flagged (ratio > {ds.attrs['threshold']:g}): {int(flagged.sum())}")
+    title = f"flagged (ratio > {ds.attrs['threshold']:g}): {int(flagged.sum())}"
+    if not ds.attrs.get("identified", 1):
+        title = "spread not identified by single binary outcomes: nothing flagged"
+    elif unidentified.any():
+        title += f"; not identified (grey): {int(unidentified.sum())}"
+    ax.set_title(title)
     return ax

@@ -1,0 +1,102 @@
+"""heterogeneity reads spread only where the predictive score identifies it."""
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+
+from numpyro_pvi import PredictiveELBO, diagnostics
+from numpyro_pvi._structure import single_draw_outcome
+from numpyro_pvi.diagnostics.heterogeneity import NOT_IDENTIFIED, _readings
+from tests.arviz_generation import group
+
+N, D = 400, 6
+X = jax.random.normal(jax.random.PRNGKey(0), (N, D))
+# x3 is a null predictor; the true logit has a term x0² the model omits
+TRUE_LOGIT = 0.3 + X @ jnp.array([1.0, -1.0, 0.5, 0.0, 0.8, 0.4]) + X[:, 0] ** 2
+Y = dist.Bernoulli(logits=TRUE_LOGIT).sample(jax.random.PRNGKey(1))
+
+
+def logistic(X, y=None, *, binomial=False):
+    alpha = numpyro.sample("alpha", dist.Normal(0.0, 2.5))
+    beta = numpyro.sample("beta", dist.Normal(0.0, 2.5).expand([D]).to_event(1))
+    with numpyro.plate("data", X.shape[0]):
+        logits = alpha + X @ beta
+        fn = (
+            dist.Binomial(1, logits=logits)
+            if binomial
+            else dist.Bernoulli(logits=logits)
+        )
+        numpyro.sample("y", fn, obs=y)
+
+
+def _fit(loss, **kwargs):
+    guide = AutoNormal(logistic)
+    svi = SVI(logistic, guide, optax.adam(0.02), loss)
+    result = svi.run(jax.random.PRNGKey(2), 1500, X, Y, progress_bar=False, **kwargs)
+    return guide, result.params
+
+
+@pytest.mark.parametrize("binomial", [False, True])
+def test_binary_logistic_regression_flags_nothing_and_says_why(binomial):
+    """A new user's case: PVI-Log leaves coefficients near their prior sd
+    (the null predictor among them) because a binary outcome's predictive
+    sees only E_q[σ(η)]; the sd ratio would flag them. The reading says the
+    spread is not identified, and flags none."""
+    vi_guide, vi_params = _fit(Trace_ELBO(), binomial=binomial)
+    pvi_guide, pvi_params = _fit(
+        PredictiveELBO("log", num_particles=16), binomial=binomial
+    )
+    result = diagnostics.heterogeneity(
+        jax.random.PRNGKey(3),
+        pvi_params,
+        vi_params,
+        logistic,
+        pvi_guide,
+        vi_guide,
+        X,
+        Y,
+        binomial=binomial,
+    )
+    ds = group(result, "heterogeneity")
+    # the sd ratio alone would flag several coefficients
+    assert int((ds["ratio"].values > ds.attrs["threshold"]).sum()) >= 2
+    assert not ds["flagged"].values.any()
+    assert set(ds["reading"].values) == {NOT_IDENTIFIED}
+    assert ds.attrs["identified"] == 0
+    assert "single binary or categorical outcome (y)" in ds.attrs["identification"]
+    np.testing.assert_allclose(ds["prior_sd"].values, 2.5, rtol=0.1)
+    ax = diagnostics.plot_heterogeneity(result)
+    assert "not identified" in ax.get_title()
+    plt.close("all")
+
+
+def test_readings_of_identified_models():
+    ratio = np.array([20.0, 20.0, 2.0, 2.0])
+    prior_ratio = np.array([0.1, 0.9, 0.1, 0.9])
+    readings = _readings(ratio, prior_ratio, 5.0, binary_only=False)
+    assert list(readings) == ["heterogeneous", NOT_IDENTIFIED, "ok", "ok"]
+    binary = _readings(ratio, prior_ratio, 5.0, binary_only=True)
+    assert set(binary) == {NOT_IDENTIFIED}
+
+
+@pytest.mark.parametrize(
+    "fn, expected",
+    [
+        (dist.Bernoulli(logits=jnp.zeros(3)), True),
+        (dist.Bernoulli(probs=0.3).expand([4]).to_event(1), True),
+        (dist.Categorical(logits=jnp.zeros((3, 4))).mask(False), True),
+        (dist.Binomial(1, probs=0.2), True),
+        (dist.Binomial(20, probs=0.2), False),
+        (dist.Poisson(2.0), False),
+        (dist.Normal(0.0, 1.0), False),
+    ],
+)
+def test_single_draw_outcomes(fn, expected):
+    assert single_draw_outcome(fn) == expected
