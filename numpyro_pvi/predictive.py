@@ -153,6 +153,10 @@ class PredictiveELBO(ELBO):
        the predictively optimal posterior distribution*. arXiv:2410.14843.
     """
 
+    #: Whether the optimum is the Bayesian posterior (read by diagnostics:
+    #: PSIS k̂ of a fit that does not target it measures a chosen distance).
+    targets_posterior: bool = False
+
     def __init__(
         self,
         score: str | Score = "log",

@@ -92,6 +92,10 @@ class SoftCVIELBO(ELBO):
        arXiv:2407.15687.
     """
 
+    #: Whether the optimum is the Bayesian posterior (read by diagnostics:
+    #: PSIS k̂ of a fit that does not target it measures a chosen distance).
+    targets_posterior: bool = True
+
     #: discrete latent sites need only their log density, no reparameterisation
     can_infer_discrete = True
 

@@ -66,6 +66,10 @@ class StratifiedELBO(ELBO):
        mixtures*. AISTATS 2021.
     """
 
+    #: Whether the optimum is the Bayesian posterior (read by diagnostics:
+    #: PSIS k̂ of a fit that does not target it measures a chosen distance).
+    targets_posterior: bool = True
+
     def __init__(
         self,
         num_particles: int = 1,

@@ -4,9 +4,11 @@
 groups on ArviZ ≥ 1.0.
 
 "Yes, but did it work?" (Yao, Vehtari, Simpson & Gelman 2018): PSIS k̂ and
-variational simulation-based calibration (VSBC), plus the export of any
-fitted guide (with PSIS-LOO corrected for the approximation) and the PVI
-heterogeneity check of Lai & Yao (2024).
+variational simulation-based calibration (VSBC) read for bias, dispersion and
+uniformity, the calibration of a fit's posterior predictive on held-out data,
+one report of a fit, plus the export of any fitted guide (with PSIS-LOO
+corrected for the approximation) and the PVI heterogeneity check of Lai & Yao
+(2024).
 """
 
 from numpyro_pvi.diagnostics._containers import get_group
@@ -22,6 +24,7 @@ from numpyro_pvi.diagnostics.psis import (
     psis,
     psis_summary,
 )
+from numpyro_pvi.diagnostics.report import report
 from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
 
 __all__: list[str] = [
@@ -36,6 +39,7 @@ __all__: list[str] = [
     "plot_vsbc",
     "psis",
     "psis_summary",
+    "report",
     "to_inference_data",
     "vsbc",
 ]

@@ -84,6 +84,10 @@ class ContainerAdapter(Protocol):
         """PSIS-LOO corrected for the approximation (ArviZ's ``ELPDData``);
         ``options``: ``pointwise``, ``var_name``."""
 
+    def elpd_fields(self, elpd: Any) -> dict[str, Any]:
+        """``elpd``, ``se``, ``p``, ``good_k`` and the pointwise ``elpd_i``,
+        ``pareto_k`` (DataArrays) of a pointwise ``ELPDData``."""
+
 
 class InferenceDataAdapter:
     """ArviZ 0.2x: ``arviz.InferenceData`` and ArviZ's own numerics."""
@@ -157,6 +161,17 @@ class InferenceDataAdapter:
         fields.update(scale="log", good_k=good_k, approx_posterior=True)
         return ELPDData(data=list(fields.values()), index=list(fields))
 
+    def elpd_fields(self, elpd: Any) -> dict[str, Any]:
+        """ArviZ 0.2x's ``elpd_loo``, ``p_loo``, ``loo_i``."""
+        return {
+            "elpd": float(elpd["elpd_loo"]),
+            "se": float(elpd["se"]),
+            "p": float(elpd["p_loo"]),
+            "good_k": float(elpd["good_k"]),
+            "elpd_i": elpd["loo_i"],
+            "pareto_k": elpd["pareto_k"],
+        }
+
 
 class DataTreeAdapter:
     """ArviZ ≥ 1.0: ``xarray.DataTree`` with arviz-base and arviz-stats."""
@@ -211,6 +226,17 @@ class DataTreeAdapter:
         from arviz_stats import loo_approximate_posterior
 
         return loo_approximate_posterior(data, log_p, log_q, **options)
+
+    def elpd_fields(self, elpd: Any) -> dict[str, Any]:
+        """arviz-stats' ``elpd``, ``p``, ``elpd_i``."""
+        return {
+            "elpd": float(elpd.elpd),
+            "se": float(elpd.se),
+            "p": float(elpd.p),
+            "good_k": float(elpd.good_k),
+            "elpd_i": elpd.elpd_i,
+            "pareto_k": elpd.pareto_k,
+        }
 
 
 #: The adapter of the installed ArviZ.

@@ -1,0 +1,212 @@
+"""One call that says whether a fit worked: PSIS k̂, ESS, PSIS-LOO with
+per-observation k̂, and the PSIS-adjusted summary, read for the objective
+the guide was fitted with."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from numpyro_pvi._structure import replay_trace
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container
+from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
+from numpyro_pvi.diagnostics.export import (
+    PSIS_LOO_NOTE,
+    approximate_loo,
+    to_inference_data,
+)
+from numpyro_pvi.diagnostics.psis import K_THRESHOLD, psis, psis_summary
+
+__all__ = ["report"]
+
+#: Observations named in the text, worst k̂ first.
+_WORST = 3
+#: Components shown in the text's summary table (largest PSIS shift first).
+_SUMMARY_ROWS = 8
+
+NOT_POSTERIOR = (
+    "{loss} does not target the Bayesian posterior: a large k̂ measures the "
+    "intended distance between the fit and the Bayesian posterior, not a "
+    "failure of the fit; judge it by held-out predictive scores "
+    "(numpyro_pvi.predictive_score, selection.cross_validate) and "
+    "predictive_calibration."
+)
+BINARY_SPREAD = (
+    "Every observed site is a single binary or categorical outcome: a "
+    "predictive score sees q only through the mean probabilities, so the "
+    "spread of this fit is set by its regularizer, not by the data."
+)
+
+
+def _loss_name(loss: Any) -> str:
+    return "the objective" if loss is None else type(loss).__name__
+
+
+def report(
+    rng_key: jax.Array,
+    params: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    *args: Any,
+    loss: Any = None,
+    num_draws: int = 4000,
+    data_plate: str | None = None,
+    show: bool = True,
+    **kwargs: Any,
+) -> Container:
+    r"""Whether a fit worked, in one ArviZ container and a short text.
+
+    From ``num_draws`` draws of the fitted guide (the same draws, with the
+    same ``rng_key``, as :func:`~numpyro_pvi.diagnostics.psis` and
+    :func:`~numpyro_pvi.diagnostics.to_inference_data` give):
+
+    - **PSIS k̂** with Yao et al.'s verdict and its reason — for a fit made
+      with an objective that does not target the Bayesian posterior
+      (:class:`~numpyro_pvi.PredictiveELBO`, :class:`~numpyro_pvi.PACmELBO`:
+      ``loss.targets_posterior`` is false) the text says that a large k̂
+      measures the intended distance from the Bayesian posterior;
+    - the importance-sampling **ESS** and the minimum sample size for k̂;
+    - **PSIS-LOO** corrected for the approximation
+      (:func:`~numpyro_pvi.diagnostics.approximate_loo`) with the
+      per-observation k̂, the worst observations named;
+    - the **PSIS-adjusted vs plain** mean and sd of every component
+      (:func:`~numpyro_pvi.diagnostics.psis_summary`).
+
+    :param rng_key: random key.
+    :param params: the fitted parameters.
+    :param model: the NumPyro model.
+    :param guide: the fitted guide.
+    :param args: positional arguments of model and guide.
+    :param loss: the objective the guide was fitted with (its reading of k̂
+        depends on it); ``None`` reads k̂ as for a Bayesian fit.
+    :param num_draws: draws of the guide.
+    :param data_plate: the plate indexing observations for LOO.
+    :param show: print the text.
+    :param kwargs: keyword arguments of model and guide.
+    :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
+        ArviZ ≥ 1.0, with the groups of :func:`psis` (``posterior``,
+        ``sample_stats``, ``psis``), of :func:`to_inference_data`
+        (``log_likelihood``, ``observed_data``), ``loo`` (per observation
+        ``elpd_i`` and ``pareto_k``; attrs ``elpd``, ``se``, ``p``,
+        ``good_k``) and ``psis_summary`` (per ``parameter``: ``vi_mean``,
+        ``vi_sd``, ``psis_mean``, ``psis_sd``); the root attribute
+        ``report`` holds the text, ``verdict`` the k̂ verdict.
+
+    **References**
+
+    1. Yao, Y., Vehtari, A., Simpson, D. & Gelman, A. (2018). *Yes, but did
+       it work?: Evaluating variational inference.* ICML.
+    2. Magnusson, M., Andersen, M. R., Jonasson, J. & Vehtari, A. (2019).
+       *Bayesian leave-one-out cross-validation for large data.* ICML.
+    """
+    smoothed = psis(rng_key, params, model, guide, *args, num_draws=num_draws, **kwargs)
+    exported = to_inference_data(
+        rng_key,
+        params,
+        model,
+        guide,
+        *args,
+        num_draws=num_draws,
+        data_plate=data_plate,
+        **kwargs,
+    )
+    loo = ADAPTER.elpd_fields(approximate_loo(exported, pointwise=True))
+    summary = psis_summary(smoothed)
+    tr = replay_trace(rng_key, params, model, guide, args, kwargs)
+    observed = [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
+    binary = bool(observed) and all(s["fn"].single_draw for s in observed)
+    targets = getattr(loss, "targets_posterior", True)
+    psis_group = ADAPTER.dataset(smoothed, "psis")
+    text = _text(
+        psis_group,
+        summary,
+        loo,
+        header=f"{guide_name(guide)} fitted with {_loss_name(loss)}, {num_draws} draws",
+        reason=None if targets else NOT_POSTERIOR.format(loss=_loss_name(loss)),
+        binary=binary and not targets,
+    )
+    if show:
+        print(text)
+    groups = {
+        name: ADAPTER.dataset(smoothed, name)
+        for name in ("posterior", "sample_stats", "psis")
+    }
+    groups.update(
+        {
+            name: ADAPTER.dataset(exported, name)
+            for name in ("log_likelihood", "observed_data")
+        },
+        loo=_loo_group(loo),
+        psis_summary=xr.Dataset.from_dataframe(summary.rename_axis("parameter")),
+    )
+    attrs = root_attrs(
+        guide,
+        loss=_loss_name(loss),
+        diagnostic="report",
+        report=text,
+        verdict=summary.attrs["verdict"],
+        psis_loo=PSIS_LOO_NOTE,
+    )
+    return ADAPTER.build(groups, attrs)
+
+
+def _loo_group(loo: dict[str, Any]) -> xr.Dataset:
+    elpd_i = loo["elpd_i"].rename("elpd_i")
+    pareto_k = loo["pareto_k"].rename("pareto_k")
+    ds = xr.merge([elpd_i, pareto_k], compat="override")
+    ds.attrs.update({k: loo[k] for k in ("elpd", "se", "p", "good_k")})
+    ds.attrs["method"] = "PSIS-LOO corrected for the approximation (Magnusson 2019)"
+    return ds
+
+
+def _worst(pareto_k: xr.DataArray) -> tuple[list[str], int]:
+    """The worst observations (label and k̂) and how many exceed 0.7."""
+    flat = pareto_k.stack(__obs__=list(pareto_k.dims)) if pareto_k.dims else pareto_k
+    values = np.asarray(flat.values, dtype=float).reshape(-1)
+    dim = pareto_k.dims[0] if pareto_k.dims else "observation"
+    order = np.argsort(-np.where(np.isfinite(values), values, np.inf))[:_WORST]
+    names = [f"{dim}[{i}] (k̂ {values[i]:.2f})" for i in order]
+    return names, int(np.sum(~(values < K_THRESHOLD)))
+
+
+def _text(
+    psis_group: xr.Dataset,
+    summary: pd.DataFrame,
+    loo: dict[str, Any],
+    *,
+    header: str,
+    reason: str | None,
+    binary: bool,
+) -> str:
+    k = float(psis_group["pareto_k"])
+    ess, min_ss = float(psis_group["ess_is"]), float(psis_group["min_ss"])
+    num = int(psis_group.attrs["num_draws"])
+    lines = [f"Fit report: {header}", f"PSIS k̂ = {k:.2f}: {summary.attrs['verdict']}"]
+    if reason is not None:
+        lines.append(f"  {reason}")
+    if binary:
+        lines.append(f"  {BINARY_SPREAD}")
+    lines.append(
+        f"Importance-sampling ESS: {ess:.0f} of {num} draws (minimum sample size "
+        f"for this k̂: {min_ss:.3g})."
+    )
+    worst, high = _worst(loo["pareto_k"])
+    lines.append(
+        f"PSIS-LOO (corrected for the approximation): elpd = {loo['elpd']:.1f} "
+        f"(se {loo['se']:.1f}), p = {loo['p']:.1f}; {high} of "
+        f"{loo['pareto_k'].size} observations with k̂ ≥ {K_THRESHOLD}; worst: "
+        + ", ".join(worst)
+        + "."
+    )
+    if reason is not None:
+        lines.append("  LOO here estimates the Bayesian posterior's, not this fit's.")
+    shift = (summary["psis_mean"] - summary["vi_mean"]).abs() / summary["vi_sd"]
+    shown = summary.loc[shift.sort_values(ascending=False).index[:_SUMMARY_ROWS]]
+    lines.append("Plain vs PSIS-adjusted (largest mean shifts in sd units first):")
+    lines.append(shown.round(3).to_string())
+    return "\n".join(lines)
