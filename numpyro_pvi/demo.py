@@ -23,8 +23,10 @@ with soft labels, without reparameterised gradients), shown for comparison.
 
 The demo prints, per objective, the held-out log predictive score
 (:func:`numpyro_pvi.predictive_score` on fresh data; higher is better) and the
-fitted posterior mean and standard deviation of each parameter, and writes a
-PNG of the 90% posterior predictive bands.
+fitted posterior mean and standard deviation of each parameter, writes a
+PNG of the 90% posterior predictive bands, and ends with the fit report of
+each objective (:func:`numpyro_pvi.diagnostics.report`: PSIS k̂ read for the
+objective, ESS, PSIS-LOO, plain vs PSIS-adjusted summary).
 
 Objectives are listed in :data:`METHODS` as ``(name, loss factory)``
 entries; add an entry to compare another objective.
@@ -50,6 +52,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 from numpyro.infer.elbo import ELBO
 
+from numpyro_pvi.diagnostics.report import report
 from numpyro_pvi.evaluation import predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
@@ -149,11 +152,12 @@ def _fit(
     steps: int,
     learning_rate: float,
     progress_bar: bool,
-) -> tuple[AutoNormal, dict[str, jax.Array]]:
+) -> tuple[AutoNormal, dict[str, jax.Array], ELBO]:
     guide = AutoNormal(model)
-    svi = SVI(model, guide, optax.adam(learning_rate), loss=method.make_loss())
+    loss = method.make_loss()
+    svi = SVI(model, guide, optax.adam(learning_rate), loss=loss)
     result = svi.run(rng_key, steps, x, y, progress_bar=progress_bar)
-    return guide, result.params
+    return guide, result.params, loss
 
 
 def run_demo(
@@ -167,6 +171,7 @@ def run_demo(
     learning_rate: float = 0.02,
     num_draws: int = 1000,
     progress_bar: bool = False,
+    report_fits: bool = True,
     stream: Any = sys.stdout,
 ) -> list[FitResult]:
     """Fit every method, print the comparison table and write the plot.
@@ -180,6 +185,8 @@ def run_demo(
     :param float learning_rate: Adam step size.
     :param int num_draws: posterior draws for scores, moments and bands.
     :param bool progress_bar: show SVI's progress bar for each fit.
+    :param bool report_fits: end with :func:`numpyro_pvi.diagnostics.report`
+        of every fit (does it work, read for its objective).
     :param stream: where to print progress and the table.
     :return: one :class:`FitResult` per method, in order.
     """
@@ -189,10 +196,10 @@ def run_demo(
     x_test, y_test = simulate(key_test, num_test)
     x_grid = jnp.linspace(-X_RANGE, X_RANGE, 121)
 
-    results, bands = [], []
+    results, bands, fits = [], [], []
     for method in methods:
         start = time.perf_counter()
-        guide, params = _fit(
+        guide, params, loss = _fit(
             method,
             key_fit,
             x,
@@ -216,6 +223,7 @@ def run_demo(
             )
         )
         bands.append(_predictive_bands(key_eval, latents, x_grid))
+        fits.append((guide, params, loss))
         print(
             f"fitted {method.name:<24} {steps} steps in {seconds:5.1f} s",
             file=stream,
@@ -225,6 +233,20 @@ def run_demo(
     if out is not None:
         path = _plot(results, bands, x, y, x_grid, out)
         print(f"wrote {path}", file=stream)
+    if report_fits:
+        for method, (guide, params, loss) in zip(methods, fits, strict=True):
+            result = report(
+                key_eval,
+                params,
+                model,
+                guide,
+                x,
+                y,
+                loss=loss,
+                num_draws=num_draws,
+                show=False,
+            )
+            print(f"\n--- {method.name}\n{result.attrs['report']}", file=stream)
     return results
 
 

@@ -48,6 +48,10 @@ def test_demo_writes_table_and_png(demo_run):
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(png) > 10_000
+    # it ends with the fit report of every objective, read for the objective
+    assert text.count("Fit report: AutoNormal fitted with") == len(results)
+    assert "PredictiveELBO does not target the Bayesian posterior" in text
+    assert "Trace_ELBO does not target" not in text
 
 
 def test_predictive_objectives_beat_elbo_on_heldout_data(demo_run):
