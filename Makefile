@@ -9,12 +9,17 @@ VPY := $(VENV)/bin/python
 PYTHON312 ?= $(shell .ci/find-python 3.12)
 VENV312 := .venv-py312
 VPY312 := $(VENV312)/bin/python
-# what the leg runs: every diagnostics and export test, the tutorial that
-# reads the diagnostics' containers most, and cross-validation's result and
-# its equality with separately fitted folds (JAX 1.x-era APIs)
+# what the leg runs: every diagnostics and export test (calibration tests,
+# report, predictive calibration's container and plots, heterogeneity), the
+# tutorial that reads the diagnostics' containers most, and
+# cross-validation's result and its equality with separately fitted folds
+# (JAX 1.x-era APIs)
 LEG312_TUTORIALS := 06_did_it_work
 LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
 	tests/test_export.py tests/test_vsbc.py tests/test_diagnostics_edges.py \
+	tests/test_calibration_tests.py tests/test_report.py \
+	"tests/test_predictive_calibration.py::test_layout_and_plots_agree_with_the_verdicts" \
+	"tests/test_heterogeneity.py::test_binary_logistic_regression_flags_nothing_and_says_why[False]" \
 	"tests/test_selection.py::test_result_reading_and_plot" \
 	"tests/test_selection.py::test_cv_equals_separately_fitted_folds[local_latent-log]" \
 	$(foreach nb,$(LEG312_TUTORIALS),\

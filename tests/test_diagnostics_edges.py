@@ -243,7 +243,7 @@ def test_vsbc_flags_unconverged_replications_and_says_so():
         with numpyro.plate("n", 10):
             numpyro.sample("y", dist.Normal(t, 1.0), obs=y)
 
-    with pytest.warns(UserWarning, match="had not converged"):
+    with pytest.warns(UserWarning, match="had not converged") as record:
         idata = diagnostics.vsbc(
             random.PRNGKey(0),
             simple,
@@ -256,6 +256,7 @@ def test_vsbc_flags_unconverged_replications_and_says_so():
             num_draws=50,
             progress_bar=False,
         )
+    assert record[0].filename == __file__  # points at the user's call
     stats = idata.vsbc_fit_stats
     unconverged = int((~stats["converged"].values).sum())
     assert unconverged >= 6  # θ* near the initial value converges early
@@ -266,6 +267,25 @@ def test_vsbc_flags_unconverged_replications_and_says_so():
     assert f"{unconverged} of 8 replications had not converged" in (
         axes[0].figure.get_suptitle()
     )
+
+    with pytest.warns(
+        UserWarning, match="predictive_calibration: .* not conv"
+    ) as record:
+        result = diagnostics.predictive_calibration(
+            random.PRNGKey(0),
+            simple,
+            AutoNormal(simple),
+            optax.sgd(1e-4),
+            Trace_ELBO(num_particles=32),
+            observed_sites=["y"],
+            num_simulations=8,
+            num_svi_steps=200,
+            num_draws=50,
+            progress_bar=False,
+        )
+    assert record[0].filename == __file__
+    tests = group(result, "calibration")
+    assert tests.attrs["num_unconverged"] >= 6
 
 
 def test_chunked_draws_compile_once(fit):

@@ -580,6 +580,6 @@ def test_prior_sbc_group_is_where_arviz_calibration_plots_read(narrow):
 
         plot = plot_ecdf_pit(narrow, backend="matplotlib")
         lines = plot.viz["ecdf_lines"]
-        assert set(lines.data_vars) == {"beta", "sigma"}
+        assert set(lines.data_vars) == {"beta", "sigma", "log_likelihood"}
         assert lines["beta"].sizes == {"beta_dim_0": K}
     plt.close("all")

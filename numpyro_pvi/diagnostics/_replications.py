@@ -199,11 +199,13 @@ def fit_stats(
     *,
     function: str,
     group: str,
+    stacklevel: int = 3,
 ) -> xr.Dataset:
     """The fit statistics of the replications (``loss``, ``loss_tail``,
     ``loss_drift``, ``converged``) for the result's ``group``; warns, naming
     ``function``, when too many
-    had not converged (attribute ``num_unconverged``)."""
+    had not converged (attribute ``num_unconverged``); ``stacklevel`` points
+    the warning at the user's call."""
     num_simulations = drift.shape[0]
     converged = ~(drift > DRIFT_THRESHOLD)  # nan (too few steps) counts as converged
     num_unconverged = int(np.sum(~converged))
@@ -216,7 +218,7 @@ def fit_stats(
             "ranks measure an unfinished fit, not the method. Increase num_svi_steps "
             "or the step size.",
             UserWarning,
-            stacklevel=4,
+            stacklevel=stacklevel,
         )
     return draws_dataset(
         {

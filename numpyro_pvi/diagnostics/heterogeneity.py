@@ -48,8 +48,8 @@ BINARY_OUTCOME = (
     "the posterior predictive depends on q only through the mean "
     "probabilities E_q[sigma(eta)], so no predictive score identifies the "
     "spread of q and the PVI/VI sd ratio cannot read heterogeneity. Compare "
-    "predictive scores of an expanded model instead (e.g. with "
-    "numpyro_pvi.selection.cross_validate)."
+    "predictive scores of an expanded model instead ("
+    "numpyro_pvi.predictive_score on held-out data)."
 )
 PRIOR_DOMINATED = (
     "a parameter whose PVI sd is at least {fraction:g} of its prior sd keeps "

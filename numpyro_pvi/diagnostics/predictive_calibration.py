@@ -303,6 +303,11 @@ def predictive_calibration(
             f"{_WHERE}: {err} Pass the observed data as for SVI, or name the "
             "observed sites with `observed_sites=`."
         ) from None
+    # the named sites are observed in every fit, whatever the model was called with
+    model_trace = {
+        name: {**site, "is_observed": True} if name in observed else site
+        for name, site in model_trace.items()
+    }
     plate = plate_of(model_trace, data_plate, warn=False)
     if plate.name is None:
         raise ValueError(
@@ -386,7 +391,9 @@ def _result(
         dims={"pit": ["component"]},
         attrs={"num_draws": num_draws, "quantity": "(rank + 1/2) / (L + 1)"},
     ).assign_coords(component=labels)
-    fit_ds = fit_stats(*fits, options, function=_WHERE, group="calibration_fit_stats")
+    fit_ds = fit_stats(
+        *fits, options, function=_WHERE, group="calibration_fit_stats", stacklevel=4
+    )
     tests.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
     groups = {
         "calibration": tests,
