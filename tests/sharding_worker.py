@@ -1,12 +1,14 @@
 """Run in a subprocess with several host devices (the ``four_devices`` and
 ``four_devices_vsbc`` fixtures in conftest.py, used by test_sharding.py and
-test_vsbc.py): ``sharding_worker.py <devices> objectives|vsbc``.
+test_vsbc.py, test_predictive_calibration.py):
+``sharding_worker.py <devices> objectives|vsbc``.
 
 Prints one JSON document. ``objectives``: for each objective, the largest
 difference between the loss/gradient computed on sharded and on unsharded
 data, and whether the compiled step gathers a full data array onto one
 device. ``vsbc``: under ``"vsbc_dispatch"``, VSBC's p-values and losses from
-each chain method.
+each chain method, and under its ``"predictive_calibration"`` the PIT values
+and losses of predictive calibration, vectorized and sharded.
 """
 
 import json
@@ -166,6 +168,35 @@ def vsbc_dispatch() -> dict:
         )
         out[name] = {v: idata.vsbc[v].values.ravel().tolist() for v in ("mu", "log_s")}
         out[name]["loss"] = idata.vsbc_fit_stats["loss"].values.ravel().tolist()
+    out["predictive_calibration"] = calibration_dispatch()
+    return out
+
+
+def calibration_dispatch() -> dict:
+    """The same predictive calibration run vectorized and sharded."""
+    from numpyro.infer import Trace_ELBO
+
+    from numpyro_pvi.diagnostics import get_group, predictive_calibration
+
+    out = {}
+    for method in ("vectorized", "sharded"):
+        result = predictive_calibration(
+            random.PRNGKey(8),
+            vsbc_model,
+            AutoNormal(vsbc_model),
+            optax.adam(0.05),
+            Trace_ELBO(),
+            10,
+            observed_sites=["y"],
+            num_simulations=10,
+            num_svi_steps=60,
+            num_draws=200,
+            chain_method=method,
+            progress_bar=False,
+        )
+        pit = get_group(result, "calibration_pit")["pit"].values.ravel().tolist()
+        loss = get_group(result, "calibration_fit_stats")["loss"].values.ravel()
+        out[method] = {"pit": pit, "loss": loss.tolist()}
     return out
 
 
