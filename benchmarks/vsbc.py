@@ -50,7 +50,7 @@ def _worker(args: argparse.Namespace) -> dict:
             eta = numpyro.sample("eta", dist.Normal(0.0, 1.0))
             numpyro.sample("y", dist.Normal(mu + tau * eta, sigma), obs=y)
 
-    one, inputs, _, _ = _setup(
+    one, inputs, *_ = _setup(
         jax.random.PRNGKey(0),
         eight_schools,
         AutoNormal(eight_schools),
@@ -63,6 +63,8 @@ def _worker(args: argparse.Namespace) -> dict:
         num_draws=args.draws,
         observed_sites=["y"],
         simulated_data_to_args=None,
+        test_quantities=None,
+        log_likelihood=False,  # the parameters only, as the recorded timings
     )
     devices = jax.local_device_count()
     methods = ["vectorized", "sharded"]

@@ -18,6 +18,7 @@ from numpyro.handlers import condition
 from numpyro.infer import SVI, Predictive
 
 from numpyro_pvi._svi_scan import svi_scan
+from numpyro_pvi._validation import check_int, check_real
 from numpyro_pvi.diagnostics._idata import draws_dataset
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "UNCONVERGED_WARNING",
     "dispatcher",
     "fit_stats",
+    "validate_options",
     "loss_drift",
     "replication_fn",
     "run_replications",
@@ -233,3 +235,39 @@ def fit_stats(
             "num_unconverged": num_unconverged,
         },
     )
+
+
+_CHAIN_METHODS = ("sequential", "vectorized", "sharded")
+_CORRECTIONS = ("holm", "bh", None)
+
+
+def validate_options(
+    function: str,
+    num_simulations: int,
+    num_svi_steps: int,
+    num_draws: int,
+    chain_method: Any,
+    correction: Any,
+    alpha: float,
+    chunk_size: int | None,
+) -> None:
+    for arg, value, low in (
+        ("num_simulations", num_simulations, 2),
+        ("num_svi_steps", num_svi_steps, 1),
+        ("num_draws", num_draws, 1),
+    ):
+        check_int(value, arg, function, minimum=low)
+    if not callable(chain_method) and chain_method not in _CHAIN_METHODS:
+        raise ValueError(
+            f"{function}: chain_method must be one of {_CHAIN_METHODS} or a callable "
+            f"such as jax.vmap, got {chain_method!r}."
+        )
+    if correction not in _CORRECTIONS:
+        raise ValueError(
+            f"{function}: correction must be 'holm', 'bh' or None, got {correction!r}."
+        )
+    check_real(
+        alpha, "alpha", function, low=0.0, high=1.0, low_open=True, high_open=True
+    )
+    if chunk_size is not None:
+        check_int(chunk_size, "chunk_size", function, minimum=1)

@@ -1,5 +1,6 @@
-"""Simulated data sets of VSBC: drawn from the prior predictive, passed to
-the model through its arguments."""
+"""Simulated data sets of VSBC and predictive calibration: drawn from the
+prior predictive (or a user simulator), passed to the model through its
+arguments."""
 
 from __future__ import annotations
 
@@ -7,9 +8,14 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import random
+from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
-__all__ = ["data_injector", "unobserve"]
+__all__ = ["data_injector", "generated_data", "unobserve"]
 
 
 class unobserve(Messenger):
@@ -73,3 +79,41 @@ def data_injector(
         return tuple(bound.args), dict(bound.kwargs)
 
     return inject
+
+
+def generated_data(
+    key: jax.Array,
+    num: int,
+    model: Callable,
+    observed: Sequence[str],
+    model_trace: dict,
+    data_generator: Callable | None,
+    args: tuple,
+    kwargs: dict,
+    *,
+    function: str,
+) -> dict[str, jax.Array]:
+    """``num`` data sets: the model's prior predictive, or the generator's
+    (``rng_key -> {observed site: value}``, called once per data set outside
+    ``jit``, checked against the shapes the model observes)."""
+    if data_generator is None:
+        prior = Predictive(
+            unobserve(model, observed),
+            num_samples=num,
+            return_sites=list(observed),
+            parallel=True,
+        )
+        return jax.jit(lambda k: prior(k, *args, **kwargs))(key)
+    if not callable(data_generator):
+        raise TypeError(f"{function}: data_generator must be callable f(rng_key).")
+    sets = [data_generator(k) for k in random.split(key, num)]
+    for name in observed:
+        expected = np.shape(model_trace[name]["value"])
+        got = [np.shape(s[name]) if name in s else None for s in sets[:1]]
+        if got[0] != expected:
+            raise ValueError(
+                f"{function}: data_generator must return a dict with the observed "
+                f"site '{name}' of shape {expected} (as the model observes it), "
+                f"got {'no such key' if got[0] is None else got[0]}."
+            )
+    return {n: jnp.stack([jnp.asarray(s[n]) for s in sets]) for n in observed}

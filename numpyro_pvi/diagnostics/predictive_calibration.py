@@ -26,29 +26,28 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 from numpyro.handlers import block, condition, seed
-from numpyro.infer import SVI, Predictive
+from numpyro.infer import SVI
 from numpyro.infer.calibration import _resolve_observed_sites
 
 from numpyro_pvi._data_plate import DataPlate, per_observation, plate_of
 from numpyro_pvi._particles import ParticleSpec, particle_terms
 from numpyro_pvi._structure import check_full_data, model_structure
 from numpyro_pvi._svi_scan import svi_scan
-from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs
-from numpyro_pvi.diagnostics._rank_plot import plot_rank_panels
 from numpyro_pvi.diagnostics._rank_tests import rank_datasets
 from numpyro_pvi.diagnostics._replications import (
     fit_stats,
     loss_drift,
     run_replications,
+    validate_options,
 )
-from numpyro_pvi.diagnostics._simulated_data import data_injector, unobserve
-from numpyro_pvi.diagnostics.vsbc import validate_options
+from numpyro_pvi.diagnostics._simulated_data import data_injector, generated_data
 from numpyro_pvi.distributions import simulators_without_density
 from numpyro_pvi.particles import Y_SIM
 from numpyro_pvi.selection import mask_observations
 
-__all__ = ["pit_ranks", "plot_predictive_calibration", "predictive_calibration"]
+__all__ = ["pit_ranks", "predictive_calibration"]
 
 _WHERE = "predictive_calibration"
 
@@ -106,40 +105,6 @@ def _columns(model_trace: dict, observed: Sequence[str], plate: DataPlate) -> li
         labels = [name] if width == 1 else [f"{name}[{i}]" for i in range(width)]
         out += [(label, name) for label in labels]
     return out
-
-
-def _generated_data(
-    key: jax.Array,
-    num: int,
-    model: Callable,
-    observed: Sequence[str],
-    model_trace: dict,
-    data_generator: Callable | None,
-    args: tuple,
-    kwargs: dict,
-) -> dict[str, jax.Array]:
-    """``num`` data sets: the model's prior predictive, or the generator's."""
-    if data_generator is None:
-        prior = Predictive(
-            unobserve(model, observed),
-            num_samples=num,
-            return_sites=list(observed),
-            parallel=True,
-        )
-        return jax.jit(lambda k: prior(k, *args, **kwargs))(key)
-    if not callable(data_generator):
-        raise TypeError(f"{_WHERE}: data_generator must be callable f(rng_key).")
-    sets = [data_generator(k) for k in random.split(key, num)]
-    for name in observed:
-        expected = np.shape(model_trace[name]["value"])
-        got = [np.shape(s[name]) if name in s else None for s in sets[:1]]
-        if got[0] != expected:
-            raise ValueError(
-                f"{_WHERE}: data_generator must return a dict with the observed "
-                f"site '{name}' of shape {expected} (as the model observes it), "
-                f"got {'no such key' if got[0] is None else got[0]}."
-            )
-    return {n: jnp.stack([jnp.asarray(s[n]) for s in sets]) for n in observed}
 
 
 def _replication(
@@ -316,7 +281,7 @@ def predictive_calibration(
             "data_plate=..."
         )
     inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
-    data = _generated_data(
+    data = generated_data(
         key_data,
         num_simulations,
         model,
@@ -325,6 +290,7 @@ def predictive_calibration(
         data_generator,
         args,
         kwargs,
+        function=_WHERE,
     )
     index = random.randint(key_index, (num_simulations,), 0, plate.size)
     with simulators_without_density(), block():
@@ -403,62 +369,3 @@ def _result(
     }
     attrs = root_attrs(guide, loss=type(loss).__name__, diagnostic=_WHERE)
     return ADAPTER.build(groups, attrs)
-
-
-def plot_predictive_calibration(
-    result: Container,
-    kind: str = "hist",
-    var_names: str | Sequence[str] | None = None,
-    *,
-    figsize: tuple[float, float] | None = None,
-) -> np.ndarray:
-    """Plot the PIT of a :func:`predictive_calibration` result, one panel per
-    scalar component of an observation: ``kind="hist"`` the PIT histogram
-    (U-shaped: the predictive is too narrow), ``kind="ecdf"`` the ECDF
-    difference with the simultaneous band at the level that agrees with the
-    corrected uniformity p-value; every title gives the three verdicts of
-    the ``calibration`` group.
-
-    :param result: the result of :func:`predictive_calibration`.
-    :param kind: ``"hist"`` or ``"ecdf"``.
-    :param var_names: observed site name(s) to plot; default all.
-    :param figsize: figure size.
-    :return: 1-D array of the matplotlib axes.
-    """
-    tests, pit, histogram = (
-        dataset(result, group, "plot_predictive_calibration", _WHERE)
-        for group in ("calibration", "calibration_pit", "calibration_histogram")
-    )
-    available = list(dict.fromkeys(tests["variable"].values.tolist()))
-    if var_names is None:
-        var_names = available
-    elif isinstance(var_names, str):
-        var_names = [var_names]
-    unknown = [v for v in var_names if v not in available]
-    if unknown:
-        raise ValueError(
-            f"plot_predictive_calibration: {unknown} are not observed sites of "
-            f"this result; choose from {available}."
-        )
-    labels = [
-        str(lab)
-        for lab, var in zip(
-            tests["component"].values, tests["variable"].values, strict=True
-        )
-        if var in var_names
-    ]
-    num_draws = int(tests.attrs["num_draws"])
-    values = np.asarray(pit["pit"].values).reshape(-1, len(tests["component"]))
-    ranks = {
-        str(lab): np.rint(values[:, j] * (num_draws + 1) - 0.5).astype(int)
-        for j, lab in enumerate(tests["component"].values)
-    }
-    return plot_rank_panels(
-        ranks,
-        tests,
-        histogram,
-        labels,
-        kind=kind,
-        xlabel="PIT of the held-out observation",
-        figsize=figsize,
-    )

@@ -26,7 +26,6 @@ from numpyro.infer import Predictive
 from numpyro.infer.calibration import _resolve_observed_sites, _validate_latent_sites
 
 from numpyro_pvi._structure import check_full_data, model_structure
-from numpyro_pvi._validation import check_int, check_real
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import (
     component_labels,
@@ -40,6 +39,7 @@ from numpyro_pvi.diagnostics._replications import (
     loss_drift,
     replication_fn,
     run_replications,
+    validate_options,
 )
 from numpyro_pvi.diagnostics._simulated_data import data_injector, unobserve
 from numpyro_pvi.diagnostics._test_quantities import resolve_quantities
@@ -47,9 +47,6 @@ from numpyro_pvi.diagnostics.vsbc_plot import plot_vsbc
 from numpyro_pvi.distributions import simulators_without_density
 
 __all__ = ["loss_drift", "plot_vsbc", "vsbc"]
-
-_CHAIN_METHODS = ("sequential", "vectorized", "sharded")
-_CORRECTIONS = ("holm", "bh", None)
 
 
 def _setup(
@@ -142,38 +139,6 @@ def _at_true_values(name: str, f: Callable, theta: dict, data: dict) -> np.ndarr
             "theta and data dicts site name -> value, returning an array of "
             "fixed shape, written with jax.numpy."
         ) from err
-
-
-def validate_options(
-    function: str,
-    num_simulations: int,
-    num_svi_steps: int,
-    num_draws: int,
-    chain_method: Any,
-    correction: Any,
-    alpha: float,
-    chunk_size: int | None,
-) -> None:
-    for arg, value, low in (
-        ("num_simulations", num_simulations, 2),
-        ("num_svi_steps", num_svi_steps, 1),
-        ("num_draws", num_draws, 1),
-    ):
-        check_int(value, arg, function, minimum=low)
-    if not callable(chain_method) and chain_method not in _CHAIN_METHODS:
-        raise ValueError(
-            f"{function}: chain_method must be one of {_CHAIN_METHODS} or a callable "
-            f"such as jax.vmap, got {chain_method!r}."
-        )
-    if correction not in _CORRECTIONS:
-        raise ValueError(
-            f"{function}: correction must be 'holm', 'bh' or None, got {correction!r}."
-        )
-    check_real(
-        alpha, "alpha", function, low=0.0, high=1.0, low_open=True, high_open=True
-    )
-    if chunk_size is not None:
-        check_int(chunk_size, "chunk_size", function, minimum=1)
 
 
 def vsbc(
