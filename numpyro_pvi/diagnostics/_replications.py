@@ -158,8 +158,11 @@ def run_replications(
     chain_method: str | Callable,
     chunk_size: int | None,
     progress_bar: bool,
+    *,
+    desc: str = "VSBC",
 ) -> Any:
-    """Map ``one`` over the leading axis of ``inputs`` in equal, padded chunks.
+    """Map ``one`` over the leading axis of ``inputs`` in equal, padded chunks
+    (``desc`` labels the progress bar).
 
     The replication count is padded (by repeating the last replication) to a
     whole number of chunks, each a multiple of the device count when sharded,
@@ -182,7 +185,7 @@ def run_replications(
     run = dispatcher(one, chain_method)
     outputs = []
     with tqdm(
-        total=num, disable=not progress_bar, desc="VSBC", unit="replication"
+        total=num, disable=not progress_bar, desc=desc, unit="replication"
     ) as bar:
         for c in range(num_chunks):
             chunk = jax.tree.map(

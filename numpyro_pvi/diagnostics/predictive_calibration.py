@@ -307,6 +307,7 @@ def predictive_calibration(
         chain_method,
         chunk_size,
         progress_bar,
+        desc="predictive calibration",
     )
     return _result(
         np.asarray(ranks),
