@@ -49,13 +49,14 @@ def plot_rank_panels(
     labels: Sequence[str],
     *,
     kind: str,
-    xlabel: str,
+    xlabel: str | Mapping[str, str],
     figsize: tuple[float, float] | None,
     suptitle: str = "",
 ) -> np.ndarray:
     """One panel per label: ``kind="hist"`` the histogram of ``p = r/L``
     with the uniform expectation, ``kind="ecdf"`` the ECDF of the ranks
-    minus the null CDF with the band of :func:`band_level`."""
+    minus the null CDF with the band of :func:`band_level`; ``xlabel`` one
+    label for all panels or one per label."""
     import matplotlib.pyplot as plt
 
     if kind not in ("hist", "ecdf"):
@@ -90,7 +91,7 @@ def plot_rank_panels(
         else:
             _ecdf_difference(ax, ranks[label], num_draws, row)
         ax.set_title(f"{label}\n{verdict_lines(row)}", fontsize=8)
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel(xlabel if isinstance(xlabel, str) else xlabel[label])
     return axes
 
 

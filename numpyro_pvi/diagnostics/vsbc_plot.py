@@ -91,7 +91,12 @@ def plot_vsbc(
         hist,
         labels,
         kind=kind,
-        xlabel="Pr_q(θ < θ*)",
+        xlabel={
+            str(lab): "Pr_q(θ < θ*)" if kind_ == "parameter" else "Pr_q(f < f(θ*))"
+            for lab, kind_ in zip(
+                tests["component"].values, tests["kind"].values, strict=True
+            )
+        },
         figsize=figsize,
         suptitle=suptitle,
     )
