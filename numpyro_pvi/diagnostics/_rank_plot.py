@@ -14,7 +14,7 @@ import xarray as xr
 from numpyro_pvi.diagnostics._rank_tests import OK
 from numpyro_pvi.diagnostics.uniformity import ecdf_band, rank_positions
 
-__all__ = ["band_level", "plot_rank_panels", "verdict_lines"]
+__all__ = ["band_level", "plot_rank_panels", "selected_components", "verdict_lines"]
 
 
 def verdict_lines(row: xr.Dataset) -> str:
@@ -28,6 +28,26 @@ def verdict_lines(row: xr.Dataset) -> str:
         f"(×{float(row['spread_ratio']):.2g})\n"
         f"uniformity: {'rejected' if uniform < alpha else OK} (p={uniform:.2g})"
     )
+
+
+def selected_components(
+    tests: xr.Dataset, var_names: str | Sequence[str] | None, *, what: str
+) -> tuple[list[str], list[str]]:
+    """The variables ``var_names`` (default all) and the labels of their
+    components, or an error listing the variables of the result
+    (``what`` names them, e.g. ``"observed sites of this result"``)."""
+    available = list(dict.fromkeys(tests["variable"].values.tolist()))
+    if var_names is None:
+        var_names = available
+    elif isinstance(var_names, str):
+        var_names = [var_names]
+    unknown = [v for v in var_names if v not in available]
+    if unknown:
+        raise ValueError(
+            f"`var_names` {unknown} are not {what}; choose from {available}."
+        )
+    selected = np.isin(tests["variable"].values, list(var_names))
+    return list(var_names), [str(lab) for lab in tests["component"].values[selected]]
 
 
 def band_level(row: xr.Dataset) -> float:

@@ -25,6 +25,7 @@ __all__ = [
     "DRIFT_THRESHOLD",
     "UNCONVERGED_WARNING",
     "dispatcher",
+    "fit_replication",
     "fit_stats",
     "validate_options",
     "loss_drift",
@@ -58,20 +59,24 @@ def replication_fn(
     The drift is :func:`loss_drift` of the losses.
     """
     quantities = dict(quantities or {})
-    tail = max(1, num_svi_steps // 10)
 
-    def one(inputs: tuple) -> tuple[dict, jax.Array, jax.Array]:
+    def one(inputs: tuple) -> tuple:
         key, data, theta = inputs
         key_svi, key_draw = random.split(key)
         args, kwargs = inject(data)
-        svi = SVI(condition(model, data), guide, optim, loss)
-        state = svi.init(key_svi, *args, **kwargs)
-        state, losses = svi_scan(
-            svi, state, num_steps=num_svi_steps, args=args, kwargs=kwargs
+        params, fit = fit_replication(
+            key_svi,
+            condition(model, data),
+            guide,
+            optim,
+            loss,
+            args,
+            kwargs,
+            num_svi_steps=num_svi_steps,
         )
         draws = Predictive(
             guide,
-            params=svi.get_params(state),
+            params=params,
             num_samples=num_draws,
             return_sites=list(latent_names),
             parallel=True,
@@ -80,9 +85,36 @@ def replication_fn(
         for name, f in quantities.items():
             at_draws = jax.vmap(lambda th, f=f: f(th, data))(draws)
             below[name] = jnp.sum(at_draws < f(theta, data), axis=0)
-        return below, losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses)
+        return (below, *fit)
 
     return one
+
+
+def fit_replication(
+    rng_key: jax.Array,
+    model: Callable,
+    guide: Callable,
+    optim: Any,
+    loss: Any,
+    args: tuple,
+    kwargs: dict,
+    *,
+    num_svi_steps: int,
+) -> tuple[dict, tuple[jax.Array, jax.Array, jax.Array]]:
+    """One replication's fit, from the guide's initial parameters:
+    ``num_svi_steps`` SVI steps in one ``lax.scan``.
+
+    :return: the fitted parameters and ``(final loss, mean of the last 10%
+        losses, loss drift)``.
+    """
+    svi = SVI(model, guide, optim, loss)
+    state = svi.init(rng_key, *args, **kwargs)
+    state, losses = svi_scan(
+        svi, state, num_steps=num_svi_steps, args=args, kwargs=kwargs
+    )
+    tail = max(1, num_svi_steps // 10)
+    stats = (losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses))
+    return svi.get_params(state), stats
 
 
 #: Replications whose loss drift exceeds this many standard errors have not

@@ -12,10 +12,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
+from numpyro.handlers import block, seed
 from numpyro.infer import Predictive
+from numpyro.infer.calibration import _resolve_observed_sites
 from numpyro.primitives import Messenger
 
-__all__ = ["data_injector", "generated_data", "unobserve"]
+from numpyro_pvi.distributions import simulators_without_density
+
+__all__ = [
+    "data_injector",
+    "generated_data",
+    "resolve_sites",
+    "set_up_guide",
+    "unobserve",
+]
 
 
 class unobserve(Messenger):
@@ -117,3 +127,29 @@ def generated_data(
                 f"got {'no such key' if got[0] is None else got[0]}."
             )
     return {n: jnp.stack([jnp.asarray(s[n]) for s in sets]) for n in observed}
+
+
+def resolve_sites(
+    model_trace: dict, observed_sites: Sequence[str] | None, *, function: str
+) -> tuple[list[str], list[str]]:
+    """The observed and latent site names (as NumPyro's VSBC resolves them),
+    or an error naming ``function`` and what to pass."""
+    try:
+        observed, latent = _resolve_observed_sites(model_trace, observed_sites)
+    except ValueError as err:
+        raise ValueError(
+            f"{function}: {err} Pass the observed data as for SVI, or name the "
+            "observed sites with `observed_sites=`."
+        ) from None
+    return list(observed), list(latent)
+
+
+def set_up_guide(
+    guide: Callable, rng_key: jax.Array, inject: Callable, data: dict
+) -> None:
+    """Run ``guide`` once on the first simulated data set, outside any trace:
+    an autoguide sets up its prototype on its first call, which must not
+    happen under ``jit``/``vmap`` (it stores concrete initial values)."""
+    with simulators_without_density(), block():
+        args, kwargs = inject({name: value[0] for name, value in data.items()})
+        seed(guide, rng_key)(*args, **kwargs)

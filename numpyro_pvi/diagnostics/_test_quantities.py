@@ -8,8 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from numpyro.handlers import condition, seed, substitute, trace
+
+from numpyro_pvi._data_plate import observed_sites
+from numpyro_pvi._tracing import sum_log_density
 
 __all__ = ["LOG_LIKELIHOOD", "joint_log_likelihood", "resolve_quantities"]
 
@@ -32,13 +34,7 @@ def joint_log_likelihood(
         args, kwargs = inject(data)
         conditioned = substitute(condition(model, data), data=theta)
         tr = trace(seed(conditioned, rng_seed=0)).get_trace(*args, **kwargs)
-        total = jnp.zeros(())
-        for site in tr.values():
-            if site["type"] == "sample" and site["is_observed"]:
-                value = jnp.sum(site["fn"].log_prob(site["value"]))
-                scale = site["scale"]
-                total = total + (value if scale is None else jnp.sum(scale * value))
-        return total
+        return sum_log_density(observed_sites(tr))
 
     return log_lik
 

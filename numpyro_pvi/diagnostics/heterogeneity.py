@@ -226,8 +226,9 @@ def heterogeneity(
         )
     prior_sd = _prior_sd(prior_key, model, args, kwargs, num_draws, names)
     ratio = stats["pvi"][2] / stats["vi"][2]
-    binary = [site["name"] for site in observed_sites(tr) if site["fn"].single_draw]
-    binary_only = len(binary) == len(observed_sites(tr))
+    observed = observed_sites(tr)  # the model's sites, as traced with either fit
+    binary = [site["name"] for site in observed if site["fn"].single_draw]
+    binary_only = len(binary) == len(observed)
     reading = _readings(
         ratio, stats["pvi"][2] / prior_sd, threshold, binary_only=binary_only
     )

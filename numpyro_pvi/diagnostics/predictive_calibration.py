@@ -25,25 +25,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
-from numpyro.handlers import block, condition, seed
-from numpyro.infer import SVI
-from numpyro.infer.calibration import _resolve_observed_sites
+from numpyro.handlers import condition
 
 from numpyro_pvi._data_plate import DataPlate, per_observation, plate_of
 from numpyro_pvi._particles import ParticleSpec, particle_terms
 from numpyro_pvi._structure import check_full_data, model_structure
-from numpyro_pvi._svi_scan import svi_scan
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs
 from numpyro_pvi.diagnostics._rank_tests import rank_datasets
 from numpyro_pvi.diagnostics._replications import (
+    fit_replication,
     fit_stats,
-    loss_drift,
     run_replications,
     validate_options,
 )
-from numpyro_pvi.diagnostics._simulated_data import data_injector, generated_data
-from numpyro_pvi.distributions import simulators_without_density
+from numpyro_pvi.diagnostics._simulated_data import (
+    data_injector,
+    generated_data,
+    resolve_sites,
+    set_up_guide,
+)
 from numpyro_pvi.particles import Y_SIM
 from numpyro_pvi.selection import mask_observations
 
@@ -119,7 +120,6 @@ def _replication(
 ) -> Callable:
     """``(key, data, index) -> (ranks, final loss, tail loss, drift)``: fit
     to the data without observation ``index``, rank that observation."""
-    tail = max(1, num_svi_steps // 10)
 
     def one(inputs: tuple) -> tuple:
         key, data, index = inputs
@@ -128,14 +128,19 @@ def _replication(
         keep = jnp.ones(plate.size).at[index].set(0.0)
         conditioned = condition(model, data)
         masked = mask_observations(conditioned, keep=keep, data_plate=plate.name)
-        svi = SVI(masked, guide, optim, loss)
-        state = svi.init(key_svi, *args, **kwargs)
-        state, losses = svi_scan(
-            svi, state, num_steps=num_svi_steps, args=args, kwargs=kwargs
+        params, fit = fit_replication(
+            key_svi,
+            masked,
+            guide,
+            optim,
+            loss,
+            args,
+            kwargs,
+            num_svi_steps=num_svi_steps,
         )
         ranks = pit_ranks(
             key_pit,
-            svi.get_params(state),
+            params,
             conditioned,
             guide,
             args,
@@ -144,7 +149,7 @@ def _replication(
             plate=plate,
             num_draws=num_draws,
         )
-        return ranks, losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses)
+        return (ranks, *fit)
 
     return one
 
@@ -261,13 +266,7 @@ def predictive_calibration(
     key_trace, key_data, key_index, key_warmup, key_fit = random.split(rng_key, 5)
     model_trace = model_structure(model, key_trace, args, kwargs)
     check_full_data(model_trace, _WHERE)
-    try:
-        observed, _ = _resolve_observed_sites(model_trace, observed_sites)
-    except ValueError as err:
-        raise ValueError(
-            f"{_WHERE}: {err} Pass the observed data as for SVI, or name the "
-            "observed sites with `observed_sites=`."
-        ) from None
+    observed, _ = resolve_sites(model_trace, observed_sites, function=_WHERE)
     # the named sites are observed in every fit, whatever the model was called with
     model_trace = {
         name: {**site, "is_observed": True} if name in observed else site
@@ -293,9 +292,7 @@ def predictive_calibration(
         function=_WHERE,
     )
     index = random.randint(key_index, (num_simulations,), 0, plate.size)
-    with simulators_without_density(), block():
-        args0, kwargs0 = inject({n: v[0] for n, v in data.items()})
-        seed(guide, key_warmup)(*args0, **kwargs0)
+    set_up_guide(guide, key_warmup, inject, data)
     one = _replication(
         model, guide, optim, loss, inject, plate, num_svi_steps, num_draws
     )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from numpyro_pvi.diagnostics._containers import Container, dataset
-from numpyro_pvi.diagnostics._rank_plot import plot_rank_panels
+from numpyro_pvi.diagnostics._rank_plot import plot_rank_panels, selected_components
 
 __all__ = ["plot_predictive_calibration"]
 
@@ -37,24 +37,9 @@ def plot_predictive_calibration(
         dataset(result, group, "plot_predictive_calibration", "predictive_calibration")
         for group in ("calibration", "calibration_pit", "calibration_histogram")
     )
-    available = list(dict.fromkeys(tests["variable"].values.tolist()))
-    if var_names is None:
-        var_names = available
-    elif isinstance(var_names, str):
-        var_names = [var_names]
-    unknown = [v for v in var_names if v not in available]
-    if unknown:
-        raise ValueError(
-            f"plot_predictive_calibration: {unknown} are not observed sites of "
-            f"this result; choose from {available}."
-        )
-    labels = [
-        str(lab)
-        for lab, var in zip(
-            tests["component"].values, tests["variable"].values, strict=True
-        )
-        if var in var_names
-    ]
+    _, labels = selected_components(
+        tests, var_names, what="observed sites of this result"
+    )
     num_draws = int(tests.attrs["num_draws"])
     values = np.asarray(pit["pit"].values).reshape(-1, len(tests["component"]))
     ranks = {

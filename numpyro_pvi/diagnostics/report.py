@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from numpyro_pvi._data_plate import observed_sites
 from numpyro_pvi._structure import replay_trace
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
@@ -118,7 +119,7 @@ def report(
     loo = ADAPTER.elpd_fields(approximate_loo(exported, pointwise=True))
     summary = psis_summary(smoothed)
     tr = replay_trace(rng_key, params, model, guide, args, kwargs)
-    observed = [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
+    observed = observed_sites(tr)
     binary = bool(observed) and all(s["fn"].single_draw for s in observed)
     targets = getattr(loss, "targets_posterior", True)
     psis_group = ADAPTER.dataset(smoothed, "psis")

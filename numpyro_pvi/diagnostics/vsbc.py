@@ -21,9 +21,8 @@ from typing import Any
 import jax
 import numpy as np
 from jax import random
-from numpyro.handlers import block, seed
 from numpyro.infer import Predictive
-from numpyro.infer.calibration import _resolve_observed_sites, _validate_latent_sites
+from numpyro.infer.calibration import _validate_latent_sites
 
 from numpyro_pvi._structure import check_full_data, model_structure
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
@@ -41,10 +40,14 @@ from numpyro_pvi.diagnostics._replications import (
     run_replications,
     validate_options,
 )
-from numpyro_pvi.diagnostics._simulated_data import data_injector, unobserve
+from numpyro_pvi.diagnostics._simulated_data import (
+    data_injector,
+    resolve_sites,
+    set_up_guide,
+    unobserve,
+)
 from numpyro_pvi.diagnostics._test_quantities import resolve_quantities
 from numpyro_pvi.diagnostics.vsbc_plot import plot_vsbc
-from numpyro_pvi.distributions import simulators_without_density
 
 __all__ = ["loss_drift", "plot_vsbc", "vsbc"]
 
@@ -75,13 +78,7 @@ def _setup(
     key_trace, key_prior, key_warmup, key_fit = random.split(rng_key, 4)
     model_trace = model_structure(model, key_trace, args, kwargs)
     check_full_data(model_trace, "vsbc")
-    try:
-        observed, latent_names = _resolve_observed_sites(model_trace, observed_sites)
-    except ValueError as err:
-        raise ValueError(
-            f"vsbc: {err} Pass the observed data as for SVI, or name the "
-            "observed sites with `observed_sites=`."
-        ) from None
+    observed, latent_names = resolve_sites(model_trace, observed_sites, function="vsbc")
     _validate_latent_sites(model_trace, latent_names)
     inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
     quantities = resolve_quantities(
@@ -103,12 +100,7 @@ def _setup(
     data = {n: sims[n] for n in observed}
     theta = {n: sims[n] for n in latent_names}
 
-    # Autoguides set up their prototype on the first call; that must happen
-    # outside of jit/vmap (it stores concrete initial values on the guide).
-    data0 = {n: v[0] for n, v in data.items()}
-    with simulators_without_density(), block():
-        args0, kwargs0 = inject(data0)
-        seed(guide, key_warmup)(*args0, **kwargs0)
+    set_up_guide(guide, key_warmup, inject, data)
 
     one = replication_fn(
         model,

@@ -9,7 +9,7 @@ import numpy as np
 
 from numpyro_pvi.diagnostics._containers import Container, dataset
 from numpyro_pvi.diagnostics._idata import component_labels
-from numpyro_pvi.diagnostics._rank_plot import plot_rank_panels
+from numpyro_pvi.diagnostics._rank_plot import plot_rank_panels, selected_components
 
 __all__ = ["plot_vsbc"]
 
@@ -56,19 +56,9 @@ def plot_vsbc(
         dataset(idata, group, "plot_vsbc", "vsbc")
         for group in ("vsbc", "vsbc_symmetry", "vsbc_histogram")
     )
-    available = list(dict.fromkeys(tests["variable"].values.tolist()))
-    if var_names is None:
-        var_names = available
-    elif isinstance(var_names, str):
-        var_names = [var_names]
-    unknown = [v for v in var_names if v not in available]
-    if unknown:
-        raise ValueError(
-            f"`var_names` {unknown} are not latent sites or test quantities of "
-            f"this VSBC run; choose from {available}."
-        )
-    selected = np.isin(tests["variable"].values, list(var_names))
-    labels = list(tests["component"].values[selected])
+    var_names, labels = selected_components(
+        tests, var_names, what="latent sites or test quantities of this VSBC run"
+    )
     num_draws = int(tests.attrs["num_draws"])
     ranks = {}
     for var in var_names:
