@@ -76,6 +76,11 @@ def pit_ranks(
     of the observation (observed sites in trace order).
 
     :return: ``(d,)`` integer ranks in ``0..num_draws``.
+
+    **References**
+
+    - Czado, C., Gneiting, T. & Held, L. (2009). *Predictive model
+      assessment for count data.* Biometrics (the randomised PIT).
     """
     key_draw, key_tie = random.split(rng_key)
     spec = ParticleSpec(

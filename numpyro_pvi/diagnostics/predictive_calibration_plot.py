@@ -32,6 +32,12 @@ def plot_predictive_calibration(
     :param var_names: observed site name(s) to plot; default all.
     :param figsize: figure size.
     :return: 1-D array of the matplotlib axes.
+
+    **References**
+
+    - Säilynoja, T., Bürkner, P.-C. & Vehtari, A. (2022). *Graphical test for
+      discrete uniformity and its applications in goodness-of-fit evaluation
+      and multiple sample comparison.* Statistics and Computing.
     """
     tests, pit, histogram = (
         dataset(result, group, "plot_predictive_calibration", "predictive_calibration")
