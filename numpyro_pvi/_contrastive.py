@@ -35,8 +35,9 @@ __all__ = ["DENSITY_GUIDES", "FixedDraws", "check_density_guide", "fixed_draw_te
 #: The guides whose log density can be evaluated at given points.
 DENSITY_GUIDES = (
     "AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
-    "AutoLowRankMultivariateNormal, AutoIAFNormal, or a hand-written guide whose "
-    "latent sites have log densities (discrete sites included)"
+    "AutoLowRankMultivariateNormal, AutoIAFNormal, numpyro_pvi.guides.AutoFlow, "
+    "or a hand-written guide whose latent sites have log densities (discrete "
+    "sites included)"
 )
 
 _WITHOUT_DENSITY: tuple[tuple[type, str], ...] = (

@@ -101,7 +101,8 @@ def guide_sample_values(
             f"The guide ({type(guide).__name__}) has only point-mass (Delta) latent "
             "sites, so it has no log density to evaluate, which this objective "
             "needs. Use AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
-            "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide "
+            "AutoLowRankMultivariateNormal, AutoIAFNormal, numpyro_pvi.guides.AutoFlow "
+            "or a hand-written guide "
             "whose latent sites have densities."
         )
     return fixed
@@ -136,7 +137,8 @@ def guide_log_density(
             f"The guide ({type(guide).__name__}) cannot evaluate its log density "
             "at given points (it has no inverse transform), which this objective "
             "needs. Use AutoNormal, AutoDiagonalNormal, AutoMultivariateNormal, "
-            "AutoLowRankMultivariateNormal, AutoIAFNormal or a hand-written guide."
+            "AutoLowRankMultivariateNormal, AutoIAFNormal, numpyro_pvi.guides.AutoFlow "
+            "or a hand-written guide."
         ) from err
 
 

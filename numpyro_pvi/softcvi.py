@@ -61,7 +61,9 @@ class SoftCVIELBO(ELBO):
     Only :math:`\log q_\phi` at given points is needed, so the guide may
     have discrete latent sites. It must have an evaluable density: AutoNormal,
     AutoDiagonalNormal, AutoMultivariateNormal, AutoLowRankMultivariateNormal,
-    AutoIAFNormal or a hand-written guide; AutoBNAFNormal (no inverse) and
+    AutoIAFNormal, :class:`~numpyro_pvi.guides.AutoFlow` (a spline flow whose
+    density costs one pass, the flexible choice for multimodal posteriors) or
+    a hand-written guide; AutoBNAFNormal (no inverse) and
     AutoDelta (no density) are rejected. With a subsampled plate the log
     joint is its unbiased estimate but the labels, a nonlinear function of
     it, are biased.

@@ -29,6 +29,7 @@ from numpyro.infer.autoguide import (
 )
 
 import numpyro_pvi
+from numpyro_pvi.guides import AutoFlow
 
 
 class Objective(NamedTuple):
@@ -107,6 +108,7 @@ GUIDES = {
     "AutoIAFNormal": lambda m: AutoIAFNormal(m, num_flows=1, hidden_dims=[4]),
     "AutoBNAFNormal": lambda m: AutoBNAFNormal(m, num_flows=1, hidden_factors=[2]),
     "AutoDelta": AutoDelta,
+    "AutoFlow": lambda m: AutoFlow(m, num_layers=2, hidden_dim=4),
     "hand-written": lambda m: hand_written_guide,
 }
 
@@ -119,7 +121,7 @@ def _data():
 
 #: particle counts are spread over the guides so that every objective runs with
 #: 1 (where allowed), 2 and 16 particles without compiling each case twice
-PARTICLES = {"AutoNormal": 1, "AutoDiagonalNormal": 16}
+PARTICLES = {"AutoNormal": 1, "AutoDiagonalNormal": 16, "AutoFlow": 1}
 
 
 def _run(objective, guide_name, num_particles, steps=3):

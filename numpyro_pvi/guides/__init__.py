@@ -1,4 +1,4 @@
-r"""Gaussian-mixture guides for predictive variational inference (GM-PVI).
+r"""Guides beyond NumPyro's: Gaussian mixtures (GM-PVI) and spline flows.
 
 :class:`AutoGaussianMixture` is a NumPyro autoguide whose approximation of
 the posterior over the unconstrained latent space is a mixture of ``K``
@@ -29,19 +29,32 @@ heuristic of Kock et al.
 2. Huber, M. F., Bailey, T., Durrant-Whyte, H. & Hanebeck, U. D. (2008). *On
    entropy approximation for Gaussian mixture random vectors*. IEEE MFI.
 
+:class:`AutoFlow` is a rational-quadratic spline coupling flow (Durkan et
+al. 2019, built from flowjax bijections) whose draw and density at given
+points each cost one pass: the flexible guide for the objectives that
+evaluate :math:`\log q` at fixed draws (:class:`~numpyro_pvi.SoftCVIELBO`,
+:class:`~numpyro_pvi.SNISForwardKL`) and for multimodal posteriors.
+
 Modules: :mod:`~numpyro_pvi.guides.gaussian_mixture` (the distribution),
 :mod:`~numpyro_pvi.guides.auto_mixture` (the autoguide),
-:mod:`~numpyro_pvi.guides.quadrature` (Gauss--Hermite predictive) and
-:mod:`~numpyro_pvi.guides.pruning` (fitting with pruning).
+:mod:`~numpyro_pvi.guides.quadrature` (Gauss--Hermite predictive),
+:mod:`~numpyro_pvi.guides.pruning` (fitting with pruning),
+:mod:`~numpyro_pvi.guides.flow` (a flowjax bijection as a NumPyro
+distribution) and :mod:`~numpyro_pvi.guides.auto_flow` (the flow
+autoguide).
 """
 
+from numpyro_pvi.guides.auto_flow import AutoFlow
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
+from numpyro_pvi.guides.flow import FlowDistribution
 from numpyro_pvi.guides.gaussian_mixture import GaussianMixture
 from numpyro_pvi.guides.pruning import PrunedFit, fit_gm_pvi, prune_components
 from numpyro_pvi.guides.quadrature import linear_predictor_score
 
 __all__ = [
+    "AutoFlow",
     "AutoGaussianMixture",
+    "FlowDistribution",
     "GaussianMixture",
     "PrunedFit",
     "fit_gm_pvi",
