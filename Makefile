@@ -88,10 +88,17 @@ lint: $(VENV)/.installed-test
 # POSTERIORDB: directory of the posteriordb JSON data (default: the shared
 # data directory beside the repository).
 POSTERIORDB ?= ../shared/data/posteriordb
+# SLCP: sbibm's slcp directory (num_observation_N/ with reference draws).
+SLCP ?= ../shared/data/sbibm/slcp
 
-bench: $(VENV)/.installed
+$(VENV)/.installed-bench: pyproject.toml | $(VPY)
+	$(VPY) -m pip install --quiet --no-compile -e ".[bench]"
+	touch $(VENV)/.installed $@
+
+bench: $(VENV)/.installed-bench
 	$(VPY) -m benchmarks.step_time
 	$(VPY) -m benchmarks.posteriordb $(POSTERIORDB)
+	$(VPY) -m benchmarks.slcp $(SLCP)
 
 clean:
 	rm -rf $(VENV) $(VENV312) build dist *.egg-info .pytest_cache .ruff_cache

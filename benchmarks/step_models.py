@@ -12,6 +12,8 @@ import numpyro.distributions as dist
 from jax import random
 from numpyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 
+from numpyro_pvi.guides import AutoFlow
+
 __all__ = ["GUIDES", "MODELS", "BenchModel"]
 
 
@@ -107,4 +109,5 @@ MODELS: dict[str, BenchModel] = {
 GUIDES: dict[str, Callable] = {
     "AutoNormal": AutoNormal,
     "AutoMultivariateNormal": AutoMultivariateNormal,
+    "AutoFlow": AutoFlow,
 }
