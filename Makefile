@@ -13,7 +13,7 @@ VPY312 := $(VENV312)/bin/python
 # report, predictive calibration's container and plots, heterogeneity), the
 # tutorial that reads the diagnostics' containers most, and
 # cross-validation's result and its equality with separately fitted folds
-# (JAX 1.x-era APIs)
+# (JAX 1.x-era APIs), the flow guide's diagnostics (flowjax on that JAX)
 LEG312_TUTORIALS := 06_did_it_work
 LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
 	tests/test_export.py tests/test_vsbc.py tests/test_diagnostics_edges.py \
@@ -23,6 +23,8 @@ LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
 	"tests/test_heterogeneity.py::test_binary_logistic_regression_flags_nothing_and_says_why[False]" \
 	"tests/test_selection.py::test_result_reading_and_plot" \
 	"tests/test_selection.py::test_cv_equals_separately_fitted_folds[local_latent-log]" \
+	"tests/test_flow.py::test_psis_and_export_at_the_exact_posterior" \
+	"tests/test_flow.py::test_vsbc_runs_with_the_flow" \
 	$(foreach nb,$(LEG312_TUTORIALS),\
 	"tests/test_tutorials.py::test_notebook_executes_in_smoke_mode[$(nb)]")
 

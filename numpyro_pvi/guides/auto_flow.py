@@ -34,7 +34,7 @@ from numpyro_pvi.guides.flow import FlowDistribution
 __all__ = ["AutoFlow"]
 
 
-def _trainable(leaf: Any) -> bool:
+def _non_trainable(leaf: Any) -> bool:
     return isinstance(leaf, paramax.NonTrainable)
 
 
@@ -172,7 +172,7 @@ class AutoFlow(AutoContinuous):
             nn_depth=self.hidden_layers,
         )
         weights, self._flow_static = eqx.partition(
-            _zero_last_layers(flow.bijection), eqx.is_inexact_array, is_leaf=_trainable
+            _zero_last_layers(flow.bijection), eqx.is_inexact_array, is_leaf=_non_trainable
         )
         self._init_flow, self._unravel_flow = ravel_pytree(weights)
 
