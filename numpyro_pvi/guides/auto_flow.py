@@ -172,7 +172,9 @@ class AutoFlow(AutoContinuous):
             nn_depth=self.hidden_layers,
         )
         weights, self._flow_static = eqx.partition(
-            _zero_last_layers(flow.bijection), eqx.is_inexact_array, is_leaf=_non_trainable
+            _zero_last_layers(flow.bijection),
+            eqx.is_inexact_array,
+            is_leaf=_non_trainable,
         )
         self._init_flow, self._unravel_flow = ravel_pytree(weights)
 
