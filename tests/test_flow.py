@@ -348,3 +348,36 @@ def test_flow_distribution_needs_a_vector_bijection():
 
     with pytest.raises(ValueError, match="shape"):
         FlowDistribution(Affine(jnp.zeros((2, 2))))
+
+
+def _matmuls(fn, *args):
+    return str(jax.make_jaxpr(fn)(*args)).count("dot_general")
+
+
+def test_draw_with_density_and_density_at_points_are_one_pass_each():
+    """The conditioners' matrix products appear once in the program of a
+    draw with its log density and once in that of the density at given
+    points: neither runs the flow a second time (the layers are a
+    ``lax.scan``, so one layer's products stand for all)."""
+    guide = AutoFlow(_vector_model(4), num_layers=3, hidden_dim=8, hidden_layers=2)
+    seed(guide, 0)()
+    params = {
+        "auto_loc": jnp.zeros(4),
+        "auto_scale": jnp.ones(4),
+        "auto_flow": guide._init_flow,
+    }
+    one_pass = guide.hidden_layers + 1  # products of one conditioner
+
+    def draw_and_density(p, key):
+        q = _posterior(guide, p)
+        theta, intermediates = q.sample_with_intermediates(key, (5,))
+        return q.log_prob(theta, intermediates)
+
+    def density(p, theta):
+        return _posterior(guide, p).log_prob(theta)
+
+    assert _matmuls(draw_and_density, params, random.PRNGKey(0)) == one_pass
+    assert _matmuls(density, params, jnp.zeros((5, 4))) == one_pass
+    # the guide's trace hands NumPyro the draw's density
+    tr = trace(substitute(seed(guide, 1), data=params)).get_trace()
+    assert tr["_auto_latent"]["intermediates"]
