@@ -88,7 +88,9 @@ class AutoFlow(AutoContinuous):
     zero), so the initial guide is
     :math:`\mathcal{N}(\mu_0, \mathrm{diag}(\sigma_0^2))` with :math:`\mu_0`
     from ``init_loc_fn`` and :math:`\sigma_0` = ``init_scale``, like
-    :class:`~numpyro.infer.autoguide.AutoNormal`. Splines act on
+    :class:`~numpyro.infer.autoguide.AutoNormal` but wider by default: the
+    contrastive objectives learn only from the guide's own draws, which must
+    reach the posterior's modes from the first steps. Splines act on
     :math:`[-B, B]` with :math:`B` = ``interval`` in the standardised
     coordinates and are the identity outside it.
 
@@ -125,9 +127,8 @@ class AutoFlow(AutoContinuous):
        *Neural spline flows*. NeurIPS.
     2. Dinh, L., Sohl-Dickstein, J. & Bengio, S. (2017). *Density estimation
        using Real NVP*. ICLR.
-    3. Ward, D., Cannon, P., Beaumont, M., Fasiolo, M. & Schmon, S. (2022).
-       *Robust neural posterior estimation and statistical model
-       criticism* (flowjax). NeurIPS.
+    3. Ward, D. *FlowJAX: distributions and normalizing flows in JAX*.
+       https://github.com/danielward27/flowjax.
     """
 
     def __init__(
