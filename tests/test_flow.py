@@ -181,6 +181,9 @@ def test_quantiles_and_median_follow_the_cdf():
     assert np.all(np.abs(cdf(np.asarray(q)) - np.asarray(levels)) < 4 * sd)
     median = guide.median(params, num_samples=20_000)["theta"]
     np.testing.assert_allclose(median, q[1:2])
+    # levels outside [0, 1] would give NaN quantiles: refused instead
+    with pytest.raises(ValueError, match="quantiles"):
+        guide.quantiles(params, [0.5, 1.5])
 
 
 # ---------------------------------------------------------------------------

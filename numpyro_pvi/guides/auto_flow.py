@@ -14,6 +14,7 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import numpyro
 import numpyro.distributions as dist
 import paramax
@@ -237,9 +238,14 @@ class AutoFlow(AutoContinuous):
         :return: site name → array of shape ``quantiles.shape + site shape``.
         """
         num_samples = check_int(num_samples, "num_samples", "AutoFlow", minimum=2)
+        levels = np.asarray(quantiles, dtype=float)
+        if levels.ndim > 1 or not np.all((levels >= 0) & (levels <= 1)):
+            raise ValueError(
+                "AutoFlow.quantiles: quantiles must be a number or a 1-D array of "
+                f"levels in [0, 1], got {quantiles!r}."
+            )
         key = random.PRNGKey(0) if rng_key is None else rng_key
         draws = self.sample_posterior(key, params, sample_shape=(num_samples,))
-        levels = jnp.asarray(quantiles)
         return {
             name: jnp.quantile(value, levels, axis=0)
             for name, value in draws.items()
