@@ -36,6 +36,7 @@ from numpyro_pvi._data_plate import (
     DataPlate,
     observation_weight,
     observed_sites,
+    observed_support,
     observed_values,
     plate_of,
     simulated_values,
@@ -187,6 +188,7 @@ def particle_terms(
         ),
         weight=shared.weight,
         y_obs=shared.y_obs,
+        obs_support=shared.obs_support,
         observed=shared.observed,
         entropy=None if strata is None else strata.entropy_term(param_map),
         **per_particle,
@@ -203,6 +205,7 @@ class _Shared:
     observed: dict[str, jax.Array] | None
     log_omega_bar: jax.Array | None  # (K,) strata weights over the guide
     log_omega: jax.Array | None  # (b, K) strata weights per observation
+    obs_support: jax.Array | None  # (K, b, c) observed value in the support
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,7 @@ class _ParticleTracer:
             {s["name"]: s["value"] for s in observed} if OBSERVED in requests else None,
             log_omega_bar,
             log_omega,
+            observed_support(observed, plate) if LOG_PMF in requests else None,
         )
 
     def _strata_weights(
@@ -291,23 +295,28 @@ class _ParticleTracer:
         """The per-particle fields of :class:`ParticleTerms` for one draw."""
         requests = self.spec.requests
         keys = _particle_keys(key)
-        guide_trace, model_trace = self.traces(keys, component)
+        with jax.named_scope("trace"):
+            guide_trace, model_trace = self.traces(keys, component)
         sim_key, rerun_key = keys[2], keys[3]
         observed = observed_sites(model_trace)
-        out = {
-            "log_prior": sum_log_density(latent_sites(model_trace)),
-            "log_q": sum_log_density(latent_sites(guide_trace)),
-        }
+        with jax.named_scope("log_density"):
+            out = {
+                "log_prior": sum_log_density(latent_sites(model_trace)),
+                "log_q": sum_log_density(latent_sites(guide_trace)),
+            }
         if LOG_LIK in requests:
-            zeros = jnp.zeros((plate.subsample_size,))
-            pairs = [site_log_lik(s, plate) for s in observed]
-            out["log_lik"] = sum((u for u, _ in pairs), start=zeros)
-            out["log_lik_scaled"] = sum((c for _, c in pairs), start=zeros)
+            with jax.named_scope(LOG_LIK):
+                zeros = jnp.zeros((plate.subsample_size,))
+                pairs = [site_log_lik(s, plate) for s in observed]
+                out["log_lik"] = sum((u for u, _ in pairs), start=zeros)
+                out["log_lik_scaled"] = sum((c for _, c in pairs), start=zeros)
         if Y_SIM in requests:
-            reparam = self.spec.require_reparam
-            out["y_sim"] = simulated_values(observed, plate, sim_key, reparam)
+            with jax.named_scope(Y_SIM):
+                reparam = self.spec.require_reparam
+                out["y_sim"] = simulated_values(observed, plate, sim_key, reparam)
         if LOG_PMF in requests:
-            out["log_pmf"] = site_log_pmf(observed, plate)
+            with jax.named_scope(LOG_PMF):
+                out["log_pmf"] = site_log_pmf(observed, plate)
         if LOG_Q_FIXED in requests or GUIDE_DRAWS in requests:
             fixed = guide_sample_values(self.guide, guide_trace)
             if GUIDE_DRAWS in requests:

@@ -378,7 +378,8 @@ class PredictiveELBO(ELBO):
         terms = self.particle_terms(
             particle_key, param_map, model, guide, *args, plate_key=plate_key, **kwargs
         )
-        data_score = jnp.sum(terms.weight * self.score.estimate(terms))
+        with jax.named_scope(f"score_{self.score.name}"):
+            data_score = jnp.sum(terms.weight * self.score.estimate(terms))
         stats = None
         if self.log_score_estimator == "rejection":
             surrogate, stats = self._rejection(
