@@ -11,6 +11,7 @@ support ``(K, b, c)``.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -24,6 +25,7 @@ from numpyro.distributions import (
     MaskedDistribution,
 )
 
+from numpyro_pvi._pmf import support_log_pmf
 from numpyro_pvi._tracing import site_log_prob
 from numpyro_pvi.particles import WHOLE_DATA
 
@@ -32,6 +34,7 @@ __all__ = [
     "find_data_plate",
     "observation_weight",
     "observed_sites",
+    "observed_support",
     "observed_values",
     "per_observation",
     "plate_axis_first",
@@ -238,11 +241,12 @@ def _site_draw(
     return per_observation(draw, plate, fn.event_dim)
 
 
-#: Supports of at most this many values are enumerated one value at a time.
-_UNROLLED_SUPPORT = 16
-
-
-def _site_log_pmf(site: dict[str, Any], plate: DataPlate) -> jax.Array:
+def _enumerable(
+    site: dict[str, Any], plate: DataPlate
+) -> tuple[Distribution, jax.Array, Callable[[jax.Array], jax.Array]]:
+    """The innermost distribution of a site with a finite support, its
+    support ``(K, 1, ..., 1[, event])`` and the map of an array over its
+    batch (and reinterpreted) dims to ``(b, c)`` rows."""
     fn = site["fn"]
     if not getattr(fn, "has_enumerate_support", False):
         raise ValueError(
@@ -256,7 +260,7 @@ def _site_log_pmf(site: dict[str, Any], plate: DataPlate) -> jax.Array:
     while isinstance(base, (Independent, ExpandedDistribution)):
         base = base.base_dist
     try:
-        support = base.enumerate_support(expand=False)  # (K, 1, ..., 1[, event])
+        support = base.enumerate_support(expand=False)
     except NotImplementedError:
         raise ValueError(
             f"Observed site '{site['name']}' ({_describe(fn)}) cannot "
@@ -266,31 +270,47 @@ def _site_log_pmf(site: dict[str, Any], plate: DataPlate) -> jax.Array:
     component_ndim = len(fn.event_shape) - base.event_dim
     shape = fn.batch_shape + fn.event_shape[:component_ndim]
 
-    def rows(log_pmf: jax.Array) -> jax.Array:  # (*base batch) -> (b, c)
-        log_pmf = jnp.broadcast_to(
-            log_pmf, jnp.broadcast_shapes(jnp.shape(log_pmf), shape)
-        )
-        rows = plate_axis_first(log_pmf, plate, component_ndim)
-        return jnp.reshape(rows, (plate.subsample_size, -1))
+    def rows(x: jax.Array) -> jax.Array:  # (*base batch) -> (b, c)
+        x = jnp.broadcast_to(x, jnp.broadcast_shapes(jnp.shape(x), shape))
+        x = plate_axis_first(x, plate, component_ndim)
+        return jnp.reshape(x, (plate.subsample_size, -1))
 
+    return base, support, rows
+
+
+def _site_log_pmf(site: dict[str, Any], plate: DataPlate) -> jax.Array:
+    base, support, rows = _enumerable(site, plate)
     # The support axis leads, so that each support value's pmf is one
     # contiguous (b, c) block: with a short trailing support axis XLA's CPU
-    # loops were several times slower. Short supports are enumerated one
-    # value at a time (fused far better than one broadcast log_prob).
-    if support.shape[0] <= _UNROLLED_SUPPORT:
-        return jnp.stack([rows(base.log_prob(v)) for v in support])
-    return jax.vmap(rows)(base.log_prob(support))
+    # loops were several times slower.
+    log_pmf = support_log_pmf(base, support)
+    if isinstance(log_pmf, list):
+        return jnp.stack([rows(v) for v in log_pmf])
+    return jax.vmap(rows)(log_pmf)
 
 
-def _pad_support(arrays: list[jax.Array]) -> jax.Array:
-    """Concatenate ``(K_s, b, c_s)`` site pmfs into ``(K, b, c)``, padding
-    shorter supports with ``-inf``."""
+def _site_obs_support(site: dict[str, Any], plate: DataPlate) -> jax.Array:
+    """``(K, b, c)``: whether each observed component equals each support
+    value."""
+    base, support, rows = _enumerable(site, plate)
+    value = jnp.asarray(site["value"])
+    event = support.shape[support.ndim - base.event_dim :]
+    ones = (1,) * (value.ndim - base.event_dim)
+    equal = support.reshape(support.shape[:1] + ones + event) == value
+    if base.event_dim:
+        equal = jnp.all(equal, axis=tuple(range(-base.event_dim, 0)))
+    return jax.vmap(rows)(equal)
+
+
+def _pad_support(arrays: list[jax.Array], fill: Any = -jnp.inf) -> jax.Array:
+    """Concatenate ``(K_s, b, c_s)`` site arrays into ``(K, b, c)``, padding
+    shorter supports with ``fill``."""
     k = max(a.shape[0] for a in arrays)
     padded = [
         jnp.pad(
             a,
             [(0, k - a.shape[0])] + [(0, 0)] * (a.ndim - 1),
-            constant_values=-jnp.inf,
+            constant_values=fill,
         )
         for a in arrays
     ]
@@ -319,5 +339,14 @@ def simulated_values(
 
 def site_log_pmf(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
     """``(K, b, c)`` the log pmf over the finite support of every scalar
-    component of each observation (shorter supports padded with ``-inf``)."""
+    component of each observation (shorter supports padded with ``-inf``),
+    in one pass from the likelihood's parameters where
+    :func:`~numpyro_pvi._pmf.support_log_pmf` can."""
     return _pad_support([_site_log_pmf(s, plate) for s in observed])
+
+
+def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
+    """``(K, b, c)`` whether each observed scalar component equals each value
+    of its finite support (laid out like :func:`site_log_pmf`, padding
+    ``False``)."""
+    return _pad_support([_site_obs_support(s, plate) for s in observed], False)

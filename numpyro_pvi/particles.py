@@ -111,6 +111,9 @@ class ParticleTerms(NamedTuple):
     :ivar y_sim: ``(M, b, d)`` reparameterised draws from ``p(y_i | θ_j)``.
     :ivar log_pmf: ``(M, K, b, c)`` log pmf over the finite support (``K``
         values, ``-inf`` padding shorter supports) of each component ``c``.
+    :ivar obs_support: ``(K, b, c)`` (with ``log_pmf``) whether each observed
+        component equals each support value: ``f_j(y_i)`` is
+        ``exp(log_pmf[j])`` where it is ``True``.
     :ivar log_q_fixed: ``(M,)`` ``log q_φ`` at the draws with their gradient
         stopped: its gradient is the score function ``∇_φ log q_φ(θ)``.
     :ivar latents: ``{site: (M, *shape)}`` the model's latent values at each
@@ -137,6 +140,7 @@ class ParticleTerms(NamedTuple):
     y_obs: jax.Array | None = None
     y_sim: jax.Array | None = None
     log_pmf: jax.Array | None = None
+    obs_support: jax.Array | None = None
     log_q_fixed: jax.Array | None = None
     latents: dict[str, jax.Array] | None = None
     guide_draws: dict[str, jax.Array] | None = None

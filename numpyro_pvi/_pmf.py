@@ -1,0 +1,104 @@
+"""The log pmf of a distribution over its whole finite support.
+
+For the likelihoods whose normaliser is shared by all support values
+(Categorical and Binomial, with probabilities or logits) the pmf over the
+support is computed in one pass from their parameters: the log-sum-exp of the
+logits, or the binomial normaliser, once for all support values. Any other
+distribution with an enumerable support takes the generic path, one
+``log_prob`` per support value, fused by XLA. Bernoulli takes it too: its
+``log_prob`` at a constant value is one softplus of the logits, and sharing
+that softplus between the two values makes XLA materialise it, which was
+measured slower (``benchmarks/RESULTS.md``); NumPyro's ``log_prob`` also
+handles infinite logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.scipy.special import gammaln, xlog1py, xlogy
+from numpyro.distributions import (
+    BinomialLogits,
+    BinomialProbs,
+    CategoricalLogits,
+    CategoricalProbs,
+    Distribution,
+)
+from numpyro.distributions.util import clamp_probs
+
+__all__ = ["ONE_PASS", "support_log_pmf"]
+
+#: Supports of at most this many values are enumerated one value at a time
+#: on the generic path (fused far better than one broadcast ``log_prob``).
+_UNROLLED_SUPPORT = 16
+
+
+def _categorical(
+    d: CategoricalLogits | CategoricalProbs, size: int
+) -> list[jax.Array] | jax.Array:
+    logits = d.logits
+    if isinstance(d, CategoricalLogits):  # CategoricalProbs' are normalised
+        logits = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    if size <= _UNROLLED_SUPPORT:
+        return [logits[..., k] for k in range(size)]
+    return jnp.moveaxis(logits, -1, 0)
+
+
+def _binomial_logits(d: BinomialLogits, size: int) -> list[jax.Array] | jax.Array:
+    n = jnp.asarray(d.total_count, dtype=jnp.result_type(float))
+    normaliser = n * jnp.clip(d.logits, 0) + xlog1py(n, jnp.exp(-jnp.abs(d.logits)))
+    return _binomial(n, lambda k: k * d.logits - normaliser, size, d.batch_shape)
+
+
+def _binomial_probs(d: BinomialProbs, size: int) -> list[jax.Array] | jax.Array:
+    n = jnp.asarray(d.total_count, dtype=jnp.result_type(float))
+    p = clamp_probs(d.probs)
+    return _binomial(n, lambda k: xlogy(k, p) + xlog1py(n - k, -p), size, d.batch_shape)
+
+
+def _binomial(
+    n: jax.Array, kernel: Callable, size: int, batch_shape: tuple[int, ...]
+) -> list[jax.Array] | jax.Array:
+    """``log C(n, k) + kernel(k)`` for ``k = 0 .. size - 1``."""
+
+    def log_pmf(k: jax.Array) -> jax.Array:
+        return gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1) + kernel(k)
+
+    if size <= _UNROLLED_SUPPORT:
+        return [log_pmf(jnp.asarray(k, n.dtype)) for k in range(size)]
+    k = jnp.arange(size, dtype=n.dtype).reshape((size,) + (1,) * len(batch_shape))
+    return log_pmf(k)
+
+
+#: The likelihoods whose pmf over the support is computed in one pass.
+ONE_PASS = {
+    CategoricalLogits: _categorical,
+    CategoricalProbs: _categorical,
+    BinomialLogits: _binomial_logits,
+    BinomialProbs: _binomial_probs,
+}
+
+
+def support_log_pmf(
+    fn: Distribution, support: jax.Array, *, one_pass: bool = True
+) -> jax.Array | list[jax.Array]:
+    """The log pmf of ``fn`` at each value of its support: a list of ``K``
+    arrays (one per support value, each broadcastable to ``batch_shape``)
+    for supports of at most 16 values, which XLA fuses best one value at a
+    time, else one ``(K, ...)`` array.
+
+    :param fn: a distribution with an enumerable support (no wrapper).
+    :param support: ``fn.enumerate_support(expand=False)``.
+    :param one_pass: compute the pmf of Bernoulli, Binomial and Categorical
+        likelihoods from their parameters in one pass (``False``: the generic
+        path, one ``log_prob`` per support value, for any distribution).
+    """
+    size = support.shape[0]
+    one_pass_fn = ONE_PASS.get(type(fn)) if one_pass else None
+    if one_pass_fn is not None:
+        return one_pass_fn(fn, size)
+    if size <= _UNROLLED_SUPPORT:
+        return [fn.log_prob(v) for v in support]
+    return fn.log_prob(support)
