@@ -9,11 +9,38 @@ from numpyro_pvi.particles import Y_SIM, ParticleTerms, particle_sum
 from numpyro_pvi.scores.base import Score, simulations, strata
 from numpyro_pvi.scores.pair_sums import (
     crps_fair,
+    derangement_pair_mean,
     pair_abs_sum,
     weighted_pair_abs_sum,
 )
 
 __all__ = ["CRPS", "EnergyScore"]
+
+#: The estimators of the pair term E d(Y - Y').
+ESTIMATORS = ("all-pairs", "derangement")
+
+
+def _check_estimator(estimator: str, score: str) -> str:
+    if estimator not in ESTIMATORS:
+        raise ValueError(
+            f"{score}: estimator must be one of {ESTIMATORS}, got {estimator!r}."
+        )
+    return estimator
+
+
+def _derangement(
+    terms: ParticleTerms, y_sim: jax.Array, y_obs: jax.Array, distance
+) -> jax.Array:
+    """``-E d(Y - y) + E d(Y - Y') / 2`` with the pair term from
+    :func:`~numpyro_pvi.scores.pair_sums.derangement_pair_mean`."""
+    if terms.num_strata == 1:
+        m = y_sim.shape[0]
+        obs_term = particle_sum(distance(y_sim - y_obs)) / m
+        return -obs_term + 0.5 * derangement_pair_mean(y_sim, distance)
+    v, k, m = strata(terms)
+    omega = v.reshape((k, m) + v.shape[1:])[:, 0] * m  # (K, b)
+    obs_term = particle_sum(distance(y_sim - y_obs), v)
+    return -obs_term + 0.5 * derangement_pair_mean(y_sim, distance, omega)
 
 
 class CRPS(Score):
@@ -58,6 +85,25 @@ class CRPS(Score):
     pair sum and its gradients in :math:`x` and :math:`v` come from one
     pass of weighted sign and absolute-difference sums.
 
+    With ``estimator="derangement"`` the pair term pairs each draw with the
+    next one only,
+
+    .. math::
+
+        \widehat{S}_i = -\frac{1}{M}\sum_{j} |y^{\rm sim}_j - y_i|
+        + \frac{1}{2M} \sum_{j} |y^{\rm sim}_j - y^{\rm sim}_{j+1 \bmod M}|,
+
+    also unbiased for every :math:`M \ge 2` (each pair is two independent
+    draws), in :math:`O(M)` time and with the same simulations; it has more
+    variance than the all-pairs estimator, which averages over every pair of
+    the same draws. Under stratified sampling it pairs draw :math:`m` of
+    component :math:`k` with draw :math:`m+1` of every component :math:`l`,
+    weighted :math:`\omega_k \omega_l` (:math:`O(K^2 M)`).
+    ``benchmarks/RESULTS.md`` compares the two by efficiency, the inverse of
+    gradient variance times step time.
+
+    :param str estimator: ``"all-pairs"`` (default) or ``"derangement"``.
+
     **References**
 
     1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
@@ -73,6 +119,14 @@ class CRPS(Score):
     requires = frozenset({Y_SIM})
     min_particles = 2
 
+    def __init__(self, *, estimator: str = "all-pairs") -> None:
+        self.estimator = _check_estimator(estimator, "CRPS")
+
+    def __repr__(self) -> str:
+        if self.estimator == ESTIMATORS[0]:
+            return "CRPS()"
+        return f"CRPS(estimator={self.estimator!r})"
+
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         y_sim, y_obs = simulations(terms, self.name)
         if y_obs.shape[-1] != 1:
@@ -82,6 +136,8 @@ class CRPS(Score):
                 "sites per index): use score='energy' (EnergyScore), the "
                 "multivariate generalisation."
             )
+        if self.estimator == "derangement":
+            return _derangement(terms, y_sim[..., 0], y_obs[:, 0], jnp.abs)
         if terms.num_strata == 1:  # weights 1/M: the fair estimator
             return -crps_fair(y_sim[..., 0], y_obs[:, 0])
         x = y_sim[..., 0]
@@ -133,7 +189,11 @@ class EnergyScore(Score):
     stratified sampling (mixture guides) the pairs are weighted as in
     :class:`CRPS`: :math:`v_j v_l`, times :math:`M/(M-1)` within a component.
 
+    ``estimator="derangement"`` pairs each draw with the next one only, as
+    for :class:`CRPS`: unbiased, :math:`O(M b\, d)`, more variance.
+
     :param float beta: the exponent :math:`\beta \in (0, 2)`.
+    :param str estimator: ``"all-pairs"`` (default) or ``"derangement"``.
 
     **References**
 
@@ -147,7 +207,7 @@ class EnergyScore(Score):
     requires = frozenset({Y_SIM})
     min_particles = 2
 
-    def __init__(self, beta: float = 1.0) -> None:
+    def __init__(self, beta: float = 1.0, *, estimator: str = "all-pairs") -> None:
         try:
             beta = float(beta)
         except (TypeError, ValueError):
@@ -160,9 +220,14 @@ class EnergyScore(Score):
                 f"score, got {beta!r}."
             )
         self.beta = beta
+        self.estimator = _check_estimator(estimator, "EnergyScore")
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         y_sim, y_obs = simulations(terms, self.name)
+        if self.estimator == "derangement":
+            return _derangement(
+                terms, y_sim, y_obs, lambda diff: _pow_norm(diff, self.beta)
+            )
         m, b, d = y_sim.shape
         rows = max(1, min(m, _ENERGY_CHUNK // max(m * b * d, 1)))
         if terms.num_strata > 1:
@@ -193,4 +258,6 @@ class EnergyScore(Score):
         return -obs_term + 0.5 * pair_sum
 
     def __repr__(self) -> str:
-        return f"EnergyScore(beta={self.beta!r})"
+        if self.estimator == ESTIMATORS[0]:
+            return f"EnergyScore(beta={self.beta!r})"
+        return f"EnergyScore(beta={self.beta!r}, estimator={self.estimator!r})"
