@@ -1,0 +1,417 @@
+"""The estimator choices of the scores: the CRPS / energy pair term (all pairs
+or a derangement) and the quadratic score's pmf over the support (one pass
+from the likelihood's parameters, or one ``log_prob`` per support value).
+
+Every estimator against a closed form (unbiasedness, tolerance from the Monte
+Carlo error), against scoringrules' implementation of the same estimator, and
+against the other estimator of the same quantity.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from conftest import X64, run_particles
+from jax import random
+from jax.scipy.stats import norm
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+
+import numpyro_pvi._pmf as pmf
+from numpyro_pvi import PredictiveELBO
+from numpyro_pvi._pmf import support_log_pmf
+from numpyro_pvi.guides import AutoGaussianMixture
+from numpyro_pvi.particles import LOG_LIK, LOG_PMF, ParticleTerms
+from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
+
+sr = pytest.importorskip("scoringrules")
+
+RTOL = 1e-10 if X64 else 2e-5
+ESTIMATORS = ["all-pairs", "derangement"]
+
+
+def _init_params(model, guide, loss, args, seed):
+    svi = SVI(model, guide, optax.sgd(0.0), loss=loss)
+    return svi.get_params(svi.init(random.PRNGKey(seed), *args))
+
+
+def _terms(y_sim, y_obs):
+    m, b = y_sim.shape[:2]
+    return ParticleTerms(
+        log_prior=jnp.zeros(m),
+        log_q=jnp.zeros(m),
+        log_w=jnp.full((m, b), -math.log(m)),
+        particle_weight=jnp.full((m,), 1.0 / m),
+        num_strata=1,
+        subsample_scale=jnp.asarray(1.0),
+        weight=jnp.ones(b),
+        y_sim=y_sim,
+        y_obs=y_obs,
+    )
+
+
+# --------------------------------------------------------------------------
+# CRPS and energy score: the estimators against scoringrules
+# --------------------------------------------------------------------------
+
+#: scoringrules' name of each estimator: the fair all-pairs one, and the
+#: "approximate kernel representation", each draw paired with its neighbour.
+SCORINGRULES = {"all-pairs": "fair", "derangement": "akr"}
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("m", [2, 3, 16, 64])
+def test_crps_estimators_equal_scoringrules(estimator, m):
+    x = random.normal(random.PRNGKey(m), (m, 7, 1)) * 2.0 + 0.5
+    y = random.normal(random.PRNGKey(100 + m), (7, 1)) * 3.0  # outliers too
+    got = CRPS(estimator=estimator).estimate(_terms(x, y))
+    want = sr.crps_ensemble(
+        np.asarray(y[:, 0], np.float64),
+        np.asarray(x[..., 0].T, np.float64),
+        estimator=SCORINGRULES[estimator],
+    )
+    np.testing.assert_allclose(-got, want, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_energy_estimators_equal_scoringrules(estimator):
+    x = random.normal(random.PRNGKey(3), (12, 5, 3))
+    y = random.normal(random.PRNGKey(4), (5, 3)) * 2.0
+    got = EnergyScore(1.0, estimator=estimator).estimate(_terms(x, y))
+    energy = getattr(sr, "es_ensemble", None) or sr.energy_score  # renamed in 0.9
+    want = energy(
+        np.asarray(y, np.float64),
+        np.asarray(jnp.swapaxes(x, 0, 1), np.float64),
+        estimator=SCORINGRULES[estimator],
+    )
+    np.testing.assert_allclose(-got, want, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.numerics
+def test_derangement_with_two_draws_is_the_all_pairs_estimator():
+    x = random.normal(random.PRNGKey(5), (2, 9, 1))
+    y = random.normal(random.PRNGKey(6), (9, 1))
+    np.testing.assert_allclose(
+        CRPS(estimator="derangement").estimate(_terms(x, y)),
+        CRPS().estimate(_terms(x, y)),
+        rtol=RTOL,
+        atol=RTOL,
+    )
+
+
+@pytest.mark.numerics
+def test_energy_derangement_in_one_dimension_equals_crps_derangement():
+    x = random.normal(random.PRNGKey(7), (10, 6, 1))
+    y = random.normal(random.PRNGKey(8), (6, 1))
+    np.testing.assert_allclose(
+        EnergyScore(1.0, estimator="derangement").estimate(_terms(x, y)),
+        CRPS(estimator="derangement").estimate(_terms(x, y)),
+        rtol=RTOL,
+        atol=RTOL,
+    )
+
+
+# --------------------------------------------------------------------------
+# unbiasedness through the objective: a normal predictive with a spread guide
+# --------------------------------------------------------------------------
+
+SIGMA = 1.5
+LOC, SCALE = 0.2, 0.8
+Y = jnp.array([-6.0, -0.4, 0.3, 1.1, 9.0])  # two outliers far from the guide
+
+
+def normal_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, SIGMA), obs=y)
+
+
+def normal_guide(y):
+    loc = numpyro.param("loc", 0.0)
+    scale = numpyro.param("scale", 1.0, constraint=dist.constraints.positive)
+    numpyro.sample("mu", dist.Normal(loc, scale))
+
+
+def _crps_normal(mu, sigma, y):
+    """Gneiting & Raftery (2007) eq. 5: CRPS of N(mu, sigma^2) at y."""
+    z = (y - mu) / sigma
+    return sigma * (
+        z * (2 * norm.cdf(z) - 1) + 2 * norm.pdf(z) - 1 / math.sqrt(math.pi)
+    )
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("m", [2, 8])
+def test_crps_estimators_unbiased_for_the_normal_predictive(estimator, m):
+    # the predictive of N(mu, SIGMA^2) with mu ~ N(LOC, SCALE^2) is
+    # N(LOC, SIGMA^2 + SCALE^2): its CRPS has a closed form
+    params = {"loc": jnp.asarray(LOC), "scale": jnp.asarray(SCALE)}
+    loss = PredictiveELBO(CRPS(estimator=estimator), num_particles=m, regularizer=None)
+    keys = random.split(random.PRNGKey(11), 4000)
+
+    def per_obs(key):
+        terms = loss.particle_terms(key, params, normal_model, normal_guide, Y)
+        return loss.score.estimate(terms)
+
+    est = jax.jit(jax.vmap(per_obs))(keys)  # (keys, b)
+    exact = -_crps_normal(LOC, math.sqrt(SIGMA**2 + SCALE**2), Y)
+    mean, se = est.mean(0), est.std(0) / math.sqrt(keys.shape[0])
+    assert jnp.max(jnp.abs(mean - exact) / se) < 4.5, (mean, exact, se)
+    # the check has power: the plug-in (biased, 1/M^2) pair term is off by
+    # E|Y - Y'| / (2M), many standard errors
+    bias = jnp.sqrt(2 * (SIGMA**2 + SCALE**2)) * math.sqrt(2 / math.pi) / (2 * m)
+    assert jnp.min(bias / se) > 10, (bias, se)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("m", [4, 8])  # M = 2, 3: every pair, the same estimate
+def test_energy_derangement_unbiased_in_three_dimensions(m):
+    # the same i.i.d. draws: the derangement and the all-pairs estimates have
+    # the same expectation (the all-pairs one is checked against loops in
+    # test_scores); their difference has mean zero within its MC error
+    n_keys, b, d = 4000, 4, 3
+    keys = random.split(random.PRNGKey(12), n_keys)
+    y = jnp.array([[0.0, 0.0, 0.0], [3.0, -2.0, 1.0], [0.5, 0.5, 0.5], [8, 0, 0]])
+
+    def diff(key):
+        k1, k2 = random.split(key)
+        z = random.normal(k1, (m, 1, d)) * 0.5  # a shared latent per draw
+        x = z + random.normal(k2, (m, b, d))
+        terms = _terms(x, y)
+        new = EnergyScore(0.7, estimator="derangement").estimate(terms)
+        return new, new - EnergyScore(0.7).estimate(terms)
+
+    est, delta = jax.jit(jax.vmap(diff))(keys)
+    se = delta.std(0) / math.sqrt(n_keys)
+    assert jnp.max(jnp.abs(delta.mean(0)) / se) < 4.5, (delta.mean(0), se)
+    # power: the estimates themselves vary far more than the tolerance
+    assert jnp.min(est.std(0) / math.sqrt(n_keys) / se) > 0.5
+
+
+# --------------------------------------------------------------------------
+# mixture guides: the stratified derangement against the stratified all pairs
+# --------------------------------------------------------------------------
+
+
+def linreg(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Normal(x @ w, 0.7), obs=y)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("score", ["crps", "energy"])
+def test_stratified_derangement_equals_all_pairs_in_expectation(score):
+    x = jnp.array([[1.0, 0.0], [0.5, -1.0], [2.0, 1.5], [-1.0, 3.0]])
+    y = jnp.array([0.3, -2.0, 6.0, 1.0])
+    guide = AutoGaussianMixture(linreg, num_components=3, gating_covariates=x)
+    params = _init_params(linreg, guide, Trace_ELBO(), (x, y), 0)
+    # spread the components and make the gating depend on x
+    params = {
+        name: p + 0.8 * random.normal(random.PRNGKey(p.size), p.shape)
+        if name.endswith(("_locs", "_gate_coefs"))
+        else p
+        for name, p in params.items()
+    }
+    cls = CRPS if score == "crps" else EnergyScore
+    new, old = cls(estimator="derangement"), cls()
+    m = 3
+
+    def diff(key):
+        terms = run_particles(
+            key,
+            params,
+            linreg,
+            guide,
+            (x, y),
+            {},
+            num_particles=m,
+            requests=new.requires,
+        )
+        est = new.estimate(terms)
+        return est, est - old.estimate(terms)
+
+    keys = random.split(random.PRNGKey(13), 3000)
+    est, delta = jax.jit(jax.vmap(diff))(keys)
+    se = delta.std(0) / math.sqrt(keys.shape[0])
+    assert jnp.max(jnp.abs(delta.mean(0)) / se) < 4.5, (delta.mean(0), se)
+    # the pairs between components carry weight: dropping them is detected
+    assert float(jnp.min(jnp.abs(est.mean(0)))) > 0
+
+
+@pytest.mark.parametrize("cls", [CRPS, EnergyScore])
+def test_unknown_estimator_is_refused(cls):
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        cls(estimator="sorted")
+
+
+def test_estimator_is_part_of_the_score_value():
+    assert CRPS(estimator="derangement") != CRPS()
+    assert CRPS(estimator="derangement") == CRPS(estimator="derangement")
+    assert repr(CRPS()) == "CRPS()"
+    assert "derangement" in repr(EnergyScore(estimator="derangement"))
+
+
+# --------------------------------------------------------------------------
+# the quadratic score's pmf: one pass from the parameters = one log_prob per
+# support value, value and gradient
+# --------------------------------------------------------------------------
+
+LOGITS = random.normal(random.PRNGKey(20), (6, 4)) * 3.0
+
+
+def _distributions(theta):
+    """Finite-support likelihoods of the parameters ``theta`` ``(6, 4)``."""
+    probs = jax.nn.softmax(theta, -1)
+    return {
+        "categorical-logits": dist.CategoricalLogits(theta),
+        "categorical-probs": dist.CategoricalProbs(probs),
+        "binomial-logits": dist.BinomialLogits(theta[:, 0], total_count=7),
+        "binomial-probs": dist.BinomialProbs(probs[:, 0], total_count=7),
+        "binomial-large": dist.BinomialLogits(theta[:, 1], total_count=30),
+        "bernoulli": dist.BernoulliLogits(theta[:, 2]),
+    }
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("name", list(_distributions(LOGITS)))
+def test_one_pass_pmf_equals_generic_pmf_value_and_gradient(name):
+    def log_pmf(theta, one_pass):
+        d = _distributions(theta)[name]
+        out = support_log_pmf(d, d.enumerate_support(expand=False), one_pass=one_pass)
+        out = jnp.stack(out) if isinstance(out, list) else out
+        return jnp.broadcast_to(out, out.shape[:1] + d.batch_shape)
+
+    fast, slow = log_pmf(LOGITS, True), log_pmf(LOGITS, False)
+    np.testing.assert_allclose(fast, slow, rtol=RTOL, atol=RTOL)
+    np.testing.assert_allclose(jnp.exp(slow).sum(0), 1.0, rtol=1e-4)
+    cotangent = random.normal(random.PRNGKey(21), fast.shape)
+    grads = [
+        jax.grad(lambda t, o=o: jnp.sum(cotangent * jnp.exp(log_pmf(t, o))))(LOGITS)
+        for o in (True, False)
+    ]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+
+
+def test_one_pass_covers_categorical_and_binomial():
+    assert set(pmf.ONE_PASS) == {
+        dist.CategoricalLogits,
+        dist.CategoricalProbs,
+        dist.BinomialLogits,
+        dist.BinomialProbs,
+    }
+
+
+def softmax_model(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2, 4]).to_event(2))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Categorical(logits=x @ w), obs=y)
+
+
+def several_components_model(x, y, counts):
+    # two observed sites and a row of Categorical outcomes per observation
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2, 4]).to_event(2))
+    with numpyro.plate("data", x.shape[0]):
+        logits = x @ w
+        numpyro.sample(
+            "y",
+            dist.Categorical(logits=logits[:, None, :])
+            .expand([x.shape[0], 2])
+            .to_event(1),
+            obs=y,
+        )
+        numpyro.sample(
+            "k", dist.BinomialLogits(logits[:, 0], total_count=5), obs=counts
+        )
+
+
+X = jnp.array([[1.0, 0.0], [0.5, -1.0], [2.0, 1.5], [-1.0, 3.0], [0.1, 0.2]])
+Y_CAT = jnp.array([0, 3, 1, 2, 3])
+Y_ROWS = jnp.array([[0, 1], [3, 3], [1, 0], [2, 2], [3, 0]])
+COUNTS = jnp.array([0.0, 5.0, 2.0, 1.0, 4.0])
+
+CASES = {
+    "categorical": (softmax_model, (X, Y_CAT)),
+    "several components": (several_components_model, (X, Y_ROWS, COUNTS)),
+}
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("guide_cls", ["AutoNormal", "AutoGaussianMixture"])
+def test_quadratic_loss_and_gradient_same_with_either_pmf_path(
+    case, guide_cls, monkeypatch
+):
+    model, args = CASES[case]
+    if guide_cls == "AutoNormal":
+        guide = AutoNormal(model, init_scale=0.5)
+    else:
+        guide = AutoGaussianMixture(model, num_components=2, gating_covariates=X)
+    loss = PredictiveELBO("quadratic", num_particles=4)
+    params = _init_params(model, guide, loss, args, 1)
+
+    def value_and_grad():
+        f = lambda p: loss.loss(random.PRNGKey(2), p, model, guide, *args)  # noqa: E731
+        return jax.value_and_grad(f)(params)
+
+    fast = value_and_grad()
+    monkeypatch.setattr(pmf, "ONE_PASS", {})
+    slow = value_and_grad()
+    np.testing.assert_allclose(fast[0], slow[0], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(fast[1]), jax.tree.leaves(slow[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("case", ["bernoulli", "categorical", "binomial"])
+def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
+    # one component per observation: q(y_i) is read from the support totals;
+    # without obs_support it comes from the log-likelihoods: same value and
+    # gradient
+    def model(x, y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2, 4]).to_event(2))
+        logits = x @ w
+        with numpyro.plate("data", x.shape[0]):
+            if case == "bernoulli":
+                numpyro.sample("y", dist.Bernoulli(logits=logits[:, 0]), obs=y % 2)
+            elif case == "categorical":
+                numpyro.sample("y", dist.Categorical(logits=logits), obs=y)
+            else:
+                numpyro.sample(
+                    "y", dist.Binomial(3, logits=logits[:, 1]), obs=y.astype(float)
+                )
+
+    guide = AutoNormal(model, init_scale=0.5)
+    params = _init_params(model, guide, Trace_ELBO(), (X, Y_CAT), 3)
+    score = QuadraticScore()
+
+    def estimate(p, keep):
+        terms = run_particles(
+            random.PRNGKey(4),
+            p,
+            model,
+            guide,
+            (X, Y_CAT),
+            {},
+            num_particles=5,
+            requests=(LOG_LIK, LOG_PMF),
+        )
+        terms = terms if keep else terms._replace(obs_support=None)
+        return score.estimate(terms)
+
+    fast, slow = estimate(params, True), estimate(params, False)
+    np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-7)
+    grads = [
+        jax.grad(lambda p, k=k: jnp.sum(estimate(p, k) * jnp.arange(1.0, 6.0)))(params)
+        for k in (True, False)
+    ]
+    for a, b in zip(*(jax.tree.leaves(g) for g in grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
