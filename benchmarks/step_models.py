@@ -88,6 +88,26 @@ def make_logistic(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return logistic_model, (x, y)
 
 
+SOFTMAX_CLASSES = 5
+
+
+def softmax_model(x: jax.Array, y: jax.Array) -> None:
+    """Multinomial logistic regression: K classes, D coefficients each."""
+    d, k = x.shape[1], SOFTMAX_CLASSES
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d, k]).to_event(2))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0).expand([k]).to_event(1))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Categorical(logits=x @ w + b), obs=y)
+
+
+def make_softmax(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, kw, ky = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    logits = x @ random.normal(kw, (d, SOFTMAX_CLASSES)) / jnp.sqrt(d)
+    y = random.categorical(ky, logits)
+    return softmax_model, (x, y)
+
+
 #: Benchmark problems.
 MODELS: dict[str, BenchModel] = {
     "glm": BenchModel(
@@ -102,6 +122,12 @@ MODELS: dict[str, BenchModel] = {
         "logistic",
         "logistic regression, N=10000, D=20 (Bernoulli, finite support)",
         make_logistic,
+    ),
+    "softmax": BenchModel(
+        "softmax",
+        f"multinomial logistic regression, N=10000, D=20, {SOFTMAX_CLASSES} classes "
+        "(Categorical, finite support)",
+        make_softmax,
     ),
 }
 

@@ -41,6 +41,7 @@ from numpyro.infer.elbo import ELBO
 
 from benchmarks.step_models import GUIDES, MODELS
 from numpyro_pvi import PACmELBO, PredictiveELBO, SNISForwardKL, SoftCVIELBO
+from numpyro_pvi.scores import CRPS
 
 __all__ = [
     "GUIDES",
@@ -86,9 +87,14 @@ OBJECTIVES: dict[str, Objective] = {
             models=("glm", "bnn"),  # needs a reparameterised likelihood
         ),
         Objective(
+            "pvi_crps_derangement",
+            lambda m: PredictiveELBO(CRPS(estimator="derangement"), num_particles=m),
+            models=("glm", "bnn"),
+        ),
+        Objective(
             "pvi_quadratic",
             lambda m: PredictiveELBO("quadratic", num_particles=m),
-            models=("logistic",),  # needs a finite support
+            models=("logistic", "softmax"),  # needs a finite support
         ),
         Objective("softcvi", lambda m: SoftCVIELBO(num_particles=m, alpha=0.75)),
         Objective("snis_fkl", lambda m: SNISForwardKL(num_particles=m)),
