@@ -28,11 +28,11 @@ from numpyro.distributions import (
 )
 from numpyro.distributions.util import clamp_probs
 
-__all__ = ["ONE_PASS", "support_log_pmf"]
+__all__ = ["ONE_PASS", "UNROLLED_SUPPORT", "support_log_pmf"]
 
-#: Supports of at most this many values are enumerated one value at a time
-#: on the generic path (fused far better than one broadcast ``log_prob``).
-_UNROLLED_SUPPORT = 16
+#: Supports of at most this many values are handled one value at a time
+#: (fused far better than one broadcast ``log_prob`` or one stacked array).
+UNROLLED_SUPPORT = 16
 
 
 def _categorical(
@@ -41,7 +41,7 @@ def _categorical(
     logits = d.logits
     if isinstance(d, CategoricalLogits):  # CategoricalProbs' are normalised
         logits = logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-    if size <= _UNROLLED_SUPPORT:
+    if size <= UNROLLED_SUPPORT:
         return [logits[..., k] for k in range(size)]
     return jnp.moveaxis(logits, -1, 0)
 
@@ -66,7 +66,7 @@ def _binomial(
     def log_pmf(k: jax.Array) -> jax.Array:
         return gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1) + kernel(k)
 
-    if size <= _UNROLLED_SUPPORT:
+    if size <= UNROLLED_SUPPORT:
         return [log_pmf(jnp.asarray(k, n.dtype)) for k in range(size)]
     k = jnp.arange(size, dtype=n.dtype).reshape((size,) + (1,) * len(batch_shape))
     return log_pmf(k)
@@ -99,6 +99,6 @@ def support_log_pmf(
     one_pass_fn = ONE_PASS.get(type(fn)) if one_pass else None
     if one_pass_fn is not None:
         return one_pass_fn(fn, size)
-    if size <= _UNROLLED_SUPPORT:
+    if size <= UNROLLED_SUPPORT:
         return [fn.log_prob(v) for v in support]
     return fn.log_prob(support)

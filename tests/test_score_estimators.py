@@ -371,7 +371,9 @@ def test_quadratic_loss_and_gradient_same_with_either_pmf_path(
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("case", ["bernoulli", "categorical", "binomial"])
+@pytest.mark.parametrize(
+    "case", ["bernoulli", "categorical", "binomial", "binomial-20"]
+)
 def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
     # one component per observation: q(y_i) is read from the support totals;
     # without obs_support it comes from the log-likelihoods: same value and
@@ -384,10 +386,12 @@ def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
                 numpyro.sample("y", dist.Bernoulli(logits=logits[:, 0]), obs=y % 2)
             elif case == "categorical":
                 numpyro.sample("y", dist.Categorical(logits=logits), obs=y)
-            else:
+            elif case == "binomial":
                 numpyro.sample(
                     "y", dist.Binomial(3, logits=logits[:, 1]), obs=y.astype(float)
                 )
+            else:  # 21 support values: the stacked (not per-value) path
+                numpyro.sample("y", dist.Binomial(20, logits=logits[:, 1]), obs=5.0 * y)
 
     guide = AutoNormal(model, init_scale=0.5)
     params = _init_params(model, guide, Trace_ELBO(), (X, Y_CAT), 3)

@@ -7,6 +7,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from numpyro_pvi._pmf import UNROLLED_SUPPORT
 from numpyro_pvi.particles import (
     LOG_LIK,
     LOG_PMF,
@@ -27,17 +28,13 @@ def _predictive_pmf(terms: ParticleTerms) -> jax.Array:
     return particle_sum(jnp.exp(terms.log_lik + terms.log_w))
 
 
-#: Supports of at most this many values are summed one value at a time.
-_UNROLLED_SUPPORT = 16
-
-
 def _support_sums(log_pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
     r"""``(K, b)`` totals :math:`T_j = \sum_m f_m(j)` and ``(b,)``
     :math:`\sum_j [T_j^2 - \sum_m f_m(j)^2]` of the ``(M, K, b)`` log pmf,
     one support value at a time for short supports (contiguous ``(M, b)``
     slices: the stacked array squared and summed in one piece was measured
     slower on CPU)."""
-    if log_pmf.shape[1] > _UNROLLED_SUPPORT:
+    if log_pmf.shape[1] > UNROLLED_SUPPORT:
         pmf = jnp.exp(log_pmf)
         total, own = particle_sum(pmf), particle_sum(jnp.square(pmf))
         return total, jnp.sum(jnp.square(total) - own, axis=0)
