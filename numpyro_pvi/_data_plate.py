@@ -4,8 +4,8 @@ site's per-observation arrays along it.
 Several observed sites at one index of the data plate form one observation.
 The functions here turn one site of a model trace into arrays with the
 observations first: its log-likelihood ``(b,)``, its handler scale
-``(b, c)``, simulated draws ``(b, d)`` and the log pmf over its finite
-support ``(K, b, c)``.
+``(b, c)``, simulated draws ``(b, d)`` and the pmf over its finite support
+``(K, b, c)`` (as log probabilities or as probabilities).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from numpyro.distributions import (
     MaskedDistribution,
 )
 
-from numpyro_pvi._pmf import support_log_pmf
+from numpyro_pvi._pmf import support_log_pmf, support_pmf
 from numpyro_pvi._tracing import site_log_prob
 from numpyro_pvi.particles import WHOLE_DATA
 
@@ -41,6 +41,7 @@ __all__ = [
     "plate_of",
     "site_log_lik",
     "site_log_pmf",
+    "site_pmf",
     "simulated_values",
 ]
 
@@ -278,15 +279,19 @@ def _enumerable(
     return base, support, rows
 
 
-def _site_log_pmf(site: dict[str, Any], plate: DataPlate) -> jax.Array:
+def _site_support(
+    site: dict[str, Any], plate: DataPlate, pmf_fn: Callable
+) -> jax.Array:
+    """``(K, b, c)``: ``pmf_fn`` (:func:`~numpyro_pvi._pmf.support_log_pmf`
+    or :func:`~numpyro_pvi._pmf.support_pmf`) of the site over its support."""
     base, support, rows = _enumerable(site, plate)
     # The support axis leads, so that each support value's pmf is one
     # contiguous (b, c) block: with a short trailing support axis XLA's CPU
     # loops were several times slower.
-    log_pmf = support_log_pmf(base, support)
-    if isinstance(log_pmf, list):
-        return jnp.stack([rows(v) for v in log_pmf])
-    return jax.vmap(rows)(log_pmf)
+    values = pmf_fn(base, support)
+    if isinstance(values, list):
+        return jnp.stack([rows(v) for v in values])
+    return jax.vmap(rows)(values)
 
 
 def _site_obs_support(site: dict[str, Any], plate: DataPlate) -> jax.Array:
@@ -342,11 +347,18 @@ def site_log_pmf(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
     component of each observation (shorter supports padded with ``-inf``),
     in one pass from the likelihood's parameters where
     :func:`~numpyro_pvi._pmf.support_log_pmf` can."""
-    return _pad_support([_site_log_pmf(s, plate) for s in observed])
+    return _pad_support([_site_support(s, plate, support_log_pmf) for s in observed])
+
+
+def site_pmf(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
+    """``(K, b, c)`` the pmf over the finite support, as probabilities (padding
+    ``0``), laid out like :func:`site_log_pmf`; see
+    :func:`~numpyro_pvi._pmf.support_pmf`."""
+    return _pad_support([_site_support(s, plate, support_pmf) for s in observed], 0.0)
 
 
 def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
     """``(K, b, c)`` whether each observed scalar component equals each value
-    of its finite support (laid out like :func:`site_log_pmf`, padding
-    ``False``)."""
+    of its finite support (laid out like :func:`site_log_pmf` and
+    :func:`site_pmf`, padding ``False``)."""
     return _pad_support([_site_obs_support(s, plate) for s in observed], False)

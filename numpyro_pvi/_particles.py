@@ -42,6 +42,7 @@ from numpyro_pvi._data_plate import (
     simulated_values,
     site_log_lik,
     site_log_pmf,
+    site_pmf,
 )
 from numpyro_pvi._tracing import (
     guide_log_density,
@@ -59,6 +60,7 @@ from numpyro_pvi.particles import (
     LOG_Q_FIXED,
     OBS_WEIGHT,
     OBSERVED,
+    PMF,
     REQUESTS,
     WHOLE_DATA,
     Y_SIM,
@@ -263,7 +265,7 @@ class _ParticleTracer:
             {s["name"]: s["value"] for s in observed} if OBSERVED in requests else None,
             log_omega_bar,
             log_omega,
-            observed_support(observed, plate) if LOG_PMF in requests else None,
+            observed_support(observed, plate) if requests & {LOG_PMF, PMF} else None,
         )
 
     def _strata_weights(
@@ -317,6 +319,9 @@ class _ParticleTracer:
         if LOG_PMF in requests:
             with jax.named_scope(LOG_PMF):
                 out["log_pmf"] = site_log_pmf(observed, plate)
+        if PMF in requests:
+            with jax.named_scope(PMF):
+                out["pmf"] = site_pmf(observed, plate)
         if LOG_Q_FIXED in requests or GUIDE_DRAWS in requests:
             fixed = guide_sample_values(self.guide, guide_trace)
             if GUIDE_DRAWS in requests:

@@ -1,7 +1,8 @@
-"""The log pmf of a distribution over its whole finite support.
+"""The pmf of a distribution over its whole finite support, as log
+probabilities or as probabilities.
 
 For the likelihoods whose normaliser is shared by all support values
-(Categorical and Binomial, with probabilities or logits) the pmf over the
+(Categorical and Binomial, with probabilities or logits) the log pmf over the
 support is computed in one pass from their parameters: the log-sum-exp of the
 logits, or the binomial normaliser, once for all support values. Any other
 distribution with an enumerable support takes the generic path, one
@@ -10,6 +11,14 @@ distribution with an enumerable support takes the generic path, one
 that softplus between the two values makes XLA materialise it, which was
 measured slower (``benchmarks/RESULTS.md``); NumPyro's ``log_prob`` also
 handles infinite logits.
+
+The probabilities (:func:`support_pmf`, what the quadratic score reads) of a
+Bernoulli likelihood come from its parameter without a logarithm: ``[1 - p,
+p]`` with ``p = sigmoid(logits)`` (or the probability itself), one sigmoid
+in place of the two softplus and two exponentials of the log path. Every
+other likelihood's are the exponentials of :func:`support_log_pmf` (for
+Categorical, the exponentials of the normalised logits one class at a time
+were measured faster than a softmax read back class by class).
 """
 
 from __future__ import annotations
@@ -20,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import gammaln, xlog1py, xlogy
 from numpyro.distributions import (
+    BernoulliLogits,
+    BernoulliProbs,
     BinomialLogits,
     BinomialProbs,
     CategoricalLogits,
@@ -28,7 +39,13 @@ from numpyro.distributions import (
 )
 from numpyro.distributions.util import clamp_probs
 
-__all__ = ["ONE_PASS", "UNROLLED_SUPPORT", "support_log_pmf"]
+__all__ = [
+    "ONE_PASS",
+    "PROBS_ONE_PASS",
+    "UNROLLED_SUPPORT",
+    "support_log_pmf",
+    "support_pmf",
+]
 
 #: Supports of at most this many values are handled one value at a time
 #: (fused far better than one broadcast ``log_prob`` or one stacked array).
@@ -91,7 +108,7 @@ def support_log_pmf(
 
     :param fn: a distribution with an enumerable support (no wrapper).
     :param support: ``fn.enumerate_support(expand=False)``.
-    :param one_pass: compute the pmf of Bernoulli, Binomial and Categorical
+    :param one_pass: compute the log pmf of Binomial and Categorical
         likelihoods from their parameters in one pass (``False``: the generic
         path, one ``log_prob`` per support value, for any distribution).
     """
@@ -102,3 +119,34 @@ def support_log_pmf(
     if size <= UNROLLED_SUPPORT:
         return [fn.log_prob(v) for v in support]
     return fn.log_prob(support)
+
+
+def _bernoulli(d: BernoulliLogits | BernoulliProbs, size: int) -> list[jax.Array]:
+    p = jax.nn.sigmoid(d.logits) if isinstance(d, BernoulliLogits) else d.probs
+    return [1.0 - p, p]
+
+
+#: The likelihoods whose probabilities over the support come straight from
+#: their parameters (no logarithm).
+PROBS_ONE_PASS = {BernoulliLogits: _bernoulli, BernoulliProbs: _bernoulli}
+
+
+def support_pmf(
+    fn: Distribution, support: jax.Array, *, one_pass: bool = True
+) -> jax.Array | list[jax.Array]:
+    """The pmf of ``fn`` at each value of its support, laid out like
+    :func:`support_log_pmf`: ``[1 - p, p]`` for Bernoulli straight from its
+    parameter (no logarithm), else ``exp`` of :func:`support_log_pmf`.
+
+    :param fn: a distribution with an enumerable support (no wrapper).
+    :param support: ``fn.enumerate_support(expand=False)``.
+    :param one_pass: as in :func:`support_log_pmf`; ``False`` also takes
+        Bernoulli through ``exp(log_prob)``.
+    """
+    probs_fn = PROBS_ONE_PASS.get(type(fn)) if one_pass else None
+    if probs_fn is not None:
+        return probs_fn(fn, support.shape[0])
+    log_pmf = support_log_pmf(fn, support, one_pass=one_pass)
+    if isinstance(log_pmf, list):
+        return [jnp.exp(v) for v in log_pmf]
+    return jnp.exp(log_pmf)

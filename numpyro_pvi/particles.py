@@ -35,6 +35,7 @@ __all__ = [
     "LOG_Q_FIXED",
     "OBSERVED",
     "OBS_WEIGHT",
+    "PMF",
     "REQUESTS",
     "WHOLE_DATA",
     "Y_SIM",
@@ -55,6 +56,8 @@ LOG_LIK = "log_lik"
 Y_SIM = "y_sim"
 #: The log pmf over a finite support, ``log_pmf``.
 LOG_PMF = "log_pmf"
+#: The pmf over a finite support, ``pmf`` (probabilities, no logarithm).
+PMF = "pmf"
 #: ``log q`` at the draws with their gradient stopped, ``log_q_fixed``.
 LOG_Q_FIXED = "log_q_fixed"
 #: The model's latent values, ``latents``.
@@ -67,7 +70,17 @@ GUIDE_DRAWS = "guide_draws"
 OBSERVED = "observed"
 #: Every quantity that can be requested.
 REQUESTS = frozenset(
-    {LOG_LIK, Y_SIM, LOG_PMF, LOG_Q_FIXED, LATENTS, OBS_WEIGHT, GUIDE_DRAWS, OBSERVED}
+    {
+        LOG_LIK,
+        Y_SIM,
+        LOG_PMF,
+        PMF,
+        LOG_Q_FIXED,
+        LATENTS,
+        OBS_WEIGHT,
+        GUIDE_DRAWS,
+        OBSERVED,
+    }
 )
 
 #: ``data_plate=WHOLE_DATA`` treats all observed sites as one observation,
@@ -111,9 +124,12 @@ class ParticleTerms(NamedTuple):
     :ivar y_sim: ``(M, b, d)`` reparameterised draws from ``p(y_i | θ_j)``.
     :ivar log_pmf: ``(M, K, b, c)`` log pmf over the finite support (``K``
         values, ``-inf`` padding shorter supports) of each component ``c``.
-    :ivar obs_support: ``(K, b, c)`` (with ``log_pmf``) whether each observed
-        component equals each support value: ``f_j(y_i)`` is
-        ``exp(log_pmf[j])`` where it is ``True``.
+    :ivar pmf: ``(M, K, b, c)`` the same pmf as probabilities (``0``
+        padding), computed without a logarithm where the likelihood's
+        parameters give it directly (Bernoulli, Categorical).
+    :ivar obs_support: ``(K, b, c)`` (with ``log_pmf`` or ``pmf``) whether
+        each observed component equals each support value: ``f_j(y_i)`` is
+        ``pmf[j]`` where it is ``True``.
     :ivar log_q_fixed: ``(M,)`` ``log q_φ`` at the draws with their gradient
         stopped: its gradient is the score function ``∇_φ log q_φ(θ)``.
     :ivar latents: ``{site: (M, *shape)}`` the model's latent values at each
@@ -140,6 +156,7 @@ class ParticleTerms(NamedTuple):
     y_obs: jax.Array | None = None
     y_sim: jax.Array | None = None
     log_pmf: jax.Array | None = None
+    pmf: jax.Array | None = None
     obs_support: jax.Array | None = None
     log_q_fixed: jax.Array | None = None
     latents: dict[str, jax.Array] | None = None

@@ -570,11 +570,9 @@ def test_stratified_quadratic_is_unbiased():
         t = _score_terms(key, guide, params, logreg, x, y, 2, score)
         # several components per observation: appending a component with a
         # point-mass pmf leaves every overlap, so the score, unchanged
-        point = jnp.log(jnp.array([1.0, 0.0]))[:, None, None]  # (K, 1, 1)
-        log_pmf = jnp.concatenate(
-            [t.log_pmf, jnp.broadcast_to(point, t.log_pmf.shape)], axis=-1
-        )
-        return score.estimate(t), score.estimate(t._replace(log_pmf=log_pmf))
+        point = jnp.array([1.0, 0.0])[:, None, None]  # (K, 1, 1)
+        pmf = jnp.concatenate([t.pmf, jnp.broadcast_to(point, t.pmf.shape)], axis=-1)
+        return score.estimate(t), score.estimate(t._replace(pmf=pmf))
 
     keys = random.split(random.PRNGKey(8), 2000)
     est, two = jax.jit(jax.vmap(estimate))(keys)

@@ -15,6 +15,7 @@ from numpyro_pvi.particles import (
     LOG_PMF,
     LOG_Q_FIXED,
     OBS_WEIGHT,
+    PMF,
     Y_SIM,
     log_mean_exp,
     particle_logsumexp,
@@ -198,9 +199,11 @@ def test_simulated_observations_and_pmf_shapes():
 
     y = jnp.array([0.0, 1.0, 1.0])
     guide = AutoDelta(bern_model)
-    terms = _terms(bern_model, guide, y, requests=(LOG_LIK, LOG_PMF))
-    assert terms.log_pmf.shape == (4, 2, 3, 1)  # (M, K, b, c)
+    terms = _terms(bern_model, guide, y, requests=(LOG_LIK, LOG_PMF, PMF))
+    assert terms.log_pmf.shape == terms.pmf.shape == (4, 2, 3, 1)  # (M, K, b, c)
     np.testing.assert_allclose(jnp.exp(terms.log_pmf).sum(1), 1.0, rtol=1e-6)
+    # the probabilities (one sigmoid) are the exponentials of the log pmf
+    np.testing.assert_allclose(terms.pmf, jnp.exp(terms.log_pmf), rtol=1e-6)
     # the pmf at the observed value is the likelihood
     picked = jnp.take_along_axis(terms.log_pmf[..., 0], y.astype(int)[None, None, :], 1)
     np.testing.assert_allclose(picked[:, 0], terms.log_lik, rtol=1e-6)

@@ -23,10 +23,11 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 import numpyro_pvi._pmf as pmf
+import numpyro_pvi.scores.quadratic as quadratic
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._pmf import support_log_pmf
+from numpyro_pvi._pmf import support_log_pmf, support_pmf
 from numpyro_pvi.guides import AutoGaussianMixture
-from numpyro_pvi.particles import LOG_LIK, LOG_PMF, ParticleTerms
+from numpyro_pvi.particles import ParticleTerms
 from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
 
 sr = pytest.importorskip("scoringrules")
@@ -278,36 +279,50 @@ def _distributions(theta):
         "binomial-probs": dist.BinomialProbs(probs[:, 0], total_count=7),
         "binomial-large": dist.BinomialLogits(theta[:, 1], total_count=30),
         "bernoulli": dist.BernoulliLogits(theta[:, 2]),
+        "bernoulli-probs": dist.BernoulliProbs(jax.nn.sigmoid(theta[:, 3])),
     }
+
+
+def _support(name, theta, one_pass, fn):
+    d = _distributions(theta)[name]
+    out = fn(d, d.enumerate_support(expand=False), one_pass=one_pass)
+    out = jnp.stack(out) if isinstance(out, list) else out
+    return jnp.broadcast_to(out, out.shape[:1] + d.batch_shape)
 
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("name", list(_distributions(LOGITS)))
 def test_one_pass_pmf_equals_generic_pmf_value_and_gradient(name):
-    def log_pmf(theta, one_pass):
-        d = _distributions(theta)[name]
-        out = support_log_pmf(d, d.enumerate_support(expand=False), one_pass=one_pass)
-        out = jnp.stack(out) if isinstance(out, list) else out
-        return jnp.broadcast_to(out, out.shape[:1] + d.batch_shape)
-
-    fast, slow = log_pmf(LOGITS, True), log_pmf(LOGITS, False)
-    np.testing.assert_allclose(fast, slow, rtol=RTOL, atol=RTOL)
-    np.testing.assert_allclose(jnp.exp(slow).sum(0), 1.0, rtol=1e-4)
-    cotangent = random.normal(random.PRNGKey(21), fast.shape)
+    # the log pmf and the probabilities, each from the parameters in one pass
+    # and from one log_prob per support value
+    log_fast, log_slow = (_support(name, LOGITS, o, support_log_pmf) for o in (1, 0))
+    prob_fast, prob_slow = (_support(name, LOGITS, o, support_pmf) for o in (1, 0))
+    np.testing.assert_allclose(log_fast, log_slow, rtol=RTOL, atol=RTOL)
+    np.testing.assert_allclose(jnp.exp(log_slow).sum(0), 1.0, rtol=1e-4)
+    np.testing.assert_allclose(prob_fast, jnp.exp(log_slow), rtol=3 * RTOL, atol=RTOL)
+    np.testing.assert_allclose(prob_slow, jnp.exp(log_slow), rtol=RTOL, atol=RTOL)
+    cotangent = random.normal(random.PRNGKey(21), log_fast.shape)
+    paths = [
+        lambda t, o: jnp.exp(_support(name, t, o, support_log_pmf)),
+        lambda t, o: _support(name, t, o, support_pmf),
+    ]
     grads = [
-        jax.grad(lambda t, o=o: jnp.sum(cotangent * jnp.exp(log_pmf(t, o))))(LOGITS)
+        jax.grad(lambda t, o=o, f=f: jnp.sum(cotangent * f(t, o)))(LOGITS)
+        for f in paths
         for o in (True, False)
     ]
-    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+    for g in grads[1:]:
+        np.testing.assert_allclose(g, grads[0], rtol=1e-4, atol=1e-5)
 
 
-def test_one_pass_covers_categorical_and_binomial():
+def test_one_pass_covers_categorical_binomial_and_bernoulli():
     assert set(pmf.ONE_PASS) == {
         dist.CategoricalLogits,
         dist.CategoricalProbs,
         dist.BinomialLogits,
         dist.BinomialProbs,
     }
+    assert set(pmf.PROBS_ONE_PASS) == {dist.BernoulliLogits, dist.BernoulliProbs}
 
 
 def softmax_model(x, y):
@@ -338,7 +353,15 @@ Y_CAT = jnp.array([0, 3, 1, 2, 3])
 Y_ROWS = jnp.array([[0, 1], [3, 3], [1, 0], [2, 2], [3, 0]])
 COUNTS = jnp.array([0.0, 5.0, 2.0, 1.0, 4.0])
 
+
+def logistic_model(x, y):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=x @ w), obs=y)
+
+
 CASES = {
+    "bernoulli": (logistic_model, (X, (Y_CAT % 2).astype(float))),
     "categorical": (softmax_model, (X, Y_CAT)),
     "several components": (several_components_model, (X, Y_ROWS, COUNTS)),
 }
@@ -364,6 +387,7 @@ def test_quadratic_loss_and_gradient_same_with_either_pmf_path(
 
     fast = value_and_grad()
     monkeypatch.setattr(pmf, "ONE_PASS", {})
+    monkeypatch.setattr(pmf, "PROBS_ONE_PASS", {})
     slow = value_and_grad()
     np.testing.assert_allclose(fast[0], slow[0], rtol=1e-5)
     for a, b in zip(jax.tree.leaves(fast[1]), jax.tree.leaves(slow[1]), strict=True):
@@ -406,7 +430,7 @@ def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
             (X, Y_CAT),
             {},
             num_particles=5,
-            requests=(LOG_LIK, LOG_PMF),
+            requests=QuadraticScore.requires,
         )
         terms = terms if keep else terms._replace(obs_support=None)
         return score.estimate(terms)
@@ -419,3 +443,15 @@ def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
     ]
     for a, b in zip(*(jax.tree.leaves(g) for g in grads), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("k", [2, 3])
+def test_support_sums_equal_their_definition(k):
+    # two support values take f(0) = 1 - f(1): the same totals and sum of
+    # squares as the definition, for a normalised pmf
+    probs = jax.nn.softmax(random.normal(random.PRNGKey(5), (6, k, 7)) * 2, axis=1)
+    totals, sum_sq = quadratic._support_sums(probs)
+    np.testing.assert_allclose(totals, probs.sum(0), rtol=RTOL)
+    want = jnp.sum(jnp.square(probs.sum(0)) - jnp.square(probs).sum(0), axis=0)
+    np.testing.assert_allclose(sum_sq, want, rtol=10 * RTOL, atol=10 * RTOL)

@@ -279,9 +279,9 @@ def _two_point_expected_score(pmf_lo, pmf_hi, truth):
     y = jnp.arange(k)
 
     def one_pair(pmfs):  # pmfs (2, K): observations are the K support points
-        log_pmf = jnp.broadcast_to(jnp.log(pmfs)[:, :, None, None], (2, k, k, 1))
+        pmf = jnp.broadcast_to(pmfs[:, :, None, None], (2, k, k, 1))
         log_lik = jnp.log(pmfs[:, y])  # (2, K)
-        return QuadraticScore().estimate(_terms(log_lik=log_lik, log_pmf=log_pmf))
+        return QuadraticScore().estimate(_terms(log_lik=log_lik, pmf=pmf))
 
     per_y = jnp.mean(jax.vmap(one_pair)(pairs), axis=0)  # (K,)
     return jnp.sum(truth * per_y)
@@ -354,10 +354,10 @@ def test_quadratic_several_components_match_product_support_enumeration():
             requests=QuadraticScore.requires,
         )
     )(random.PRNGKey(1))
-    assert terms.log_pmf.shape == (5, 3, 3, 3)  # (M, K, b, c)
+    assert terms.pmf.shape == (5, 3, 3, 3)  # (M, K, b, c)
     got = QuadraticScore().estimate(terms)
 
-    f = np.exp(np.asarray(terms.log_pmf, np.float64))  # (M, K, b, c)
+    f = np.asarray(terms.pmf, np.float64)  # (M, K, b, c)
     m = f.shape[0]
     sum_sq = np.zeros(3)
     for i in range(3):

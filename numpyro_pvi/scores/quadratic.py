@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from numpyro_pvi._pmf import UNROLLED_SUPPORT
 from numpyro_pvi.particles import (
     LOG_LIK,
-    LOG_PMF,
+    PMF,
     ParticleTerms,
     particle_sum,
 )
@@ -28,19 +28,30 @@ def _predictive_pmf(terms: ParticleTerms) -> jax.Array:
     return particle_sum(jnp.exp(terms.log_lik + terms.log_w))
 
 
-def _support_sums(log_pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _support_sums(pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
     r"""``(K, b)`` totals :math:`T_j = \sum_m f_m(j)` and ``(b,)``
-    :math:`\sum_j [T_j^2 - \sum_m f_m(j)^2]` of the ``(M, K, b)`` log pmf,
-    one support value at a time for short supports (contiguous ``(M, b)``
-    slices: the stacked array squared and summed in one piece was measured
-    slower on CPU)."""
-    if log_pmf.shape[1] > UNROLLED_SUPPORT:
-        pmf = jnp.exp(log_pmf)
+    :math:`\sum_j [T_j^2 - \sum_m f_m(j)^2]` of the ``(M, K, b)`` pmf.
+
+    Short supports go one value at a time (contiguous ``(M, b)`` slices: the
+    stacked array squared and summed in one piece was measured slower on
+    CPU). Two values need the second only: a pmf sums to one over its
+    support, so :math:`f_m(0) = 1 - f_m(1)`, :math:`T_0 = M - T_1` and
+    :math:`\sum_m f_m(0)^2 = M - 2T_1 + \sum_m f_m(1)^2` (two particle sums
+    instead of four).
+    """
+    m, k = pmf.shape[:2]
+    if k > UNROLLED_SUPPORT:
         total, own = particle_sum(pmf), particle_sum(jnp.square(pmf))
         return total, jnp.sum(jnp.square(total) - own, axis=0)
-    totals, sum_sq = [], jnp.zeros(log_pmf.shape[2], log_pmf.dtype)
-    for k in range(log_pmf.shape[1]):
-        f = jnp.exp(log_pmf[:, k])  # (M, b); padding -> 0
+    if k == 2:
+        f = pmf[:, 1]
+        t1, own = particle_sum(f), particle_sum(jnp.square(f))
+        t0 = m - t1
+        sum_sq = jnp.square(t0) + jnp.square(t1) - m + 2.0 * t1 - 2.0 * own
+        return jnp.stack([t0, t1]), sum_sq
+    totals, sum_sq = [], jnp.zeros(pmf.shape[2], pmf.dtype)
+    for j in range(k):
+        f = pmf[:, j]  # (M, b)
         totals.append(particle_sum(f))
         sum_sq = sum_sq + jnp.square(totals[-1]) - particle_sum(jnp.square(f))
     return jnp.stack(totals), sum_sq
@@ -56,7 +67,9 @@ class QuadraticScore(Score):
 
     (the negated Brier score plus one), for observed sites with a finite
     support (Bernoulli, Categorical, Binomial, ... via
-    ``enumerate_support``). With :math:`f_m(j) = p(j \mid \theta_m)`,
+    ``enumerate_support``), from the pmf over the support
+    (``terms.pmf``: for Bernoulli and Categorical likelihoods the sigmoid or
+    softmax of their logits, no logarithm). With :math:`f_m(j) = p(j \mid \theta_m)`,
     :math:`q(y_i)` is estimated by :math:`\frac{1}{M}\sum_m f_m(y_i)` (in log
     space) and :math:`q(j)^2` by the *unbiased* pair estimate
 
@@ -105,28 +118,28 @@ class QuadraticScore(Score):
     """
 
     name = "quadratic"
-    requires = frozenset({LOG_LIK, LOG_PMF})
+    requires = frozenset({LOG_LIK, PMF})
     min_particles = 2
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
-        if terms.log_pmf is None or terms.log_lik is None:
+        if terms.pmf is None or terms.log_lik is None:
             raise ValueError(
-                "score='quadratic' needs the log pmf over the finite support and "
-                "the log-likelihoods: request 'log_pmf' and 'log_lik'."
+                "score='quadratic' needs the pmf over the finite support and "
+                "the log-likelihoods: request 'pmf' and 'log_lik'."
             )
         if terms.num_strata > 1:
             return self._stratified(terms)
-        m, _, _, c = terms.log_pmf.shape
+        m, _, _, c = terms.pmf.shape
         if c == 1 and terms.obs_support is not None:
             # q(y_i) = T_{y_i} / M: the observed value's pmf is in the totals
-            totals, sum_sq = _support_sums(terms.log_pmf[..., 0])
+            totals, sum_sq = _support_sums(terms.pmf[..., 0])
             at_obs = jnp.where(terms.obs_support[..., 0], totals, 0.0)
             return (2.0 * jnp.sum(at_obs, axis=0) - sum_sq / (m - 1)) / m
         q_obs = _predictive_pmf(terms)  # (b,)
         if c == 1:
-            sum_sq = _support_sums(terms.log_pmf[..., 0])[1] / (m * (m - 1))
+            sum_sq = _support_sums(terms.pmf[..., 0])[1] / (m * (m - 1))
         else:
-            pmf = jnp.exp(terms.log_pmf)  # (M, K, b, c); padding -> 0
+            pmf = terms.pmf  # (M, K, b, c); padding 0
             overlap = jnp.einsum("mkbc,nkbc->mnbc", pmf, pmf)  # (M, M, b, c)
             positive = overlap > 0
             log_overlap = jnp.where(
@@ -145,9 +158,9 @@ class QuadraticScore(Score):
         """Pairs ``a != b`` weighted ``v_a v_b``, times ``M/(M-1)`` within a
         stratum, of the overlaps ``<f_a, f_b>``."""
         v, k, m = strata(terms)
-        n, _, b, c = terms.log_pmf.shape
+        n, _, b, c = terms.pmf.shape
         q_obs = _predictive_pmf(terms)
-        pmf = jnp.exp(terms.log_pmf)  # (N, K, b, c)
+        pmf = terms.pmf  # (N, K, b, c)
         if c == 1:
             f = pmf[..., 0]  # (N, K, b)
             wf = v[:, None, :] * f
