@@ -23,6 +23,7 @@ from numpyro.distributions import (
     ExpandedDistribution,
     Independent,
     MaskedDistribution,
+    Normal,
 )
 
 from numpyro_pvi._pmf import support_log_pmf, support_pmf
@@ -32,6 +33,7 @@ from numpyro_pvi.particles import WHOLE_DATA
 __all__ = [
     "DataPlate",
     "find_data_plate",
+    "normal_loc_scale",
     "observation_weight",
     "observed_sites",
     "observed_support",
@@ -242,6 +244,42 @@ def _site_draw(
     return per_observation(draw, plate, fn.event_dim)
 
 
+def _normal_loc_scale(
+    site: dict[str, Any], plate: DataPlate
+) -> tuple[jax.Array, jax.Array] | None:
+    """``(b, d)`` location and scale of a Normal site (under Expanded and
+    Independent wrappers), laid out like its draws; ``None`` for any other
+    distribution (a masked one included)."""
+    fn = site["fn"]
+    base = fn
+    while isinstance(base, (Independent, ExpandedDistribution)):
+        base = base.base_dist
+    if type(base) is not Normal:
+        return None
+    shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
+    return tuple(
+        _parameter_rows(x, shape, plate, fn.event_dim) for x in (base.loc, base.scale)
+    )
+
+
+def _parameter_rows(
+    x: jax.Array, shape: tuple[int, ...], plate: DataPlate, event_ndim: int
+) -> jax.Array:
+    """``(b, d)`` a site's parameter laid out like its draws, or ``(1, d)``
+    when it does not vary along the data plate (a scale shared by every
+    observation stays one number per particle, and so does its gradient)."""
+    x = jnp.asarray(x)
+    if plate.name is None:
+        return jnp.reshape(jnp.broadcast_to(x, shape), (1, -1))
+    axis = len(shape) + plate.dim - event_ndim
+    padded = (1,) * (len(shape) - x.ndim) + x.shape
+    target = tuple(
+        1 if i == axis and padded[i] == 1 else n for i, n in enumerate(shape)
+    )
+    x = jnp.moveaxis(jnp.broadcast_to(x, target), axis, 0)
+    return jnp.reshape(x, (x.shape[0], -1))
+
+
 def _enumerable(
     site: dict[str, Any], plate: DataPlate
 ) -> tuple[Distribution, jax.Array, Callable[[jax.Array], jax.Array]]:
@@ -281,16 +319,14 @@ def _enumerable(
 
 def _site_support(
     site: dict[str, Any], plate: DataPlate, pmf_fn: Callable
-) -> jax.Array:
-    """``(K, b, c)``: ``pmf_fn`` (:func:`~numpyro_pvi._pmf.support_log_pmf`
-    or :func:`~numpyro_pvi._pmf.support_pmf`) of the site over its support."""
+) -> list[jax.Array] | jax.Array:
+    """``pmf_fn`` (:func:`~numpyro_pvi._pmf.support_log_pmf` or
+    :func:`~numpyro_pvi._pmf.support_pmf`) of the site over its support: a
+    list of ``K`` ``(b, c)`` arrays for short supports, else ``(K, b, c)``."""
     base, support, rows = _enumerable(site, plate)
-    # The support axis leads, so that each support value's pmf is one
-    # contiguous (b, c) block: with a short trailing support axis XLA's CPU
-    # loops were several times slower.
     values = pmf_fn(base, support)
     if isinstance(values, list):
-        return jnp.stack([rows(v) for v in values])
+        return [rows(v) for v in values]
     return jax.vmap(rows)(values)
 
 
@@ -307,10 +343,23 @@ def _site_obs_support(site: dict[str, Any], plate: DataPlate) -> jax.Array:
     return jax.vmap(rows)(equal)
 
 
-def _pad_support(arrays: list[jax.Array], fill: Any = -jnp.inf) -> jax.Array:
-    """Concatenate ``(K_s, b, c_s)`` site arrays into ``(K, b, c)``, padding
-    shorter supports with ``fill``."""
-    k = max(a.shape[0] for a in arrays)
+def _pad_support(
+    arrays: list[list[jax.Array] | jax.Array], fill: Any = -jnp.inf
+) -> tuple[jax.Array, ...] | jax.Array:
+    """Concatenate the sites' ``(K_s, b, c_s)`` arrays (or lists of ``K_s``
+    ``(b, c_s)`` arrays) along the components, padding shorter supports with
+    ``fill``: a tuple of ``K`` ``(b, c)`` arrays when every site gave a list,
+    else one ``(K, b, c)`` array."""
+    k = max(len(a) for a in arrays)
+    if all(isinstance(a, list) for a in arrays):
+        return tuple(
+            jnp.concatenate(
+                [a[j] if j < len(a) else jnp.full_like(a[0], fill) for a in arrays],
+                axis=-1,
+            )
+            for j in range(k)
+        )
+    arrays = [jnp.stack(a) if isinstance(a, list) else a for a in arrays]
     padded = [
         jnp.pad(
             a,
@@ -342,17 +391,44 @@ def simulated_values(
     )
 
 
-def site_log_pmf(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
+def normal_loc_scale(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[jax.Array, jax.Array] | tuple[None, None]:
+    """``(b, d)`` location and scale of every observed site, laid out like
+    :func:`observed_values`, when all of them are Normal (each ``(1, d)``
+    when it does not vary along the data plate); ``(None, None)``
+    otherwise."""
+    pairs = [_normal_loc_scale(s, plate) for s in observed]
+    if not pairs or any(p is None for p in pairs):
+        return None, None
+    if len(pairs) == 1:
+        return pairs[0]
+    b = plate.subsample_size
+    return tuple(
+        jnp.concatenate([jnp.broadcast_to(r, (b, r.shape[1])) for r in x], axis=1)
+        for x in zip(*pairs, strict=True)
+    )
+
+
+def site_log_pmf(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[jax.Array, ...] | jax.Array:
     """``(K, b, c)`` the log pmf over the finite support of every scalar
     component of each observation (shorter supports padded with ``-inf``),
     in one pass from the likelihood's parameters where
-    :func:`~numpyro_pvi._pmf.support_log_pmf` can."""
+    :func:`~numpyro_pvi._pmf.support_log_pmf` can. For supports of at most
+    :data:`~numpyro_pvi._pmf.UNROLLED_SUPPORT` values, a tuple of ``K``
+    ``(b, c)`` arrays instead, which the particle machinery stacks after the
+    particle axis: stacked per particle, the support axis lands outside the
+    particle axis in memory and XLA transposes the whole array."""
     return _pad_support([_site_support(s, plate, support_log_pmf) for s in observed])
 
 
-def site_pmf(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
-    """``(K, b, c)`` the pmf over the finite support, as probabilities (padding
-    ``0``), laid out like :func:`site_log_pmf`; see
+def site_pmf(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[jax.Array, ...] | jax.Array:
+    """The pmf over the finite support, as probabilities (padding ``0``),
+    laid out like :func:`site_log_pmf`; see
     :func:`~numpyro_pvi._pmf.support_pmf`."""
     return _pad_support([_site_support(s, plate, support_pmf) for s in observed], 0.0)
 

@@ -34,6 +34,7 @@ from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._data_plate import (
     DataPlate,
+    normal_loc_scale,
     observation_weight,
     observed_sites,
     observed_support,
@@ -63,6 +64,7 @@ from numpyro_pvi.particles import (
     PMF,
     REQUESTS,
     WHOLE_DATA,
+    Y_LOC_SCALE,
     Y_SIM,
     ParticleTerms,
     StratifiedGuide,
@@ -180,6 +182,9 @@ def particle_terms(
     per_particle = spec.vectorize(
         lambda kc: tracer.particle(shared.plate, *kc), (keys, components)
     )
+    for name in ("log_pmf", "pmf"):  # support values stacked after the particles
+        if isinstance(per_particle.get(name), tuple):
+            per_particle[name] = jnp.stack(per_particle[name], axis=1)
     log_w, particle_weight = _weights(shared, components, spec.num_particles)
     return ParticleTerms(
         log_w=log_w,
@@ -261,7 +266,9 @@ class _ParticleTracer:
         return _Shared(
             plate,
             weight,
-            observed_values(observed, plate) if Y_SIM in requests else None,
+            observed_values(observed, plate)
+            if requests & {Y_SIM, Y_LOC_SCALE}
+            else None,
             {s["name"]: s["value"] for s in observed} if OBSERVED in requests else None,
             log_omega_bar,
             log_omega,
@@ -316,6 +323,9 @@ class _ParticleTracer:
             with jax.named_scope(Y_SIM):
                 reparam = self.spec.require_reparam
                 out["y_sim"] = simulated_values(observed, plate, sim_key, reparam)
+        if Y_LOC_SCALE in requests:
+            with jax.named_scope(Y_LOC_SCALE):
+                out["y_loc"], out["y_scale"] = normal_loc_scale(observed, plate)
         if LOG_PMF in requests:
             with jax.named_scope(LOG_PMF):
                 out["log_pmf"] = site_log_pmf(observed, plate)

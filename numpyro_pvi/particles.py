@@ -38,6 +38,7 @@ __all__ = [
     "PMF",
     "REQUESTS",
     "WHOLE_DATA",
+    "Y_LOC_SCALE",
     "Y_SIM",
     "ParticleTerms",
     "StratifiedGuide",
@@ -54,6 +55,9 @@ __all__ = [
 LOG_LIK = "log_lik"
 #: Reparameterised simulated observations ``y_sim`` (with ``y_obs``).
 Y_SIM = "y_sim"
+#: Location and scale of Normal likelihoods, ``y_loc`` and ``y_scale`` (with
+#: ``y_obs``).
+Y_LOC_SCALE = "y_loc_scale"
 #: The log pmf over a finite support, ``log_pmf``.
 LOG_PMF = "log_pmf"
 #: The pmf over a finite support, ``pmf`` (probabilities, no logarithm).
@@ -73,6 +77,7 @@ REQUESTS = frozenset(
     {
         LOG_LIK,
         Y_SIM,
+        Y_LOC_SCALE,
         LOG_PMF,
         PMF,
         LOG_Q_FIXED,
@@ -122,6 +127,12 @@ class ParticleTerms(NamedTuple):
     :ivar y_obs: ``(b, d)`` the observed values, one flattened row per
         observation (several observed sites concatenated).
     :ivar y_sim: ``(M, b, d)`` reparameterised draws from ``p(y_i | θ_j)``.
+    :ivar y_loc: ``(M, b, d)`` the location of ``p(y_i | θ_j)`` when every
+        observed site is Normal (possibly expanded or ``.to_event``), laid
+        out like ``y_obs``; ``(M, 1, d)`` when it does not vary along the
+        data plate; ``None`` when any observed site is not Normal.
+    :ivar y_scale: its scale, likewise (often ``(M, 1, d)``: one noise scale
+        for all observations).
     :ivar log_pmf: ``(M, K, b, c)`` log pmf over the finite support (``K``
         values, ``-inf`` padding shorter supports) of each component ``c``.
     :ivar pmf: ``(M, K, b, c)`` the same pmf as probabilities (``0``
@@ -155,6 +166,8 @@ class ParticleTerms(NamedTuple):
     weight: jax.Array | None = None
     y_obs: jax.Array | None = None
     y_sim: jax.Array | None = None
+    y_loc: jax.Array | None = None
+    y_scale: jax.Array | None = None
     log_pmf: jax.Array | None = None
     pmf: jax.Array | None = None
     obs_support: jax.Array | None = None

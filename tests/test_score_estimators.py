@@ -29,6 +29,7 @@ from numpyro_pvi._pmf import support_log_pmf, support_pmf
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.particles import ParticleTerms
 from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
+from numpyro_pvi.scores._normal import normal_abs_mean
 
 sr = pytest.importorskip("scoringrules")
 
@@ -149,7 +150,7 @@ def _crps_normal(mu, sigma, y):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("estimator", [*ESTIMATORS, "closed-form", "auto"])
 @pytest.mark.parametrize("m", [2, 8])
 def test_crps_estimators_unbiased_for_the_normal_predictive(estimator, m):
     # the predictive of N(mu, SIGMA^2) with mu ~ N(LOC, SCALE^2) is
@@ -195,6 +196,166 @@ def test_energy_derangement_unbiased_in_three_dimensions(m):
     assert jnp.max(jnp.abs(delta.mean(0)) / se) < 4.5, (delta.mean(0), se)
     # power: the estimates themselves vary far more than the tolerance
     assert jnp.min(est.std(0) / math.sqrt(n_keys) / se) > 0.5
+
+
+# --------------------------------------------------------------------------
+# the closed form of Normal likelihoods
+# --------------------------------------------------------------------------
+
+U = jnp.array([-1e4, -40.0, -7.0, -1.3, -1e-3, 0.0, 0.2, 1.0, 3.5, 12.0, 1e5])
+
+
+@pytest.mark.numerics
+def test_normal_abs_mean_is_scoringrules_crps_normal_plus_half_pair():
+    # E|Y - y| = CRPS(N(mu, s^2), y) + E|Y - Y'| / 2, and E|Y - Y'| = 2 s / sqrt(pi)
+    mu = random.normal(random.PRNGKey(30), (40,)) * 3.0
+    s = jnp.exp(random.normal(random.PRNGKey(31), (40,)))
+    y = jnp.concatenate([random.normal(random.PRNGKey(32), (38,)), U[:2]])
+    got = normal_abs_mean(y - mu, s)
+    want = sr.crps_normal(
+        np.asarray(y, np.float64), np.asarray(mu, np.float64), np.asarray(s, np.float64)
+    ) + np.asarray(s, np.float64) / math.sqrt(math.pi)
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL)
+
+
+@pytest.mark.numerics
+def test_normal_abs_mean_gradient_and_far_tails():
+    # the custom derivatives equal autodiff of the textbook form, and far from
+    # the centre the value is |mu| with derivatives (sign(mu), 0), finite
+    def textbook(loc, scale):
+        z = loc / scale
+        return scale * (z * (2 * norm.cdf(z) - 1) + 2 * norm.pdf(z))
+
+    scale = jnp.full_like(U, 0.7)
+    inner = jnp.abs(U) < 100
+    for f in (normal_abs_mean, textbook):
+        assert jnp.all(jnp.isfinite(f(U, scale)))
+    got = jax.vmap(jax.grad(normal_abs_mean, argnums=(0, 1)))(U, scale)
+    want = jax.vmap(jax.grad(textbook, argnums=(0, 1)))(U[inner], scale[inner])
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g[inner], w, rtol=10 * RTOL, atol=10 * RTOL)
+    np.testing.assert_allclose(normal_abs_mean(U, scale)[~inner], jnp.abs(U[~inner]))
+    np.testing.assert_array_equal(got[0][~inner], jnp.sign(U[~inner]))
+    np.testing.assert_array_equal(got[1][~inner], 0.0)
+
+
+def _normal_terms(loc, scale, y_obs, y_sim=None):
+    return _terms(loc if y_sim is None else y_sim, y_obs)._replace(
+        y_loc=loc, y_scale=scale, y_sim=y_sim
+    )
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("m", [2, 5])
+def test_closed_form_is_the_derangement_averaged_over_simulations(m):
+    # given the particles, the closed form is the expectation over y_sim of the
+    # simulated derangement estimate (Rao-Blackwellisation): equal within the
+    # Monte Carlo error of many simulations, and an outlier included
+    loc = random.normal(random.PRNGKey(33), (m, 6, 1)) * 2.0
+    scale = jnp.exp(random.normal(random.PRNGKey(34), (m, 6, 1)) * 0.5)
+    y = jnp.array([[0.0], [1.0], [-2.0], [0.5], [30.0], [-3.0]])
+    exact = CRPS(estimator="closed-form").estimate(_normal_terms(loc, scale, y))
+
+    def simulated(key):
+        x = loc + scale * random.normal(key, loc.shape)
+        return CRPS(estimator="derangement").estimate(_terms(x, y))
+
+    keys = random.split(random.PRNGKey(35), 20000)
+    est = jax.jit(jax.vmap(simulated))(keys)
+    se = est.std(0) / math.sqrt(keys.shape[0])
+    assert jnp.max(jnp.abs(est.mean(0) - exact) / se) < 4.5, (est.mean(0), exact)
+    if m > 2:  # power: the average over all pairs of particles is another number
+        pair = normal_abs_mean(
+            loc[:, None] - loc[None], jnp.sqrt(scale[:, None] ** 2 + scale[None] ** 2)
+        )[..., 0]  # (M, M, b)
+        all_pairs = -jnp.mean(
+            normal_abs_mean(y[:, 0] - loc[..., 0], scale[..., 0]), 0
+        ) + 0.5 * (pair.sum((0, 1)) - jnp.trace(pair)) / (m * (m - 1))
+        assert jnp.max(jnp.abs(all_pairs - exact) / se) > 10
+
+
+@pytest.mark.numerics
+def test_closed_form_variance_is_below_the_simulations():
+    # the conditional expectation has less variance than the simulated
+    # estimators over draws of the particles and the simulations
+    params = {"loc": jnp.asarray(LOC), "scale": jnp.asarray(SCALE)}
+    keys = random.split(random.PRNGKey(36), 2000)
+
+    def per_obs(key, estimator):
+        loss = PredictiveELBO(CRPS(estimator=estimator), num_particles=8)
+        terms = loss.particle_terms(key, params, normal_model, normal_guide, Y)
+        return loss.score.estimate(terms)
+
+    sd = {
+        e: jax.jit(jax.vmap(lambda k, e=e: per_obs(k, e)))(keys).std(0)
+        for e in ("closed-form", "all-pairs", "derangement")
+    }
+    assert jnp.all(sd["closed-form"] < sd["all-pairs"]), sd
+    assert jnp.all(sd["closed-form"] < sd["derangement"]), sd
+
+
+def studentt_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.StudentT(4.0, mu, SIGMA), obs=y)
+
+
+def masked_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, SIGMA).mask(y > -100), obs=y)
+
+
+@pytest.mark.parametrize("model", [studentt_model, masked_model])
+def test_auto_uses_simulations_without_a_normal_likelihood(model):
+    # auto = the all-pairs estimate from the same simulations; closed-form refuses
+    params = {"loc": jnp.asarray(LOC), "scale": jnp.asarray(SCALE)}
+    key = random.PRNGKey(37)
+    values = {}
+    for estimator in ("auto", "all-pairs"):
+        loss = PredictiveELBO(CRPS(estimator=estimator), num_particles=4)
+        values[estimator] = loss.loss(key, params, model, normal_guide, Y)
+    np.testing.assert_allclose(values["auto"], values["all-pairs"], rtol=1e-6)
+    loss = PredictiveELBO(CRPS(estimator="closed-form"), num_particles=4)
+    with pytest.raises(ValueError, match="closed-form.*Normal likelihood"):
+        loss.loss(key, params, model, normal_guide, Y)
+
+
+def test_closed_form_reads_loc_and_scale_at_the_subsample():
+    # y_loc / y_scale follow the data plate's subsample like y_obs, and a
+    # second (Normal) site still makes one observation two values
+    x = jnp.arange(7.0) / 3.0
+    y = jnp.arange(7.0) * 10.0
+
+    def model(x, y, z=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", 7, subsample_size=3) as idx:
+            numpyro.sample("y", dist.Normal(w * x[idx], 0.5 + x[idx]), obs=y[idx])
+            if z is not None:
+                numpyro.sample("z", dist.Normal(w, 1.0), obs=z[idx])
+
+    guide = AutoNormal(model)
+    params = _init_params(model, guide, Trace_ELBO(), (x, y), 0)
+    terms = run_particles(
+        random.PRNGKey(38),
+        params,
+        model,
+        guide,
+        (x, y),
+        {},
+        num_particles=4,
+        requests=CRPS.requires | {"latents"},
+    )
+    idx = (terms.y_obs[:, 0] / 10.0).astype(int)
+    assert terms.y_loc.shape == terms.y_scale.shape == (4, 3, 1)
+    w = terms.latents["w"][:, None]
+    np.testing.assert_allclose(terms.y_loc[..., 0], w * x[idx], rtol=1e-6)
+    np.testing.assert_allclose(
+        terms.y_scale[..., 0], jnp.broadcast_to(0.5 + x[idx], (4, 3))
+    )
+    loss = PredictiveELBO(CRPS(estimator="closed-form"), num_particles=4)
+    with pytest.raises(ValueError, match="score='energy'"):
+        loss.loss(random.PRNGKey(0), params, model, guide, x, y, y + 1.0)
 
 
 # --------------------------------------------------------------------------
@@ -446,7 +607,7 @@ def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("k", [1, 2, 3, 11])
 def test_support_sums_equal_their_definition(k):
     # two support values take f(0) = 1 - f(1): the same totals and sum of
     # squares as the definition, for a normalised pmf

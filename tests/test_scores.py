@@ -183,17 +183,25 @@ DELTA_GUIDE = AutoDelta(normal_model)  # set up once, shared by the tests
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize("estimator", ["all-pairs", "auto"])
 @pytest.mark.parametrize("num_particles", [2, 16])
-def test_crps_of_normal_predictive_is_unbiased_for_closed_form(num_particles):
+def test_crps_of_normal_predictive_is_unbiased_for_closed_form(
+    num_particles, estimator
+):
     # AutoDelta: every particle is mu = MU0, so the predictive is N(MU0, SIGMA^2)
     guide = DELTA_GUIDE
     params = {"mu_auto_loc": jnp.asarray(MU0)}
-    loss = PredictiveELBO("crps", num_particles=num_particles, regularizer=None)
+    loss = PredictiveELBO(
+        CRPS(estimator=estimator), num_particles=num_particles, regularizer=None
+    )
     keys = random.split(random.PRNGKey(6), 4000 if num_particles == 2 else 500)
     losses = jax.jit(
         jax.vmap(lambda k: loss.loss(k, params, normal_model, guide, Y_CRPS))
     )(keys)
     exact = float(jnp.sum(_crps_normal(MU0, SIGMA, Y_CRPS)))  # loss = +sum CRPS
+    if estimator == "auto":  # the Normal likelihood's closed form: exact
+        np.testing.assert_allclose(losses, exact, rtol=1e-12 if X64 else 2e-6)
+        return
     se = float(jnp.std(losses)) / math.sqrt(keys.shape[0])
     assert abs(float(jnp.mean(losses)) - exact) < 4.5 * se, (losses.mean(), exact, se)
 

@@ -20,15 +20,18 @@ class Score:
     r"""Base class of positively oriented scoring rules estimated from particles.
 
     Subclasses set :attr:`requires` (a subset of ``{"log_lik", "y_sim",
-    "log_pmf"}``: per-observation log-likelihoods, reparameterised simulated
-    observations, or the log pmf over a finite support) and implement
+    "y_loc_scale", "log_pmf", "pmf"}``: per-observation log-likelihoods,
+    reparameterised simulated observations, the location and scale of Normal
+    likelihoods, or the pmf over a finite support as log probabilities or
+    probabilities) and implement
     :meth:`estimate`. :attr:`min_particles` is the smallest number of
     particles the estimator is defined for.
 
     ``terms.log_lik`` is ``(M, b)``; ``terms.y_sim`` is ``(M, b, d)`` with
     ``terms.y_obs`` ``(b, d)`` (one flattened row per observation, several
-    observed sites concatenated); ``terms.log_pmf`` is ``(M, K, b, c)`` (the
-    support axis ``K`` before the observations, components ``c`` last); see
+    observed sites concatenated); ``terms.log_pmf`` and ``terms.pmf`` are
+    ``(M, K, b, c)`` (the support axis ``K`` before the observations,
+    components ``c`` last); see
     :class:`~numpyro_pvi.particles.ParticleTerms`.
 
     **Weights.** Particle ``j`` enters the predictive of observation ``i``

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -110,49 +111,54 @@ def _weighted_pair_abs_sum_jvp(
 
 
 def derangement_pair_mean(
-    x: jax.Array,
-    distance: Callable[[jax.Array], jax.Array],
+    x: Any,
+    pair: Callable[[Any, Any], jax.Array],
     omega: jax.Array | None = None,
 ) -> jax.Array:
-    r"""Unbiased :math:`\mathbb{E}\, d(X - X')` from each draw paired with
+    r"""Unbiased :math:`\mathbb{E}\, d(X, X')` from each draw paired with
     the next one, :math:`O(M)`.
 
     For ``M`` i.i.d. draws (``omega`` ``None``)
 
     .. math::
 
-        \frac{1}{M} \sum_{j=1}^M d(x_j - x_{j+1 \bmod M}),
+        \frac{1}{M} \sum_{j=1}^M d(x_j, x_{j+1 \bmod M}),
 
     each term a pair of independent draws. The cyclic shift is one
     derangement; a random one has the same distribution for exchangeable
     draws when it is a single ``M``-cycle, and more variance otherwise (fewer
     distinct pairs), so none is drawn. For ``K`` strata of ``M`` draws each
-    (``x`` of shape ``(K M, b, ...)``, stratum weights ``omega`` ``(K, b)``)
-    the predictive is the mixture :math:`\sum_k \omega_k F_k` and
+    (leading axis ``K M``, stratum weights ``omega`` ``(K, b)``) the
+    predictive is the mixture :math:`\sum_k \omega_k F_k` and
 
     .. math::
 
         \sum_{k,l} \omega_k \omega_l \frac{1}{M} \sum_{m=1}^M
-        d(x_{k,m} - x_{l,m+1 \bmod M}),
+        d(x_{k,m}, x_{l,m+1 \bmod M}),
 
     unbiased since draw :math:`m` of stratum :math:`k` is independent of draw
     :math:`m+1` of every stratum (:math:`O(K^2 M)`).
 
-    :param x: ``(M, b, ...)`` draws (``(K M, b, ...)`` with strata).
-    :param distance: ``d``, elementwise on ``(M, b)`` or reducing the trailing
-        axes of ``(M, b, ...)`` differences to ``(M, b)``.
+    :param x: the draws, an array or a tuple of arrays with the particle axis
+        first: ``(M, b, ...)`` (``(K M, b, ...)`` with strata).
+    :param pair: ``d``, elementwise on two such draws (aligned particle by
+        particle), returning ``(M, b)``.
     :param omega: ``(K, b)`` strata weights (each row sums to one over ``K``),
         or ``None`` for i.i.d. draws.
     :return: ``(b,)``.
     """
+    tree = jax.tree_util
     if omega is None:
-        return particle_sum(distance(x - jnp.roll(x, 1, axis=0))) / x.shape[0]
+        shifted = tree.tree_map(lambda t: jnp.roll(t, 1, axis=0), x)
+        d = pair(x, shifted)
+        return particle_sum(d) / d.shape[0]
     k = omega.shape[0]
-    xs = x.reshape((k, -1) + x.shape[1:])  # (K, M, b, ...)
-    shifted = jnp.roll(xs, 1, axis=1)
-    m = xs.shape[1]
-    total = jnp.zeros(x.shape[1], x.dtype)
+    xs = tree.tree_map(lambda t: t.reshape((k, -1) + t.shape[1:]), x)  # (K, M, ..)
+    shifted = tree.tree_map(lambda t: jnp.roll(t, 1, axis=1), xs)
+    total = 0.0
     for a in range(k):  # K is a small Python integer
-        d = jax.vmap(lambda xl, xa=xs[a]: particle_sum(distance(xa - xl)))(shifted)
+        x_a = tree.tree_map(lambda t, a=a: t[a], xs)
+        d = jax.vmap(lambda xl, xa=x_a: particle_sum(pair(xa, xl)))(shifted)
+        m = tree.tree_leaves(xs)[0].shape[1]
         total = total + omega[a] * jnp.sum(omega * d, axis=0) / m  # (b,)
     return total

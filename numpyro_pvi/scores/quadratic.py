@@ -7,7 +7,6 @@ import math
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._pmf import UNROLLED_SUPPORT
 from numpyro_pvi.particles import (
     LOG_LIK,
     PMF,
@@ -32,29 +31,23 @@ def _support_sums(pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
     r"""``(K, b)`` totals :math:`T_j = \sum_m f_m(j)` and ``(b,)``
     :math:`\sum_j [T_j^2 - \sum_m f_m(j)^2]` of the ``(M, K, b)`` pmf.
 
-    Short supports go one value at a time (contiguous ``(M, b)`` slices: the
-    stacked array squared and summed in one piece was measured slower on
-    CPU). Two values need the second only: a pmf sums to one over its
-    support, so :math:`f_m(0) = 1 - f_m(1)`, :math:`T_0 = M - T_1` and
-    :math:`\sum_m f_m(0)^2 = M - 2T_1 + \sum_m f_m(1)^2` (two particle sums
-    instead of four).
+    Two contractions over the particles of the whole array (slices taken one
+    support value at a time each have for gradient a zero-padded copy of the
+    whole array, :math:`O(K^2)` memory traffic: 26× ``Trace_ELBO`` on a
+    binomial likelihood with 11 values). Two values need the second only: a
+    pmf sums to one over its support, so :math:`f_m(0) = 1 - f_m(1)`,
+    :math:`T_0 = M - T_1` and :math:`\sum_m f_m(0)^2 = M - 2T_1 + \sum_m
+    f_m(1)^2` (two particle sums of one ``(M, b)`` slice).
     """
     m, k = pmf.shape[:2]
-    if k > UNROLLED_SUPPORT:
-        total, own = particle_sum(pmf), particle_sum(jnp.square(pmf))
-        return total, jnp.sum(jnp.square(total) - own, axis=0)
     if k == 2:
         f = pmf[:, 1]
         t1, own = particle_sum(f), particle_sum(jnp.square(f))
         t0 = m - t1
         sum_sq = jnp.square(t0) + jnp.square(t1) - m + 2.0 * t1 - 2.0 * own
         return jnp.stack([t0, t1]), sum_sq
-    totals, sum_sq = [], jnp.zeros(pmf.shape[2], pmf.dtype)
-    for j in range(k):
-        f = pmf[:, j]  # (M, b)
-        totals.append(particle_sum(f))
-        sum_sq = sum_sq + jnp.square(totals[-1]) - particle_sum(jnp.square(f))
-    return jnp.stack(totals), sum_sq
+    total, own = particle_sum(pmf), particle_sum(jnp.square(pmf))
+    return total, jnp.sum(jnp.square(total) - own, axis=0)
 
 
 class QuadraticScore(Score):
