@@ -15,7 +15,10 @@ of ``Trace_ELBO`` are measured interleaved in one process
 - ``derangement``: each draw paired with the next (``CRPS(estimator=
   "derangement")``), ``M`` draws;
 - ``paired-2M``: Lai & Yao's estimator from ``2M`` draws, the first ``M``
-  paired with the last ``M`` (:class:`SplitPairCRPS`, ``num_particles=2M``).
+  paired with the last ``M`` (:class:`SplitPairCRPS`, ``num_particles=2M``);
+- ``closed-form``: Normal likelihoods only, both expectations over ``y`` given
+  ``θ`` in closed form, each draw paired with the next
+  (``CRPS(estimator="closed-form")``), ``M`` draws and no simulation.
 
 Usage::
 
@@ -38,7 +41,7 @@ from numpyro.infer import SVI
 from benchmarks.step_models import GUIDES, MODELS
 from benchmarks.step_time import Objective, _load, _machine, time_case
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi.particles import ParticleTerms, particle_sum, require_iid
+from numpyro_pvi.particles import Y_SIM, ParticleTerms, particle_sum, require_iid
 from numpyro_pvi.scores import CRPS, Score
 from numpyro_pvi.scores.base import simulations
 
@@ -55,7 +58,7 @@ class SplitPairCRPS(Score):
     """
 
     name = "crps"
-    requires = CRPS.requires
+    requires = frozenset({Y_SIM})
     min_particles = 2
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
@@ -71,11 +74,14 @@ class SplitPairCRPS(Score):
 
 #: ``name -> (num_particles -> loss)``, the estimators compared.
 ESTIMATORS = {
-    "all-pairs": lambda m: PredictiveELBO(CRPS(), num_particles=m),
+    "all-pairs": lambda m: PredictiveELBO(CRPS(estimator="all-pairs"), num_particles=m),
     "derangement": lambda m: PredictiveELBO(
         CRPS(estimator="derangement"), num_particles=m
     ),
     "paired-2M": lambda m: PredictiveELBO(SplitPairCRPS(), num_particles=2 * m),
+    "closed-form": lambda m: PredictiveELBO(
+        CRPS(estimator="closed-form"), num_particles=m
+    ),
 }
 
 
@@ -84,7 +90,7 @@ def _fitted_params(model, guide, args, num_particles, steps, seed):
         model,
         guide,
         optax.adam(1e-2),
-        loss=PredictiveELBO(CRPS(), num_particles=num_particles),
+        loss=PredictiveELBO(CRPS(estimator="all-pairs"), num_particles=num_particles),
     )
     result = svi.run(random.PRNGKey(seed), steps, *args, progress_bar=False)
     return svi.get_params(result.state)

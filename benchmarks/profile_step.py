@@ -6,7 +6,8 @@ accessed, and a profiler trace of ``--steps`` steps gives the time of every
 compiled operation (its self time: a loop's own bookkeeping, not its body).
 Each operation is attributed to a stage by the name scope it was traced in
 (the particle machinery and ``PredictiveELBO`` name theirs: ``trace``,
-``log_density``, ``log_lik``, ``y_sim``, ``log_pmf``, ``score_<name>``),
+``log_density``, ``log_lik``, ``y_sim``, ``y_loc_scale``, ``log_pmf``,
+``pmf``, ``score_<name>``),
 forward or backward (operations of a transpose are the gradient), and by the
 random-number generator (``_normal``, ``_uniform``, ``threefry``) within
 ``y_sim``. ``Trace_ELBO`` with the same model, guide and particles is
@@ -40,7 +41,16 @@ from benchmarks.step_time import OBJECTIVES, _baseline, _load
 __all__ = ["Profile", "main", "profile_step", "stage_of"]
 
 #: Name scopes of the particle machinery and the score, in the order shown.
-STAGES = ("trace", "log_density", "log_lik", "y_sim", "log_pmf", "score")
+STAGES = (
+    "trace",
+    "log_density",
+    "log_lik",
+    "y_sim",
+    "y_loc_scale",
+    "log_pmf",
+    "pmf",
+    "score",
+)
 _RNG = ("_normal", "_uniform", "threefry", "random_bits", "erf_inv")
 _OP = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name=\"([^\"]*)\"")
 

@@ -108,6 +108,53 @@ def make_softmax(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return softmax_model, (x, y)
 
 
+def hetero_model(x: jax.Array, y: jax.Array) -> None:
+    """Hierarchical heteroscedastic regression: groups with their own
+    intercepts, a noise scale that depends on the covariates."""
+    d, g = x.shape[1], HETERO_GROUPS
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    v = numpyro.sample("v", dist.Normal(0.0, 0.3).expand([d]).to_event(1))
+    tau = numpyro.sample("tau", dist.HalfNormal(1.0))
+    with numpyro.plate("groups", g):
+        a = numpyro.sample("a", dist.Normal(0.0, tau))
+    group = jnp.arange(x.shape[0]) % g
+    with numpyro.plate("data", x.shape[0]):
+        scale = jax.nn.softplus(x @ v) + 0.1
+        numpyro.sample("y", dist.Normal(x @ w + a[group], scale), obs=y)
+
+
+HETERO_GROUPS = 50
+
+
+def make_hetero(rng_key: jax.Array, n: int = 10_000, d: int = 10):
+    kx, kw, ka, ke = random.split(rng_key, 4)
+    x = random.normal(kx, (n, d))
+    a = random.normal(ka, (HETERO_GROUPS,))
+    scale = jax.nn.softplus(0.3 * x[:, 0]) + 0.1
+    y = x @ random.normal(kw, (d,)) + a[jnp.arange(n) % HETERO_GROUPS]
+    return hetero_model, (x, y + scale * random.normal(ke, (n,)))
+
+
+BINOMIAL_TRIALS = 10
+
+
+def binomial_model(x: jax.Array, y: jax.Array) -> None:
+    """Binomial regression: 10 trials per observation (11 support values)."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Binomial(BINOMIAL_TRIALS, logits=x @ w + b), obs=y)
+
+
+def make_binomial(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, kw, ky = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    logits = x @ random.normal(kw, (d,)) / jnp.sqrt(d)
+    y = random.binomial(ky, BINOMIAL_TRIALS, jax.nn.sigmoid(logits))
+    return binomial_model, (x, y.astype(jnp.float32))
+
+
 #: Benchmark problems.
 MODELS: dict[str, BenchModel] = {
     "glm": BenchModel(
@@ -128,6 +175,18 @@ MODELS: dict[str, BenchModel] = {
         f"multinomial logistic regression, N=10000, D=20, {SOFTMAX_CLASSES} classes "
         "(Categorical, finite support)",
         make_softmax,
+    ),
+    "hetero": BenchModel(
+        "hetero",
+        "hierarchical heteroscedastic regression, N=10000, D=10, 50 groups "
+        "(Normal, scale per observation)",
+        make_hetero,
+    ),
+    "binomial": BenchModel(
+        "binomial",
+        f"binomial regression, N=10000, D=20, {BINOMIAL_TRIALS} trials "
+        "(finite support of 11 values)",
+        make_binomial,
     ),
 }
 

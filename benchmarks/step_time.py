@@ -84,17 +84,22 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "pvi_crps",
             lambda m: PredictiveELBO("crps", num_particles=m),
-            models=("glm", "bnn"),  # needs a reparameterised likelihood
+            models=("glm", "bnn", "hetero"),  # needs a reparameterised likelihood
         ),
         Objective(
             "pvi_crps_derangement",
             lambda m: PredictiveELBO(CRPS(estimator="derangement"), num_particles=m),
-            models=("glm", "bnn"),
+            models=("glm", "bnn", "hetero"),
+        ),
+        Objective(
+            "pvi_crps_all_pairs",
+            lambda m: PredictiveELBO(CRPS(estimator="all-pairs"), num_particles=m),
+            models=("glm", "bnn", "hetero"),
         ),
         Objective(
             "pvi_quadratic",
             lambda m: PredictiveELBO("quadratic", num_particles=m),
-            models=("logistic", "softmax"),  # needs a finite support
+            models=("logistic", "softmax", "binomial"),  # needs a finite support
         ),
         Objective("softcvi", lambda m: SoftCVIELBO(num_particles=m, alpha=0.75)),
         Objective("snis_fkl", lambda m: SNISForwardKL(num_particles=m)),
