@@ -154,12 +154,11 @@ class CRPS(Score):
     again; on the benchmark GLM (M = 64) the step falls from 4.4–5.5× to
     1.65–2.25× ``Trace_ELBO`` (two threads, one core) and the efficiency
     (inverse of gradient variance × step time) is 1.37 times the all-pairs
-    estimator's. Its variance
-    is that of the derangement: nearly all of the gradient's variance comes
-    from the draws of :math:`\theta`, not from the simulations, so where
-    the likelihood dominates the step (a neural network) the all-pairs
-    estimator's smaller variance wins (efficiency 0.77 of it at M = 8).
-    Mixture guides pair as for the derangement.
+    estimator's. Its variance is that of the derangement: nearly all of the
+    gradient's variance comes from the draws of :math:`\theta`, not from
+    the simulations, so where the likelihood dominates the step (a neural
+    network) the all-pairs estimator's smaller variance wins (efficiency
+    0.77 of it at M = 8). Mixture guides pair as for the derangement.
 
     ``estimator="auto"`` (the default) is ``"closed-form"`` when every
     observed site is a :class:`~numpyro.distributions.Normal` (possibly
