@@ -21,6 +21,7 @@ from jax import random
 from jax.scipy.stats import norm
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
+from test_scores import SIGMA, _crps_normal, normal_guide, normal_model
 
 import numpyro_pvi._pmf as pmf
 import numpyro_pvi.scores.quadratic as quadratic
@@ -124,29 +125,8 @@ def test_energy_derangement_in_one_dimension_equals_crps_derangement():
 # unbiasedness through the objective: a normal predictive with a spread guide
 # --------------------------------------------------------------------------
 
-SIGMA = 1.5
 LOC, SCALE = 0.2, 0.8
 Y = jnp.array([-6.0, -0.4, 0.3, 1.1, 9.0])  # two outliers far from the guide
-
-
-def normal_model(y):
-    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
-    with numpyro.plate("data", y.shape[0]):
-        numpyro.sample("y", dist.Normal(mu, SIGMA), obs=y)
-
-
-def normal_guide(y):
-    loc = numpyro.param("loc", 0.0)
-    scale = numpyro.param("scale", 1.0, constraint=dist.constraints.positive)
-    numpyro.sample("mu", dist.Normal(loc, scale))
-
-
-def _crps_normal(mu, sigma, y):
-    """Gneiting & Raftery (2007) eq. 5: CRPS of N(mu, sigma^2) at y."""
-    z = (y - mu) / sigma
-    return sigma * (
-        z * (2 * norm.cdf(z) - 1) + 2 * norm.pdf(z) - 1 / math.sqrt(math.pi)
-    )
 
 
 @pytest.mark.numerics
