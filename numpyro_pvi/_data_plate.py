@@ -248,8 +248,9 @@ def _normal_loc_scale(
     site: dict[str, Any], plate: DataPlate
 ) -> tuple[jax.Array, jax.Array] | None:
     """``(b, d)`` location and scale of a Normal site (under Expanded and
-    Independent wrappers), laid out like its draws; ``None`` for any other
-    distribution (a masked one included)."""
+    Independent wrappers), laid out like its draws (``(1, d)`` for one that
+    does not vary along the data plate); ``None`` for any other distribution
+    (a masked one included)."""
     fn = site["fn"]
     base = fn
     while isinstance(base, (Independent, ExpandedDistribution)):

@@ -137,7 +137,7 @@ class ParticleTerms(NamedTuple):
         values, ``-inf`` padding shorter supports) of each component ``c``.
     :ivar pmf: ``(M, K, b, c)`` the same pmf as probabilities (``0``
         padding), computed without a logarithm where the likelihood's
-        parameters give it directly (Bernoulli, Categorical).
+        parameter gives it directly (Bernoulli).
     :ivar obs_support: ``(K, b, c)`` (with ``log_pmf`` or ``pmf``) whether
         each observed component equals each support value: ``f_j(y_i)`` is
         ``pmf[j]`` where it is ``True``.
