@@ -60,11 +60,11 @@ class QuadraticScore(Score):
 
     (the negated Brier score plus one), for observed sites with a finite
     support (Bernoulli, Categorical, Binomial, ... via
-    ``enumerate_support``), from the pmf over the support
-    (``terms.pmf``: for Bernoulli and Categorical likelihoods the sigmoid or
-    softmax of their logits, no logarithm). With :math:`f_m(j) = p(j \mid \theta_m)`,
-    :math:`q(y_i)` is estimated by :math:`\frac{1}{M}\sum_m f_m(y_i)` (in log
-    space) and :math:`q(j)^2` by the *unbiased* pair estimate
+    ``enumerate_support``), from the pmf over the support as probabilities
+    (``terms.pmf``: for a Bernoulli likelihood the sigmoid of its logits, no
+    logarithm). With :math:`f_m(j) = p(j \mid \theta_m)`, :math:`q(y_i)` is
+    estimated by :math:`\frac{1}{M}\sum_m f_m(y_i)` (in probability space)
+    and :math:`q(j)^2` by the *unbiased* pair estimate
 
     .. math::
 
