@@ -168,6 +168,7 @@ def test_layout_and_log_densities(misfit):
         "ess_is",
         "min_ss",
         "tail_length",
+        "num_zero_density",
     }
     assert float(psis_group["ess_is"]) == pytest.approx(
         1 / (weights**2).sum(), rel=1e-6

@@ -52,6 +52,8 @@ class ParetoSmoothing(NamedTuple):
         up to 225 draws) on ArviZ ≥ 1.0.
     :ivar note: ``"constant weights"`` when the ratios are constant (an exact
         guide), otherwise ``""``.
+    :ivar num_zero_density: draws with log ratio ``-inf`` (zero model
+        density): weight zero, counted in ``S``.
     """
 
     log_weight: np.ndarray
@@ -61,6 +63,7 @@ class ParetoSmoothing(NamedTuple):
     min_ss: float
     tail_length: int
     note: str
+    num_zero_density: int = 0
 
 
 def pareto_smooth(
@@ -72,11 +75,17 @@ def pareto_smooth(
     ``arviz_stats.base.array_stats.psislw`` on ArviZ ≥ 1.0), with relative
     efficiency 1: the guide's draws are independent.
 
-    Ratios whose spread is below ``constant_rtol * max(1, max|log r|)`` are
-    *constant* (the guide is exact up to rounding): the generalized Pareto
-    fit is undefined there (it returns ``+inf``), so the outcome reported is
-    k̂ = ``-inf``, uniform weights, ``ess_is = S`` and the note
-    ``"constant weights"``. With fewer than 5 draws in the tail (``S < 21``
+    Draws whose log ratio is ``-inf`` (zero model density, e.g. a guide
+    wider than the model's support, or a likelihood that underflows) get
+    weight zero and are counted in ``num_zero_density``; they stay among the
+    ``S`` draws, so the tail is the largest ``M`` of all ``S`` ratios, as in
+    :func:`numpyro.infer.psis_diagnostic`, and k̂ is what the finite ratios
+    of that tail imply. Ratios whose spread is below ``constant_rtol *
+    max(1, max|log r|)`` are *constant* (the guide is exact up to rounding):
+    the generalized Pareto fit is undefined there (it returns ``+inf``), so
+    the outcome reported is k̂ = ``-inf``, uniform weights, ``ess_is = S``
+    and the note ``"constant weights"``; ratios are never constant when some
+    are ``-inf`` and others are not. With fewer than 5 draws in the tail (``S < 21``
     on ArviZ 0.2x, ``S < 25`` on ArviZ ≥ 1.0, whose tail is a draw shorter)
     no tail can be fitted: k̂ = ``inf`` and the weights are the raw
     normalised ratios, as ArviZ 0.2x reports it; a fit that fails (NaN from
@@ -110,8 +119,9 @@ def pareto_smooth(
             "pareto_smooth: every log ratio is -inf: the model gives the guide's "
             "draws zero density; check the guide's support against the model's."
         )
-    spread = np.ptp(lr) if finite.size == num else np.inf
-    if spread <= constant_rtol * max(1.0, float(np.max(np.abs(lr)))):
+    num_zero = num - finite.size
+    spread = np.ptp(finite) if num_zero == 0 else np.inf
+    if spread <= constant_rtol * max(1.0, float(np.max(np.abs(finite)))):
         log_weight = np.full(num, -math.log(num))
         return ParetoSmoothing(
             log_weight,
@@ -133,7 +143,7 @@ def pareto_smooth(
     ess_is = float(np.exp(-logsumexp(2 * log_weight)))
     min_ss = 10 ** (1 / (1 - max(0.0, k))) if k < 1 else math.inf
     return ParetoSmoothing(
-        np.asarray(log_weight), k, good_k, ess_is, min_ss, tail_length, ""
+        np.asarray(log_weight), k, good_k, ess_is, min_ss, tail_length, "", num_zero
     )
 
 
@@ -163,7 +173,9 @@ def psis(
       its handler scale, as :func:`numpyro.infer.util.log_density`), ``log_q``,
       ``log_ratio`` and ``log_weight`` (smoothed, normalised);
     - ``psis``: scalars ``pareto_k``, ``good_k``, ``ess_is``, ``min_ss``,
-      ``tail_length``; attrs name the method, the thresholds and a ``note``
+      ``tail_length``, ``num_zero_density`` (draws the model gives zero
+      density: weight zero; the guide puts mass outside the posterior's
+      support); attrs name the method, the thresholds and a ``note``
       (``"constant weights"`` for an exact guide, reported as k̂ = −inf with
       ``ess_is = S``).
 
@@ -231,6 +243,7 @@ def psis(
             "ess_is": smooth.ess_is,
             "min_ss": smooth.min_ss,
             "tail_length": smooth.tail_length,
+            "num_zero_density": smooth.num_zero_density,
         },
         attrs={
             "method": "Pareto smoothed importance sampling (ArviZ psislw)",
@@ -258,27 +271,44 @@ def _components(da: xr.DataArray) -> tuple[list[str], np.ndarray]:
     return labels, flat
 
 
-def verdict(pareto_k: float, good_k: float, note: str = "") -> str:
+def verdict(
+    pareto_k: float,
+    good_k: float,
+    note: str = "",
+    *,
+    num_zero_density: int = 0,
+    num_draws: int | None = None,
+) -> str:
     """One line following Yao et al. (2018), Algorithm 1.
 
     ``"reliable"`` for k̂ < 0.5 (use the guide as is), ``"usable with PSIS"``
     for 0.5 ≤ k̂ < ``good_k`` (use the PSIS-adjusted estimates),
     ``"unreliable"`` otherwise (improve the guide or the model, or use MCMC).
+    Draws with zero model density make the guide wrong as it is whatever
+    k̂ says: the verdict is then at best ``"usable with PSIS"`` (which gives
+    them weight zero).
     """
+    zeros = ""
+    if num_zero_density:
+        of = "" if num_draws is None else f" of {num_draws}"
+        zeros = (
+            f" {num_zero_density}{of} draws have zero density under the model: "
+            "the guide puts mass where the posterior has none."
+        )
     if note == CONSTANT_WEIGHTS:
         return (
             "reliable: constant weights, the guide equals the posterior up to rounding."
         )
-    if pareto_k < K_RELIABLE:
+    if pareto_k < K_RELIABLE and not zeros:
         return f"reliable: k̂ = {pareto_k:.2f} < {K_RELIABLE}, use the guide as is."
     if pareto_k < good_k:
         return (
-            f"usable with PSIS: {K_RELIABLE} ≤ k̂ = {pareto_k:.2f} < good_k = "
-            f"{good_k:.2f}, use the PSIS-adjusted estimates."
+            f"usable with PSIS: k̂ = {pareto_k:.2f} < good_k = {good_k:.2f}, "
+            "use the PSIS-adjusted estimates." + zeros
         )
     return (
         f"unreliable: k̂ = {pareto_k:.2f} ≥ good_k = {good_k:.2f}; neither the "
-        "guide nor PSIS can be trusted, improve the guide or use MCMC."
+        "guide nor PSIS can be trusted, improve the guide or use MCMC." + zeros
     )
 
 
@@ -323,10 +353,17 @@ def psis_summary(idata: Container) -> pd.DataFrame:
         columns=["vi_mean", "vi_sd", "psis_mean", "psis_sd"],
     )
     pareto_k, good_k = float(group["pareto_k"]), float(group["good_k"])
+    zeros = int(group["num_zero_density"]) if "num_zero_density" in group else 0
     table.attrs.update(
         pareto_k=pareto_k,
         good_k=good_k,
-        verdict=verdict(pareto_k, good_k, group.attrs.get("note", "")),
+        verdict=verdict(
+            pareto_k,
+            good_k,
+            group.attrs.get("note", ""),
+            num_zero_density=zeros,
+            num_draws=int(group.attrs["num_draws"]),
+        ),
     )
     return table
 
@@ -368,7 +405,9 @@ def plot_psis(idata: Container, *, axes: Any = None) -> np.ndarray:
         ax.set_xlabel("draw (sorted)")
     else:
         # body draws are not smoothed: their offset maps weights to log ratios
-        offset = log_ratio[order[0]] - log_weight[order[0]]
+        # (the smallest finite ratio: zero-density draws are -inf in both)
+        body = order[np.isfinite(log_ratio[order])][0]
+        offset = log_ratio[body] - log_weight[body]
         rank = np.arange(log_ratio.size - tail, log_ratio.size)
         tail_idx = order[-tail:]
         cutoff = log_ratio[order[-tail - 1]]
