@@ -103,8 +103,9 @@ class SNISForwardKL(ELBO):
     ) -> dict[str, Any]:
         draws = fixed_draw_terms(self, rng_key, param_map, model, guide, args, kwargs)
         weights = jax.nn.softmax(draws.log_joint - draws.log_q)
+        # a zero weight times a -inf log density is 0; a NaN weight is NaN
         loss = jnp.sum(
-            jnp.where(weights > 0, weights * (draws.log_joint - draws.log_q_phi), 0.0)
+            jnp.where(weights == 0, 0.0, weights * (draws.log_joint - draws.log_q_phi))
         )
         if self.low_variance:
             mean_log_q = jnp.mean(draws.log_q_phi)

@@ -42,7 +42,9 @@ class SoftCVIELBO(ELBO):
     ``negative="proposal"`` uses :math:`p^- = q_{\mathrm{sg}(\phi)}^\alpha`
     (the guide with stopped gradient, tempered), ``negative="posterior"``
     the tempered unnormalised posterior :math:`p^- = p(\theta, x)^\alpha`
-    (draws with zero model density are then left out of the contrast). The
+    (draws with zero model density are then left out of the contrast). A
+    NaN anywhere in the terms (a likelihood that fails at some draw) gives
+    a NaN loss, which SVI's losses show. The
     gradient
 
     .. math::
@@ -143,11 +145,13 @@ class SoftCVIELBO(ELBO):
             label_logits = log_joint - log_negative
             logits = draws.log_q_phi - log_negative
         else:
-            finite = jnp.isfinite(log_joint)
-            log_negative = alpha * jnp.where(finite, log_joint, 0.0)
-            label_logits = jnp.where(finite, log_joint - log_negative, -jnp.inf)
-            logits = jnp.where(finite, draws.log_q_phi - log_negative, -jnp.inf)
+            # zero model density (-inf) leaves the contrast; NaN stays NaN
+            zero = log_joint == -jnp.inf
+            log_negative = alpha * jnp.where(zero, 0.0, log_joint)
+            label_logits = jnp.where(zero, -jnp.inf, log_joint - log_negative)
+            logits = jnp.where(zero, -jnp.inf, draws.log_q_phi - log_negative)
         labels = jax.nn.softmax(label_logits)
         log_probs = jax.nn.log_softmax(logits)
-        loss = -jnp.sum(jnp.where(labels > 0, labels * log_probs, 0.0))
+        # a zero label times a -inf log probability is 0; a NaN label is NaN
+        loss = -jnp.sum(jnp.where(labels == 0, 0.0, labels * log_probs))
         return {"loss": loss, "mutable_state": None}

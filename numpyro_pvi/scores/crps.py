@@ -240,11 +240,12 @@ class CRPS(Score):
 
 
 def _pow_norm(x: jax.Array, beta: float) -> jax.Array:
-    """``‖x‖^β`` over the last axis with a zero (not NaN) gradient at 0."""
+    """``‖x‖^β`` over the last axis with a zero (not NaN) gradient at 0; a
+    NaN stays NaN."""
     sq = jnp.sum(jnp.square(x), axis=-1)
-    positive = sq > 0
-    safe = jnp.where(positive, sq, 1.0)
-    return jnp.where(positive, safe ** (0.5 * beta), 0.0)
+    zero = sq == 0
+    safe = jnp.where(zero, 1.0, sq)
+    return jnp.where(zero, 0.0, safe ** (0.5 * beta))
 
 
 # elements of one chunk of the (rows, M, b, d) pairwise-difference array

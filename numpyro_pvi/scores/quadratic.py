@@ -27,6 +27,13 @@ def _predictive_pmf(terms: ParticleTerms) -> jax.Array:
     return particle_sum(jnp.exp(terms.log_lik + terms.log_w))
 
 
+def _log_overlap(overlap: jax.Array) -> jax.Array:
+    """``log`` of the pmf overlaps, ``-inf`` (with a zero, not NaN,
+    gradient) where they are 0; a NaN stays NaN."""
+    zero = overlap == 0
+    return jnp.where(zero, -jnp.inf, jnp.log(jnp.where(zero, 1.0, overlap)))
+
+
 def _support_sums(pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
     r"""``(K, b)`` totals :math:`T_j = \sum_m f_m(j)` and ``(b,)``
     :math:`\sum_j [T_j^2 - \sum_m f_m(j)^2]` of the ``(M, K, b)`` pmf.
@@ -134,10 +141,7 @@ class QuadraticScore(Score):
         else:
             pmf = terms.pmf  # (M, K, b, c); padding 0
             overlap = jnp.einsum("mkbc,nkbc->mnbc", pmf, pmf)  # (M, M, b, c)
-            positive = overlap > 0
-            log_overlap = jnp.where(
-                positive, jnp.log(jnp.where(positive, overlap, 1.0)), -jnp.inf
-            )
+            log_overlap = _log_overlap(overlap)
             log_pair = jnp.sum(log_overlap, axis=-1)  # (M, M, b)
             off_diagonal = ~jnp.eye(m, dtype=bool)[:, :, None]
             log_pair = jnp.where(off_diagonal, log_pair, -jnp.inf)
@@ -164,10 +168,7 @@ class QuadraticScore(Score):
             within = jnp.sum(jnp.square(v_k) * jnp.sum(within, 1), 0) / (m - 1)
             return 2.0 * q_obs - total - within
         overlap = jnp.einsum("mkbc,nkbc->mnbc", pmf, pmf)  # (N, N, b, c)
-        positive = overlap > 0
-        log_overlap = jnp.where(
-            positive, jnp.log(jnp.where(positive, overlap, 1.0)), -jnp.inf
-        )
+        log_overlap = _log_overlap(overlap)
         stratum = jnp.arange(n) // m
         same = stratum[:, None] == stratum[None, :]
         log_c = jnp.where(same, math.log(m / (m - 1)), 0.0)[:, :, None]
