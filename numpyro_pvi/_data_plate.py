@@ -6,10 +6,22 @@ The functions here turn one site of a model trace into arrays with the
 observations first: its log-likelihood ``(b,)``, its handler scale
 ``(b, c)``, simulated draws ``(b, d)`` and the pmf over its finite support
 ``(K, b, c)`` (as log probabilities or as probabilities).
+
+**Masks.** A site masked by :class:`numpyro.handlers.mask`,
+``Distribution.mask`` or ``obs_mask=`` (NumPyro's ``MaskedDistribution``,
+possibly under ``Independent`` and ``Expanded`` wrappers) has no density at
+its masked components. Every extractor here honours that: the
+log-likelihood is NumPyro's (zero there), the observed and simulated
+values of a masked component are both ``0`` (so any distance between them
+leaves the component out), and its pmf is a point mass at the first
+support value, which is also the value observed (so it leaves the product
+support and the probability of the observation unchanged).
+:func:`observation_mask` says which observations keep a component at all.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -18,7 +30,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
+from jax.extend.core import concrete_or_error
 from numpyro.distributions import (
+    BinomialLogits,
+    BinomialProbs,
     Distribution,
     ExpandedDistribution,
     Independent,
@@ -34,6 +49,7 @@ __all__ = [
     "DataPlate",
     "find_data_plate",
     "normal_loc_scale",
+    "observation_mask",
     "observation_weight",
     "observed_sites",
     "observed_support",
@@ -219,12 +235,111 @@ def observation_weight(observed: list[dict[str, Any]], plate: DataPlate) -> jax.
     return jnp.asarray(values[:, 0])
 
 
-def _describe(fn: Distribution) -> str:
-    """The name of a distribution under its Expanded/Independent/Masked
-    wrappers, for messages."""
-    while isinstance(fn, (ExpandedDistribution, Independent, MaskedDistribution)):
+#: Distributions that wrap another without changing its family.
+_WRAPPERS = (ExpandedDistribution, Independent, MaskedDistribution)
+
+
+def _innermost(fn: Distribution) -> Distribution:
+    """The distribution under its Expanded/Independent/Masked wrappers."""
+    while isinstance(fn, _WRAPPERS):
         fn = fn.base_dist
-    return type(fn).__name__
+    return fn
+
+
+def _describe(fn: Distribution) -> str:
+    """The name of a distribution under its wrappers, for messages."""
+    return type(_innermost(fn)).__name__
+
+
+class _Components(NamedTuple):
+    """A site's scalar components: its batch dims and the dims reinterpreted
+    as event by ``Independent`` (``.to_event``) wrappers, with the innermost
+    distribution, whose own event (e.g. a multivariate normal's vector) is
+    one component."""
+
+    base: Distribution
+    ndim: int  # component dims after the batch dims (reinterpreted ones)
+    shape: tuple[int, ...]  # batch + reinterpreted dims
+    event_size: int  # scalars per component: the size of base's event
+
+
+def _components(site: dict[str, Any]) -> _Components:
+    fn = site["fn"]
+    base = _innermost(fn)
+    ndim = len(fn.event_shape) - base.event_dim
+    value_shape = jnp.shape(site["value"])
+    value_batch = value_shape[: max(len(value_shape) - base.event_dim, 0)]
+    shape = jnp.broadcast_shapes(fn.batch_shape + fn.event_shape[:ndim], value_batch)
+    return _Components(base, ndim, shape, math.prod(base.event_shape))
+
+
+def _component_rows(
+    x: jax.Array, components: _Components, plate: DataPlate
+) -> jax.Array:
+    """``(b, c)``: an array over a site's components, one row per
+    observation (``(1, c)`` without a data plate)."""
+    x = jnp.broadcast_to(x, jnp.broadcast_shapes(jnp.shape(x), components.shape))
+    if plate.name is None:
+        return jnp.reshape(x, (1, -1))
+    x = plate_axis_first(x, plate, components.ndim)
+    return jnp.reshape(x, (plate.subsample_size, -1))
+
+
+def _component_mask(site: dict[str, Any], plate: DataPlate) -> jax.Array | None:
+    """``(b, c)``: ``False`` at the components a mask removes from the
+    site's density; ``None`` when the site is not masked.
+
+    The masks of every ``MaskedDistribution`` among the site's wrappers are
+    combined; a mask inside ``Independent`` wrappers covers the dims they
+    reinterpret, one outside them is shared along those dims.
+    """
+    masks, reinterpreted = [], 0
+    fn = site["fn"]
+    while isinstance(fn, _WRAPPERS):
+        if isinstance(fn, MaskedDistribution):
+            masks.append((fn._mask, reinterpreted))
+        elif isinstance(fn, Independent):
+            reinterpreted += fn.reinterpreted_batch_ndims
+        fn = fn.base_dist
+    if not masks:
+        return None
+    components = _components(site)
+    keep = jnp.ones(components.shape, dtype=bool)
+    for mask, above in masks:
+        mask = jnp.asarray(mask, dtype=bool)
+        keep = keep & jnp.reshape(
+            mask, jnp.shape(mask) + (1,) * (reinterpreted - above)
+        )
+    return _component_rows(keep, components, plate)
+
+
+def _value_mask(site: dict[str, Any], plate: DataPlate) -> jax.Array | None:
+    """``(b, d)``: the component mask laid out like the site's values (each
+    component repeated over the scalars of its event)."""
+    mask = _component_mask(site, plate)
+    if mask is None:
+        return None
+    return jnp.repeat(mask, _components(site).event_size, axis=1)
+
+
+def _masked_rows(rows: jax.Array, mask: jax.Array | None) -> jax.Array:
+    """Rows of values with the masked entries set to ``0``."""
+    return rows if mask is None else jnp.where(mask, rows, jnp.zeros_like(rows))
+
+
+def observation_mask(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> jax.Array | None:
+    """``(b,)``: whether each observation keeps a component that no mask
+    removes (``False``: the observation is masked out entirely and
+    contributes nothing); ``None`` when no observed site is masked, or when
+    one that is not masked has a component at every observation."""
+    masks = [_component_mask(s, plate) for s in observed]
+    if not masks or any(m is None for m in masks):
+        return None
+    b = plate.subsample_size
+    rows = [jnp.broadcast_to(m, (b, m.shape[1])) for m in masks]
+    return jnp.any(jnp.concatenate(rows, axis=1), axis=1)
 
 
 def _site_draw(
@@ -241,20 +356,22 @@ def _site_draw(
     draw = fn.sample(key)
     shape = jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"]))
     draw = jnp.broadcast_to(draw, shape)
-    return per_observation(draw, plate, fn.event_dim)
+    return _masked_rows(
+        per_observation(draw, plate, fn.event_dim), _value_mask(site, plate)
+    )
 
 
 def _normal_loc_scale(
     site: dict[str, Any], plate: DataPlate
 ) -> tuple[jax.Array, jax.Array] | None:
-    """``(b, d)`` location and scale of a Normal site (under Expanded and
-    Independent wrappers), laid out like its draws (``(1, d)`` for one that
-    does not vary along the data plate); ``None`` for any other distribution
-    (a masked one included)."""
+    """``(b, d)`` location and scale of a Normal site (under Expanded,
+    Independent and Masked wrappers), laid out like its draws (``(1, d)``
+    for one that does not vary along the data plate); ``None`` for any
+    other distribution. A masked component keeps its parameters: the
+    observation it belongs to is left out by :func:`observation_mask` (one
+    component per observation is what the closed form scores)."""
     fn = site["fn"]
-    base = fn
-    while isinstance(base, (Independent, ExpandedDistribution)):
-        base = base.base_dist
+    base = _innermost(fn)
     if type(base) is not Normal:
         return None
     shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
@@ -268,8 +385,9 @@ def _parameter_rows(
 ) -> jax.Array:
     """``(b, d)`` a site's parameter laid out like its draws, or ``(1, d)``
     when it does not vary along the data plate (a scale shared by every
-    observation stays one number per particle, and so does its gradient)."""
-    x = jnp.asarray(x)
+    observation stays one number per particle, and so does its gradient).
+    Integer parameters (``Normal(mu, 1)``) are promoted to floats."""
+    x = jnp.asarray(x, dtype=jnp.result_type(x, float))
     if plate.name is None:
         return jnp.reshape(jnp.broadcast_to(x, shape), (1, -1))
     axis = len(shape) + plate.dim - event_ndim
@@ -291,49 +409,93 @@ def _enumerable(
     if not getattr(fn, "has_enumerate_support", False):
         raise ValueError(
             f"Observed site '{site['name']}' ({_describe(fn)}) has no finite "
-            "support to enumerate, which the quadratic (Brier) score needs. Use "
-            "score='log', 'crps' or 'energy' for this likelihood."
+            "support to enumerate, which the quadratic (Brier) score needs. "
+            + _score_advice(site)
         )
-    # Independent (.to_event) and Expanded wrappers: enumerate the innermost
-    # distribution; reinterpreted batch dims become components of the observation
-    base = fn
-    while isinstance(base, (Independent, ExpandedDistribution)):
-        base = base.base_dist
+    # Independent (.to_event), Expanded and Masked wrappers: enumerate the
+    # innermost distribution; reinterpreted batch dims become components of
+    # the observation
+    components = _components(site)
     try:
-        support = base.enumerate_support(expand=False)
+        support = _support(site, components.base)
     except NotImplementedError:
         raise ValueError(
             f"Observed site '{site['name']}' ({_describe(fn)}) cannot "
-            "enumerate its support, which the quadratic (Brier) score needs. Use "
-            "score='log', 'crps' or 'energy' for this likelihood."
+            "enumerate its support, which the quadratic (Brier) score needs. "
+            + _score_advice(site)
         ) from None
-    component_ndim = len(fn.event_shape) - base.event_dim
-    shape = fn.batch_shape + fn.event_shape[:component_ndim]
+    return (
+        components.base,
+        support,
+        lambda x: _component_rows(x, components, plate),
+    )
 
-    def rows(x: jax.Array) -> jax.Array:  # (*base batch) -> (b, c)
-        x = jnp.broadcast_to(x, jnp.broadcast_shapes(jnp.shape(x), shape))
-        x = plate_axis_first(x, plate, component_ndim)
-        return jnp.reshape(x, (plate.subsample_size, -1))
 
-    return base, support, rows
+def _support(site: dict[str, Any], base: Distribution) -> jax.Array:
+    """``(K, 1, ..., 1)`` the support of ``base``; for a Binomial, the values
+    ``0 .. max(total_count)`` (a ``total_count`` that varies between
+    observations gives the others zero probability above their own)."""
+    if not isinstance(base, (BinomialLogits, BinomialProbs)):
+        return base.enumerate_support(expand=False)
+    total_count = concrete_or_error(
+        np.asarray,
+        base.total_count,
+        f"The quadratic score enumerates the support 0, ..., max(total_count) "
+        f"of the Binomial site '{site['name']}', whose size must be known when "
+        "the program is compiled, but total_count is a traced value here (an "
+        "argument of a jitted function). Close over total_count instead (as "
+        "SVI.run does with the model's arguments), or use score='log'.",
+    )
+    size = int(np.max(total_count)) + 1
+    shape = (size,) + (1,) * len(base.batch_shape)
+    return jnp.reshape(jnp.arange(size, dtype=jnp.result_type(float)), shape)
+
+
+def _score_advice(site: dict[str, Any]) -> str:
+    """Which other scores work for the site's likelihood."""
+    if site["fn"].has_rsample:
+        return "Use score='log', 'crps' or 'energy' for this likelihood."
+    return (
+        "Use score='log' for this likelihood (the CRPS and energy score need a "
+        "reparameterised sampler, which it has not)."
+    )
+
+
+def _point_mass(
+    values: list[jax.Array] | jax.Array, mask: jax.Array, first: Any, rest: Any
+):
+    """``values`` over the support (a list of ``K`` ``(b, c)`` arrays, or
+    ``(K, b, c)``) with each masked component replaced by a point mass at
+    the first support value (``first`` there, ``rest`` elsewhere)."""
+    if isinstance(values, list):
+        return [
+            jnp.where(mask, v, first if j == 0 else rest) for j, v in enumerate(values)
+        ]
+    at_first = (jnp.arange(values.shape[0]) == 0)[:, None, None]
+    return jnp.where(mask, values, jnp.where(at_first, first, rest))
 
 
 def _site_support(
-    site: dict[str, Any], plate: DataPlate, pmf_fn: Callable
+    site: dict[str, Any], plate: DataPlate, pmf_fn: Callable, masked: tuple
 ) -> list[jax.Array] | jax.Array:
     """``pmf_fn`` (:func:`~numpyro_pvi._pmf.support_log_pmf` or
     :func:`~numpyro_pvi._pmf.support_pmf`) of the site over its support: a
-    list of ``K`` ``(b, c)`` arrays for short supports, else ``(K, b, c)``."""
+    list of ``K`` ``(b, c)`` arrays for short supports, else ``(K, b, c)``;
+    a masked component is a point mass, ``masked = (first, rest)``."""
     base, support, rows = _enumerable(site, plate)
     values = pmf_fn(base, support)
-    if isinstance(values, list):
-        return [rows(v) for v in values]
-    return jax.vmap(rows)(values)
+    values = (
+        [rows(v) for v in values]
+        if isinstance(values, list)
+        else jax.vmap(rows)(values)
+    )
+    mask = _component_mask(site, plate)
+    return values if mask is None else _point_mass(values, mask, *masked)
 
 
 def _site_obs_support(site: dict[str, Any], plate: DataPlate) -> jax.Array:
     """``(K, b, c)``: whether each observed component equals each support
-    value."""
+    value (a masked component: the first value)."""
     base, support, rows = _enumerable(site, plate)
     value = jnp.asarray(site["value"])
     event = support.shape[support.ndim - base.event_dim :]
@@ -341,7 +503,9 @@ def _site_obs_support(site: dict[str, Any], plate: DataPlate) -> jax.Array:
     equal = support.reshape(support.shape[:1] + ones + event) == value
     if base.event_dim:
         equal = jnp.all(equal, axis=tuple(range(-base.event_dim, 0)))
-    return jax.vmap(rows)(equal)
+    equal = jax.vmap(rows)(equal)
+    mask = _component_mask(site, plate)
+    return equal if mask is None else _point_mass(equal, mask, True, False)
 
 
 def _pad_support(
@@ -373,9 +537,16 @@ def _pad_support(
 
 
 def observed_values(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
-    """``(b, d)`` the observed values, one flattened row per observation."""
+    """``(b, d)`` the observed values, one flattened row per observation
+    (``0`` at masked components)."""
     return jnp.concatenate(
-        [per_observation(s["value"], plate, s["fn"].event_dim) for s in observed],
+        [
+            _masked_rows(
+                per_observation(s["value"], plate, s["fn"].event_dim),
+                _value_mask(s, plate),
+            )
+            for s in observed
+        ],
         axis=1,
     )
 
@@ -422,7 +593,9 @@ def site_log_pmf(
     ``(b, c)`` arrays instead, which the particle machinery stacks after the
     particle axis: stacked per particle, the support axis lands outside the
     particle axis in memory and XLA transposes the whole array."""
-    return _pad_support([_site_support(s, plate, support_log_pmf) for s in observed])
+    return _pad_support(
+        [_site_support(s, plate, support_log_pmf, (0.0, -jnp.inf)) for s in observed]
+    )
 
 
 def site_pmf(
@@ -431,7 +604,9 @@ def site_pmf(
     """The pmf over the finite support, as probabilities (padding ``0``),
     laid out like :func:`site_log_pmf`; see
     :func:`~numpyro_pvi._pmf.support_pmf`."""
-    return _pad_support([_site_support(s, plate, support_pmf) for s in observed], 0.0)
+    return _pad_support(
+        [_site_support(s, plate, support_pmf, (1.0, 0.0)) for s in observed], 0.0
+    )
 
 
 def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:

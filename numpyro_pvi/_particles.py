@@ -35,6 +35,7 @@ from numpyro.infer.elbo import ELBO
 from numpyro_pvi._data_plate import (
     DataPlate,
     normal_loc_scale,
+    observation_mask,
     observation_weight,
     observed_sites,
     observed_support,
@@ -46,9 +47,11 @@ from numpyro_pvi._data_plate import (
     site_pmf,
 )
 from numpyro_pvi._tracing import (
+    guide_latent_log_density,
     guide_log_density,
     guide_sample_values,
     latent_sites,
+    obs_mask_latents,
     seed_plates,
     sum_log_density,
     trace_particle,
@@ -194,6 +197,7 @@ def particle_terms(
             shared.plate.size / max(shared.plate.subsample_size, 1)
         ),
         weight=shared.weight,
+        mask=shared.mask,
         y_obs=shared.y_obs,
         obs_support=shared.obs_support,
         observed=shared.observed,
@@ -208,6 +212,7 @@ class _Shared:
 
     plate: DataPlate
     weight: jax.Array | None
+    mask: jax.Array | None  # (b,) observations not masked out entirely
     y_obs: jax.Array | None
     observed: dict[str, jax.Array] | None
     log_omega_bar: jax.Array | None  # (K,) strata weights over the guide
@@ -266,6 +271,7 @@ class _ParticleTracer:
         return _Shared(
             plate,
             weight,
+            observation_mask(observed, plate) if observed else None,
             observed_values(observed, plate)
             if requests & {Y_SIM, Y_LOC_SCALE}
             else None,
@@ -308,10 +314,11 @@ class _ParticleTracer:
             guide_trace, model_trace = self.traces(keys, component)
         sim_key, rerun_key = keys[2], keys[3]
         observed = observed_sites(model_trace)
+        masks = obs_mask_latents(model_trace)
         with jax.named_scope("log_density"):
             out = {
                 "log_prior": sum_log_density(latent_sites(model_trace)),
-                "log_q": sum_log_density(latent_sites(guide_trace)),
+                "log_q": guide_latent_log_density(guide_trace, masks),
             }
         if LOG_LIK in requests:
             with jax.named_scope(LOG_LIK):
@@ -338,7 +345,13 @@ class _ParticleTracer:
                 out["guide_draws"] = fixed
             if LOG_Q_FIXED in requests:
                 out["log_q_fixed"] = guide_log_density(
-                    self.guide, self.param_map, fixed, rerun_key, self.args, self.kwargs
+                    self.guide,
+                    self.param_map,
+                    fixed,
+                    rerun_key,
+                    self.args,
+                    self.kwargs,
+                    masks,
                 )
         if LATENTS in requests:
             out["latents"] = {s["name"]: s["value"] for s in latent_sites(model_trace)}

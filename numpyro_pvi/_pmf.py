@@ -78,10 +78,15 @@ def _binomial_probs(d: BinomialProbs, size: int) -> list[jax.Array] | jax.Array:
 def _binomial(
     n: jax.Array, kernel: Callable, size: int, batch_shape: tuple[int, ...]
 ) -> list[jax.Array] | jax.Array:
-    """``log C(n, k) + kernel(k)`` for ``k = 0 .. size - 1``."""
+    """``log C(n, k) + kernel(k)`` for ``k = 0 .. size - 1`` (``-inf`` above
+    ``n``: a ``total_count`` that varies between observations enumerates to
+    the largest one)."""
 
     def log_pmf(k: jax.Array) -> jax.Array:
-        return gammaln(n + 1) - gammaln(k + 1) - gammaln(n - k + 1) + kernel(k)
+        inside = k <= n
+        rest = jnp.where(inside, n - k, 0.0)
+        value = gammaln(n + 1) - gammaln(k + 1) - gammaln(rest + 1) + kernel(k)
+        return jnp.where(inside, value, -jnp.inf)
 
     if size <= UNROLLED_SUPPORT:
         return [log_pmf(jnp.asarray(k, n.dtype)) for k in range(size)]

@@ -92,6 +92,7 @@ class _SiteFn(NamedTuple):
     event_dim: int
     support: _Support
     single_draw: bool = False
+    masked: bool = False  # a mask (handlers.mask, .mask(), obs_mask) applies
 
 
 #: Outcomes observed once whose every distribution over their support is of
@@ -122,6 +123,16 @@ def single_draw_outcome(fn: Any) -> bool:
     return False
 
 
+def _is_masked(fn: Any) -> bool:
+    """Whether a ``MaskedDistribution`` among the wrappers of ``fn`` may
+    remove components (its mask is not ``True``)."""
+    while isinstance(fn, (Independent, ExpandedDistribution, MaskedDistribution)):
+        if isinstance(fn, MaskedDistribution) and fn._mask is not True:
+            return True
+        fn = fn.base_dist
+    return False
+
+
 def _static_site(site: dict[str, Any]) -> dict[str, Any]:
     """What :func:`replay_trace` keeps of a site: no traced value."""
     value = site.get("value")
@@ -144,6 +155,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             int(fn.event_dim),
             _Support(bool(fn.support.is_discrete)),
             single_draw_outcome(fn),
+            _is_masked(fn),
         )
     return static
 

@@ -9,13 +9,13 @@ Subsampled plates are seeded apart from the sample sites
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.lax import stop_gradient
-from numpyro.distributions import Delta
+from numpyro.distributions import Delta, MaskedDistribution
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.util import _without_rsample_stop_gradient, is_identically_one
 from numpyro.util import check_model_guide_match
@@ -23,9 +23,13 @@ from numpyro.util import check_model_guide_match
 from numpyro_pvi.particles import StratifiedGuide
 
 __all__ = [
+    "guide_latent_log_density",
     "guide_log_density",
     "guide_sample_values",
+    "is_sample_draw",
     "latent_sites",
+    "obs_mask_latents",
+    "obs_mask_site",
     "require_reparam_guide",
     "seed_plates",
     "site_log_prob",
@@ -57,6 +61,106 @@ def sum_log_density(sites: Iterable[dict[str, Any]]) -> jax.Array:
     return sum((jnp.sum(site_log_prob(s)[1]) for s in sites), start=jnp.zeros(()))
 
 
+def obs_mask_site(name: str, tr: Mapping[str, dict[str, Any]]) -> str | None:
+    """The name given to ``numpyro.sample(..., obs_mask=...)`` when ``name``
+    is the latent site of its missing entries, else ``None``.
+
+    ``numpyro.sample(name, fn, obs=y, obs_mask=m)`` records the observed
+    site ``{name}_observed`` (``fn`` masked by ``m``), the latent site
+    ``{name}_unobserved`` (``fn`` masked by ``~m``) and the deterministic
+    ``{name}`` that interleaves them; the latent's entries at observed
+    positions are used nowhere and have no density in the model. Reads
+    names and site types only, so it works on the static structure of
+    :func:`~numpyro_pvi._structure.replay_trace` too.
+    """
+    suffix = "_unobserved"
+    site = tr.get(name, {})
+    if site.get("type") != "sample" or site.get("is_observed"):
+        return None
+    if not name.endswith(suffix):
+        return None
+    base = name[: -len(suffix)]
+    observed = tr.get(f"{base}_observed", {})
+    interleaved = tr.get(base, {})
+    if observed.get("is_observed") and interleaved.get("type") == "deterministic":
+        return base
+    return None
+
+
+def obs_mask_latents(model_trace: dict[str, Any]) -> dict[str, jax.Array]:
+    """The latent sites of missing entries that ``obs_mask=`` creates (see
+    :func:`obs_mask_site`), with their masks (``True`` at the missing
+    entries)."""
+    out = {}
+    for name, site in model_trace.items():
+        fn = site.get("fn")
+        if (
+            obs_mask_site(name, model_trace) is not None
+            and isinstance(fn, MaskedDistribution)
+            and not isinstance(fn._mask, bool)
+        ):
+            out[name] = fn._mask
+    return out
+
+
+def guide_latent_log_density(
+    guide_trace: dict[str, Any],
+    masks: dict[str, jax.Array] | None = None,
+    *,
+    draws_only: bool = False,
+) -> jax.Array:
+    """The guide's log density at its draws (each site with its handler
+    scale), its sites of :func:`obs_mask_latents` left out at the observed
+    entries, as the model leaves them out.
+
+    :param guide_trace: a trace of the guide.
+    :param masks: ``{site: mask}`` from :func:`obs_mask_latents` of the
+        model trace (``None``: no such site).
+    :param draws_only: the density of the guide's own draws only
+        (:func:`is_sample_draw`), without the change of variables of the
+        point-mass sites that map them to the model's sites.
+    """
+    masks = masks or {}
+    total = jnp.zeros(())
+    for site in latent_sites(guide_trace):
+        if draws_only and not is_sample_draw(site):
+            continue
+        log_prob = site_log_prob(site)[1]
+        mask = masks.get(site["name"])
+        if mask is not None:
+            log_prob = _masked_guide_density(site, log_prob, mask)
+        total = total + jnp.sum(log_prob)
+    return total
+
+
+def _masked_guide_density(
+    site: dict[str, Any], log_prob: jax.Array, mask: jax.Array
+) -> jax.Array:
+    """``log_prob`` of a guide site of an ``obs_mask`` latent, zero at the
+    observed entries, or an error when the guide's density is joint over
+    the entries."""
+    shape = jnp.shape(log_prob)
+    per_entry = not _is_deterministic_transform(site) and (
+        jnp.broadcast_shapes(jnp.shape(mask), shape) == shape
+    )
+    if not per_entry:
+        name = site["name"]
+        base = name[: -len("_unobserved")]
+        raise ValueError(
+            f"The model's site '{base}' uses obs_mask=: NumPyro makes its missing "
+            f"entries the latent site '{name}', which has no density at the "
+            "observed entries. The guide's density of it is joint over all its "
+            "entries (e.g. the _auto_latent of an AutoContinuous guide), so it "
+            "cannot leave the observed entries out, and an objective or "
+            "diagnostic that reads log q would measure the guide where the model "
+            "defines nothing (SVI's Trace_ELBO drifts to -inf there). Give "
+            f"'{name}' a factor per entry inside its plate: AutoNormal, or "
+            f"AutoGuideList with AutoNormal(block(model, expose=['{name}'])) "
+            "beside your guide of the other sites."
+        )
+    return jnp.where(mask, log_prob, jnp.zeros_like(log_prob))
+
+
 def require_reparam_guide(guide_trace: dict[str, Any], objective: str) -> None:
     """Raise if a latent site of the guide has no reparameterised sampler.
 
@@ -84,6 +188,16 @@ def _is_deterministic_transform(site: dict[str, Any]) -> bool:
     return isinstance(fn, Delta)
 
 
+def is_sample_draw(site: dict[str, Any]) -> bool:
+    """Whether a site of a guide trace is one of the guide's own draws (a
+    latent sample site that is not a point mass at a function of others)."""
+    return (
+        site["type"] == "sample"
+        and not site["is_observed"]
+        and not _is_deterministic_transform(site)
+    )
+
+
 def guide_sample_values(
     guide: Callable, guide_trace: dict[str, Any]
 ) -> dict[str, jax.Array]:
@@ -92,9 +206,7 @@ def guide_sample_values(
     fixed = {
         name: stop_gradient(site["value"])
         for name, site in guide_trace.items()
-        if site["type"] == "sample"
-        and not site["is_observed"]
-        and not _is_deterministic_transform(site)
+        if is_sample_draw(site)
     }
     if not fixed and any(True for _ in latent_sites(guide_trace)):
         raise ValueError(
@@ -115,6 +227,7 @@ def guide_log_density(
     key: jax.Array,
     args: tuple,
     kwargs: dict,
+    masks: dict[str, jax.Array] | None = None,
 ) -> jax.Array:
     """``log q_φ`` at fixed values of the guide's sample sites (scaled as
     NumPyro scales sites); its gradient in ``param_map`` is the score function.
@@ -127,11 +240,12 @@ def guide_log_density(
     :param key: random key for the guide's other randomness.
     :param args: positional arguments of the guide.
     :param kwargs: keyword arguments of the guide.
+    :param masks: :func:`obs_mask_latents` of the model.
     """
     rerun = substitute(substitute(seed(guide, key), data=draws), data=param_map)
     try:
         tr = trace(rerun).get_trace(*args, **kwargs)
-        return sum_log_density(latent_sites(tr))
+        return guide_latent_log_density(tr, masks)
     except NotImplementedError as err:
         raise ValueError(
             f"The guide ({type(guide).__name__}) cannot evaluate its log density "

@@ -45,6 +45,7 @@ __all__ = [
     "expected_log_q",
     "log_joint",
     "log_mean_exp",
+    "observation_scores",
     "particle_logsumexp",
     "particle_sum",
     "predictive_log_density",
@@ -124,6 +125,14 @@ class ParticleTerms(NamedTuple):
         :func:`numpyro.infer.util.log_density` gives.
     :ivar weight: ``(b,)`` weight of each observation's score in a data-set
         sum: the scale shared by every observed site of the observation.
+    :ivar mask: ``(b,)`` ``False`` for an observation that masks
+        (``numpyro.handlers.mask``, ``Distribution.mask``, ``obs_mask=``)
+        remove entirely: it contributes nothing to any score
+        (:func:`observation_scores`). ``None`` when no observation is masked
+        out (always present otherwise). Masked components of an observation
+        that keeps others are handled in the fields themselves: ``0`` in
+        ``y_obs`` and ``y_sim``, a point mass at the first support value in
+        ``pmf``, ``log_pmf`` and ``obs_support``, zero log-likelihood.
     :ivar y_obs: ``(b, d)`` the observed values, one flattened row per
         observation (several observed sites concatenated).
     :ivar y_sim: ``(M, b, d)`` reparameterised draws from ``p(y_i | θ_j)``.
@@ -164,6 +173,7 @@ class ParticleTerms(NamedTuple):
     log_lik: jax.Array | None = None
     log_lik_scaled: jax.Array | None = None
     weight: jax.Array | None = None
+    mask: jax.Array | None = None
     y_obs: jax.Array | None = None
     y_sim: jax.Array | None = None
     y_loc: jax.Array | None = None
@@ -292,6 +302,19 @@ def expected_log_q(terms: ParticleTerms) -> jax.Array:
     if terms.entropy is not None:
         return -terms.entropy
     return jnp.sum(terms.particle_weight * terms.log_q)
+
+
+def observation_scores(estimate: jax.Array, terms: ParticleTerms) -> jax.Array:
+    """``(b,)`` a score's per-observation estimate with the observations
+    that masks remove entirely scoring ``0`` (as their log-likelihood does
+    in NumPyro), whatever the estimate computed there.
+
+    :param estimate: ``(b,)`` the output of a score's ``estimate``.
+    :param terms: the particle terms it was computed from.
+    """
+    if terms.mask is None:
+        return estimate
+    return jnp.where(terms.mask, estimate, jnp.zeros_like(estimate))
 
 
 def require_iid(terms: ParticleTerms, name: str) -> None:

@@ -32,6 +32,7 @@ from numpyro_pvi.particles import (
     StratifiedGuide,
     expected_log_q,
     log_joint,
+    observation_scores,
 )
 from numpyro_pvi.scores import LogScore, Score, get_score
 
@@ -379,7 +380,8 @@ class PredictiveELBO(ELBO):
             particle_key, param_map, model, guide, *args, plate_key=plate_key, **kwargs
         )
         with jax.named_scope(f"score_{self.score.name}"):
-            data_score = jnp.sum(terms.weight * self.score.estimate(terms))
+            scores = observation_scores(self.score.estimate(terms), terms)
+            data_score = jnp.sum(terms.weight * scores)
         stats = None
         if self.log_score_estimator == "rejection":
             surrogate, stats = self._rejection(

@@ -252,7 +252,7 @@ def test_quadratic_score_of_a_bernoulli_closed_form():
             num_draws=3,
         )
         q_y = jnp.where(y == 1, p, 1 - p)
-        np.testing.assert_allclose(got, 2 * q_y - p**2 - (1 - p) ** 2, rtol=1e-5)
+        np.testing.assert_allclose(got.score, 2 * q_y - p**2 - (1 - p) ** 2, rtol=1e-5)
 
 
 def test_quadratic_score_unbiased_for_mixture_predictive():
@@ -501,7 +501,10 @@ def test_predictive_score_supports_every_score():
         random.PRNGKey(2), params, poisson_model, guide, y, score="crps", num_draws=4000
     )
     # 5 standard errors of a mean of 4000 draws of |X - y| (sd < 2.5 here)
-    np.testing.assert_allclose(-got, crps, atol=5 * 2.5 / math.sqrt(4000))
+    np.testing.assert_allclose(-got.score, crps, atol=5 * 2.5 / math.sqrt(4000))
+    # the batch-means standard error is of the right size: within a factor 2
+    # of sd(|X - y|)/sqrt(S) (the pair term adds little)
+    assert np.all(got.se < 2 * 2.5 / math.sqrt(4000)) and np.all(got.se > 0)
     log = predictive_score(
         random.PRNGKey(2),
         params,
@@ -511,7 +514,7 @@ def test_predictive_score_supports_every_score():
         score=LogScore(),
         num_draws=2,
     )
-    np.testing.assert_allclose(log, dist.Poisson(rate).log_prob(y), rtol=1e-5)
+    np.testing.assert_allclose(log.score, dist.Poisson(rate).log_prob(y), rtol=1e-5)
     bern = predictive_score(
         random.PRNGKey(2),
         {"p_auto_loc": jnp.array(0.5)},
@@ -521,7 +524,7 @@ def test_predictive_score_supports_every_score():
         score="brier",
         num_draws=2,
     )
-    np.testing.assert_allclose(bern, [0.5, 0.5], rtol=1e-5)
+    np.testing.assert_allclose(bern.score, [0.5, 0.5], rtol=1e-5)
 
 
 # --------------------------------------------------------------------------
@@ -590,3 +593,43 @@ def test_crps_rejects_vector_observations_and_points_to_energy():
     x = jnp.zeros((4, 3, 2))
     with pytest.raises(ValueError, match="use score='energy'"):
         CRPS().estimate(_terms(y_sim=x, y_obs=jnp.zeros((3, 2))))
+
+
+def varying_binomial(n, y):
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+    with numpyro.plate("obs", n.shape[0]):
+        numpyro.sample("y", dist.Binomial(n, logits=b), obs=y)
+
+
+def test_quadratic_score_of_binomials_with_varying_total_count():
+    """total_count per observation, passed as a model argument: the support
+    is enumerated to the largest (zero probability above each one's own);
+    at a point-mass guide the score is 2 p(y) - Σ_k p(k)² of each binomial."""
+    from scipy.stats import binom
+
+    n, y = jnp.array([3, 5, 10, 1, 7]), jnp.array([1.0, 4.0, 3.0, 0.0, 6.0])
+    guide = AutoDelta(varying_binomial)
+    got = predictive_score(
+        random.PRNGKey(0),
+        {"b_auto_loc": jnp.asarray(0.4)},
+        varying_binomial,
+        guide,
+        n,
+        y,
+        score="quadratic",
+        num_draws=2,
+    )
+    p = 1 / (1 + math.exp(-0.4))
+    expected = [
+        2 * binom.pmf(yi, ni, p) - np.sum(binom.pmf(np.arange(ni + 1), ni, p) ** 2)
+        for ni, yi in zip(np.asarray(n), np.asarray(y), strict=True)
+    ]
+    np.testing.assert_allclose(got.score, expected, rtol=1e-5)
+    # a total_count traced by a jitted step is named, with what to do
+    loss = PredictiveELBO("quadratic", num_particles=4)
+    params = {"b_auto_loc": jnp.asarray(0.4)}
+    step = jax.jit(
+        lambda n: loss.loss(random.PRNGKey(0), params, varying_binomial, guide, n, y)
+    )
+    with pytest.raises(jax.errors.ConcretizationTypeError, match="total_count"):
+        step(n)

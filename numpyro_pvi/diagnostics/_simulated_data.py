@@ -17,6 +17,7 @@ from numpyro.infer import Predictive
 from numpyro.infer.calibration import _resolve_observed_sites
 from numpyro.primitives import Messenger
 
+from numpyro_pvi._tracing import obs_mask_site
 from numpyro_pvi.distributions import simulators_without_density
 
 __all__ = [
@@ -134,6 +135,17 @@ def resolve_sites(
 ) -> tuple[list[str], list[str]]:
     """The observed and latent site names (as NumPyro's VSBC resolves them),
     or an error naming ``function`` and what to pass."""
+    for name in model_trace:
+        base = obs_mask_site(name, model_trace)
+        if base is not None:
+            raise ValueError(
+                f"{function}: the model's site '{base}' uses obs_mask=, so its "
+                f"missing entries are the latent site '{name}', whose observed "
+                "entries have no density: prior draws of them are not draws of "
+                f"the model, and a refit cannot be ranked there. {function} "
+                "simulates complete data sets: call it with the model's "
+                "arguments for complete data (obs_mask=None)."
+            )
     try:
         observed, latent = _resolve_observed_sites(model_trace, observed_sites)
     except ValueError as err:

@@ -272,6 +272,15 @@ def predictive_calibration(
     model_trace = model_structure(model, key_trace, args, kwargs)
     check_full_data(model_trace, _WHERE)
     observed, _ = resolve_sites(model_trace, observed_sites, function=_WHERE)
+    masked = [name for name in observed if model_trace[name]["fn"].masked]
+    if masked:
+        raise ValueError(
+            f"{_WHERE}: the observed site '{masked[0]}' is masked (handlers.mask "
+            "or Distribution.mask), so a held-out observation could be one the "
+            "model does not score, and its rank would mean nothing. The data "
+            f"sets {_WHERE} simulates are complete: call it with the model's "
+            "arguments that leave every observation in (no mask)."
+        )
     # the named sites are observed in every fit, whatever the model was called with
     model_trace = {
         name: {**site, "is_observed": True} if name in observed else site
