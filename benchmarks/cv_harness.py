@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import random
 from numpyro.infer import SVI, Trace_ELBO
@@ -46,13 +45,9 @@ def _fit(model, guide, optim, loss: ELBO, num_steps: int) -> Callable:
 
 def _test_sums(key, params, model, guide, data, scores, num_draws) -> dict:
     return {
-        name: float(
-            jnp.sum(
-                predictive_score(
-                    key, params, model, guide, score=name, num_draws=num_draws, **data
-                )
-            )
-        )
+        name: predictive_score(
+            key, params, model, guide, score=name, num_draws=num_draws, **data
+        ).total
         for name in scores
     }
 

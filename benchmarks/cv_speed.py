@@ -57,7 +57,7 @@ def _one_by_one(model, data, num_steps, lr, num_particles, *, progress_bar):
             scores = predictive_score(
                 random.PRNGKey(2), result.params, model, guide, **data
             )
-            total += float(np.sum(np.asarray(scores)[folds == k]))
+            total += float(np.sum(scores.score[folds == k]))
     return total
 
 

@@ -212,16 +212,29 @@ def _fitter(
 
 
 def _scorer(model: Callable, guide: Callable, score: str, num_draws: int) -> Callable:
-    """``jit(vmap)`` over seeds of the summed ``predictive_score``."""
+    """Per seed, the summed :func:`numpyro_pvi.predictive_score` (with its
+    moment matching of far observations, which runs between compiled
+    programs: the seeds are scored one by one; the draws' program is
+    compiled once)."""
 
-    def one(key: jax.Array, params: Any, data: dict[str, Any]) -> jax.Array:
-        return jnp.sum(
-            predictive_score(
-                key, params, model, guide, score=score, num_draws=num_draws, **data
+    def scores(keys: jax.Array, params: Any, data: dict[str, Any]) -> jax.Array:
+        totals = []
+        for s in range(keys.shape[0]):
+            one_params = jax.tree.map(lambda x, s=s: x[s], params)
+            one_data = {k: v[s] for k, v in data.items()}
+            result = predictive_score(
+                keys[s],
+                one_params,
+                model,
+                guide,
+                score=score,
+                num_draws=num_draws,
+                **one_data,
             )
-        )
+            totals.append(result.total)
+        return jnp.asarray(totals)
 
-    return jax.jit(jax.vmap(one))
+    return scores
 
 
 class _Scorers:

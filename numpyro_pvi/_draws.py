@@ -28,6 +28,7 @@ from numpyro_pvi._validation import check_int
 from numpyro_pvi.particles import ParticleTerms
 
 __all__ = [
+    "check_finite_params",
     "check_fitted_call",
     "guide_draws",
     "join_arrays",
@@ -79,7 +80,34 @@ def check_fitted_call(
             + "; ".join(problems)
             + "."
         )
+    check_finite_params(function, param_map)
     return dict(param_map), model, guide
+
+
+def check_finite_params(function: str, param_map: Mapping[str, Any]) -> None:
+    """Raise if a fitted parameter holds a NaN or an infinity (a fit that
+    diverged): every number computed from it would be NaN or meaningless.
+
+    :param function: the calling function's name, for the message.
+    :param param_map: the fitted parameters (array leaves are checked;
+        traced values are left alone).
+    """
+    bad = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(dict(param_map)):
+        if isinstance(leaf, jax.core.Tracer) or not hasattr(leaf, "dtype"):
+            continue
+        values = np.asarray(leaf)
+        if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
+            name = jax.tree_util.keystr(path, simple=True, separator="/")
+            count = int(np.sum(~np.isfinite(values)))
+            bad.append(f"'{name}' ({count} of {values.size} values NaN or infinite)")
+    if bad:
+        raise ValueError(
+            f"{function}: the fitted parameters are not finite: {', '.join(bad)}. "
+            "The fit diverged (its losses read NaN from some step on): refit with "
+            "a smaller step size, more particles, or another initialisation "
+            "before reading diagnostics or scores of it."
+        )
 
 
 def _describe(x: Any) -> str:
@@ -119,21 +147,104 @@ def guide_draws(
         chunk_size = check_int(chunk_size, "chunk_size", spec.objective, minimum=1)
         if chunk_size >= spec.num_particles:
             chunk_size = None
-    options = dict(
+    return run_compiled(
+        _draws,
+        rng_key,
+        param_map,
+        args,
+        kwargs,
         model=model,
         guide=guide,
         spec=dataclasses.replace(spec, require_reparam=False),
         chunk_size=chunk_size,
         reduce=reduce,
     )
+
+
+#: Programs whose model computes with its arguments in Python (``len``,
+#: ``np.unique``, ...): they get the arguments as constants.
+_NEEDS_CONSTANTS: set = set()
+#: What tracing raises when Python asks a traced argument for its value.
+_CONCRETE_VALUE_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+def run_compiled(
+    fn: Callable,
+    rng_key: jax.Array,
+    param_map: dict[str, jax.Array],
+    args: tuple,
+    kwargs: dict,
+    *inputs: Any,
+    **static: Any,
+) -> Any:
+    """``fn(rng_key, param_map, args, kwargs, *inputs, **static)`` in one
+    jit-compiled program (see :func:`compiled`)."""
+    return compiled(fn, args, kwargs, **static)(rng_key, param_map, *inputs)
+
+
+def compiled(fn: Callable, args: tuple, kwargs: dict, **static: Any) -> Callable:
+    """``(rng_key, param_map, *inputs) -> fn(rng_key, param_map, args,
+    kwargs, *inputs, **static)`` compiled.
+
+    The array leaves of the model arguments are inputs of the program, so a
+    call with other arrays of the same shapes (new data) runs the program
+    compiled for the first, which is cached per ``fn``, static options and
+    non-array arguments. A model that computes with its arguments in Python
+    (``len(np.unique(x))``, ``if flag:``; as :meth:`numpyro.infer.SVI.run`
+    allows, since it closes over them) cannot take them traced: it then gets
+    them as constants, in a program compiled once for the callable returned
+    (and again for the next callable). The same happens when a non-array
+    argument is not hashable.
+
+    :param fn: the function (hashable: a module-level function).
+    :param static: hashable compile-time options.
+    """
     structure, dynamic = split_arrays(args, kwargs)
+    options = tuple(sorted(static.items()))
+    cache_key = (fn, structure, options)
     try:
-        hash((structure, reduce))
-    except TypeError:  # an unhashable constant: compile for this call only
-        return jax.jit(
-            lambda key, params: _draws(key, params, args, kwargs, **options)
-        )(rng_key, param_map)
-    return _cached_draws(rng_key, param_map, dynamic, structure=structure, **options)
+        hash(cache_key)
+    except TypeError:  # an unhashable constant
+        cache_key = None
+    constant = jax.jit(lambda k, p, *i: fn(k, p, args, kwargs, *i, **static))
+
+    def call(rng_key: jax.Array, param_map: dict, *inputs: Any) -> Any:
+        if cache_key is not None and cache_key not in _NEEDS_CONSTANTS:
+            try:
+                return _cached_program(
+                    rng_key,
+                    param_map,
+                    dynamic,
+                    inputs,
+                    fn=fn,
+                    structure=structure,
+                    options=options,
+                )
+            except _CONCRETE_VALUE_ERRORS:
+                _NEEDS_CONSTANTS.add(cache_key)
+        return constant(rng_key, param_map, *inputs)
+
+    return call
+
+
+@functools.partial(jax.jit, static_argnames=("fn", "structure", "options"))
+def _cached_program(
+    rng_key: jax.Array,
+    param_map: dict[str, jax.Array],
+    dynamic: list[jax.Array],
+    inputs: tuple,
+    *,
+    fn: Callable,
+    structure: tuple[Any, tuple],
+    options: tuple,
+) -> Any:
+    args, kwargs = join_arrays(structure, dynamic)
+    return fn(rng_key, param_map, args, kwargs, *inputs, **dict(options))
 
 
 def split_arrays(args: tuple, kwargs: dict) -> tuple[tuple[Any, tuple], list]:
@@ -195,22 +306,6 @@ def _draws(
         spec = dataclasses.replace(spec, vectorize=vectorize)
     terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
     return terms if reduce is None else jax.lax.stop_gradient(reduce(terms))
-
-
-@functools.partial(
-    jax.jit,
-    static_argnames=("structure", "model", "guide", "spec", "chunk_size", "reduce"),
-)
-def _cached_draws(
-    rng_key: jax.Array,
-    param_map: dict[str, jax.Array],
-    dynamic: list[jax.Array],
-    *,
-    structure: tuple[Any, tuple],
-    **options: Any,
-) -> Any:
-    args, kwargs = join_arrays(structure, dynamic)
-    return _draws(rng_key, param_map, args, kwargs, **options)
 
 
 def _chunked_map(f: Callable, xs: Any, *, chunk: int) -> Any:

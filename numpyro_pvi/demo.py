@@ -216,7 +216,7 @@ def run_demo(
         results.append(
             FitResult(
                 name=method.name,
-                heldout_log_score=float(jnp.mean(scores)),
+                heldout_log_score=float(np.mean(scores.score)),
                 posterior_mean={k: float(jnp.mean(v)) for k, v in latents.items()},
                 posterior_sd={k: float(jnp.std(v)) for k, v in latents.items()},
                 seconds=seconds,

@@ -3,29 +3,93 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
+from numpyro_pvi._data_plate import find_data_plate
 from numpyro_pvi._draws import check_fitted_call, guide_draws
+from numpyro_pvi._held_out import Pointwise, pointwise_estimate
+from numpyro_pvi._moment_matching import moment_matcher
 from numpyro_pvi._particles import ParticleSpec
+from numpyro_pvi._psis import good_k
 from numpyro_pvi._structure import check_full_data, replay_trace
-from numpyro_pvi._validation import check_data_plate, check_int
+from numpyro_pvi._validation import check_bool, check_data_plate, check_int
 from numpyro_pvi.particles import ParticleTerms
-from numpyro_pvi.scores import Score, get_score
+from numpyro_pvi.scores import LogScore, Score, get_score
 
-__all__ = ["predictive_score"]
+__all__ = ["PredictiveScore", "predictive_score"]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Estimate:
-    """``score.estimate`` as a value: equal scores share one compiled program."""
+class PointwiseEstimate:
+    """``score``'s per-observation estimate with its error, as a hashable
+    value (equal scores share one compiled program)."""
 
     score: Score
 
-    def __call__(self, terms: ParticleTerms) -> jax.Array:
-        return self.score.estimate(terms)
+    def __call__(self, terms: ParticleTerms) -> Pointwise:
+        return pointwise_estimate(self.score, terms)
+
+
+@dataclasses.dataclass(frozen=True)
+class PredictiveScore:
+    r"""Per-observation held-out scores of a fitted guide's posterior
+    predictive, each with its Monte Carlo error.
+
+    ``numpy.asarray(result)`` is ``result.score``.
+
+    :ivar score: ``(n,)`` the estimate at each observation of the data plate
+        (positively oriented; ``0`` for an observation that masks remove).
+    :ivar se: ``(n,)`` its Monte Carlo standard error.
+    :ivar pareto_k: ``(n,)`` for the log score, the Pareto k̂ of the
+        importance weights :math:`p(y_i \mid \theta_s)` (after moment
+        matching where it was applied): below ``good_k`` the estimate and its
+        standard error are reliable. NaN for the other scores, which are not
+        importance-sampling estimates.
+    :ivar observed: ``(n,)`` whether the observation is scored (not masked).
+    :ivar adapted: ``(n,)`` whether the estimate was re-estimated by moment
+        matching (fresh draws, moved toward the observation where that
+        lowered k̂).
+    :ivar good_k: the threshold of k̂ for ``num_draws`` draws.
+    :ivar name: the score's name.
+    :ivar num_draws: draws of the guide per estimate.
+    """
+
+    score: np.ndarray
+    se: np.ndarray
+    pareto_k: np.ndarray
+    observed: np.ndarray
+    adapted: np.ndarray
+    good_k: float
+    name: str
+    num_draws: int
+
+    @property
+    def total(self) -> float:
+        """The score of the data set: the sum over the observations."""
+        return float(np.sum(self.score))
+
+    @property
+    def total_se(self) -> float:
+        """Its Monte Carlo standard error (independent estimates)."""
+        return float(np.sqrt(np.sum(np.square(self.se))))
+
+    @property
+    def unreliable(self) -> np.ndarray:
+        """Indices of the observations whose k̂ is at least ``good_k``."""
+        return np.flatnonzero(
+            self.observed & ~(self.pareto_k < self.good_k) & ~np.isnan(self.pareto_k)
+        )
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.asarray(self.score, dtype=dtype)
+
+    def __len__(self) -> int:
+        return len(self.score)
 
 
 def predictive_score(
@@ -37,20 +101,36 @@ def predictive_score(
     score: str | Score = "log",
     num_draws: int = 1000,
     data_plate: str | None = None,
+    moment_match: bool = True,
     **kwargs: Any,
-) -> jax.Array:
-    r"""Per-observation score of the posterior predictive on the given data.
+) -> PredictiveScore:
+    r"""Per-observation score of the posterior predictive on the given data,
+    with its Monte Carlo error.
 
     With :math:`S` draws :math:`\theta_s \sim q` from the fitted guide,
     returns for each observation :math:`y_i` of the data plate the estimate
     of :math:`S(q(\cdot), y_i)`, e.g. for the log score
     :math:`\log \frac{1}{S}\sum_s p(y_i \mid \theta_s)`. Pass held-out data
-    as the model arguments to compare fits; the total score is the sum. No
-    gradient is taken and no weights are applied (handler scales of the
-    observed sites are ignored). Every observation of the data plate is
-    scored: a model whose data plate is subsampled is refused. The compiled
-    program is cached, so scoring further data sets of the same shapes does
-    not compile again.
+    as the model arguments to compare fits; the total score is the sum
+    (``result.total``, with ``result.total_se``). No gradient is taken and no
+    weights are applied (handler scales of the observed sites are ignored);
+    an observation that masks remove scores ``0``. Every observation of the
+    data plate is scored: a model whose data plate is subsampled is refused.
+    The compiled program is cached, so scoring further data sets of the same
+    shapes does not compile again.
+
+    **Reliability.** The log score at an observation far from the fit is an
+    importance-sampling estimate with heavy-tailed weights
+    :math:`p(y_i \mid \theta_s)`: far below the truth, more so for a wide
+    guide, with no spread among the draws to show it. Each estimate
+    carries the Pareto k̂ of its weights and a standard error from the
+    Pareto-smoothed weights (Vehtari et al. 2024); where k̂ ≥ ``good_k`` the
+    draws are moved toward :math:`q(\theta)\, p(y_i \mid \theta)` by
+    importance-weighted moment matching (Paananen et al. 2021) and the
+    observation re-estimated by importance sampling with the adapted
+    proposal; observations still unreliable after it are named in a
+    warning. Other scores carry a batch-means standard error (their
+    estimators are not importance sampling).
 
     The arguments follow :func:`numpyro.infer.psis_diagnostic`:
     ``(rng_key, params, model, guide, *args)``. The order ``(rng_key, model,
@@ -69,37 +149,124 @@ def predictive_score(
         :class:`~numpyro_pvi.guides.AutoGaussianMixture`, whose predictive is
         estimated by stratified draws).
     :param data_plate: name of the plate that indexes observations.
+    :param bool moment_match: re-estimate the log score of the observations
+        with k̂ ≥ ``good_k`` by moment matching (default); ``False`` keeps
+        the plain estimates (and their k̂).
     :param kwargs: model keyword arguments.
-    :return: array of shape ``(n,)`` of positively oriented scores, one per
-        observation of the data plate.
+    :return: a :class:`PredictiveScore` (``numpy.asarray`` of it is the
+        ``(n,)`` array of scores).
 
     **References**
 
     1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
        predictively optimal posterior distribution*. §4.3.
+    2. Vehtari, A., Simpson, D., Gelman, A., Yao, Y. & Gabry, J. (2024).
+       *Pareto smoothed importance sampling*. JMLR 25(72).
+    3. Paananen, T., Piironen, J., Bürkner, P.-C. & Vehtari, A. (2021).
+       *Implicitly adaptive importance sampling*. Statistics and Computing 31.
     """
+    where = "predictive_score"
     params, model, guide = check_fitted_call(
-        "predictive_score", params, model, guide, legacy_order=True
+        where, params, model, guide, legacy_order=True
     )
     score = get_score(score)
-    num_draws = check_int(
-        num_draws, "num_draws", "predictive_score", minimum=score.min_particles
-    )
-    data_plate = check_data_plate(data_plate, "predictive_score")
+    num_draws = check_int(num_draws, "num_draws", where, minimum=score.min_particles)
+    data_plate = check_data_plate(data_plate, where)
+    moment_match = check_bool(moment_match, "moment_match", where)
     # the structure is traced abstractly: the key draws nothing
-    check_full_data(
-        replay_trace(rng_key, params, model, guide, args, kwargs),
-        "predictive_score",
-    )
-    return guide_draws(
+    tr = replay_trace(rng_key, params, model, guide, args, kwargs)
+    check_full_data(tr, where)
+    match_key = jax.random.fold_in(rng_key, 1)
+    pointwise = guide_draws(
         rng_key,
         params,
         model,
         guide,
         args,
         kwargs,
-        ParticleSpec(
-            num_draws, score.requires, data_plate, objective="predictive_score"
-        ),
-        reduce=_Estimate(score),
+        ParticleSpec(num_draws, score.requires, data_plate, objective=where),
+        reduce=PointwiseEstimate(score),
+    )
+    pointwise = Pointwise(*(np.asarray(x) for x in pointwise))
+    adapted = np.zeros(pointwise.score.shape, bool)
+    threshold = good_k(num_draws)
+    if moment_match and isinstance(score, LogScore):
+        pointwise, adapted = match_unreliable(
+            pointwise,
+            threshold,
+            lambda: moment_matcher(
+                match_key,
+                params,
+                model,
+                guide,
+                args,
+                kwargs,
+                num_draws=num_draws,
+                plate=data_plate,
+            ),
+        )
+    result = PredictiveScore(
+        *pointwise[:3], pointwise.observed, adapted, threshold, score.name, num_draws
+    )
+    warn_unreliable(result, find_data_plate(tr, data_plate), where)
+    return result
+
+
+def match_unreliable(
+    pointwise: Pointwise, threshold: float, matcher: Callable[[], Any]
+) -> tuple[Pointwise, np.ndarray]:
+    """Re-estimate the observations with k̂ ≥ ``threshold`` by moment
+    matching (``matcher()`` builds the matcher once, when one is needed),
+    keeping a new estimate where its weights have a finite mean (k̂ < 1)
+    and a lighter tail than the first estimate's (a k̂ still at least
+    ``threshold`` is named by :func:`warn_unreliable`). Largest k̂ first,
+    within the matcher's budget of evaluations
+    (:data:`~numpyro_pvi._moment_matching.BUDGET`).
+
+    :return: the estimates and ``(n,)`` which were replaced.
+    """
+    score, se, k, observed = (np.array(x) for x in pointwise)
+    adapted = np.zeros(score.shape, bool)
+    flagged = np.flatnonzero(observed & ~(k < threshold))
+    if flagged.size == 0:
+        return pointwise, adapted
+    flagged = flagged[np.argsort(-np.nan_to_num(k[flagged], nan=np.inf))]
+    built = matcher()
+    if isinstance(built, str):
+        warnings.warn(
+            f"Moment matching is not available for this guide ({built}); the "
+            "estimates keep their k̂.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return pointwise, adapted
+    for i, matched in zip(flagged, built.match(flagged, threshold), strict=True):
+        # fresh draws, moved or not: kept when their weights have a finite
+        # mean (k̂ < 1) and a lighter tail than the first; two estimates
+        # whose weights have no mean cannot be ranked by their k̂
+        if matched is not None and matched.pareto_k < min(1.0, k[i]):
+            score[i], se[i], k[i] = matched.score, matched.se, matched.pareto_k
+            adapted[i] = True
+    return Pointwise(score, se, k, observed), adapted
+
+
+def warn_unreliable(result: PredictiveScore, plate: str | None, where: str) -> None:
+    """Warn, naming them, of the observations whose estimate stays
+    unreliable (k̂ ≥ ``good_k``)."""
+    bad = result.unreliable
+    if bad.size == 0:
+        return
+    dim = plate or "observation"
+    shown = ", ".join(f"{dim}[{i}] (k̂ {result.pareto_k[i]:.2f})" for i in bad[:10]) + (
+        f" and {bad.size - 10} more" if bad.size > 10 else ""
+    )
+    warnings.warn(
+        f"{where}: the {result.name} score of {bad.size} observation(s) is an "
+        f"unreliable Monte Carlo estimate (k̂ ≥ good_k = {result.good_k:.2f}"
+        f"{' after moment matching' if result.adapted[bad].any() else ''}): "
+        f"{shown}. They lie far in the tail of the fit's predictive, where "
+        f"{result.num_draws} draws see too little of it; their estimates are "
+        "likely too low. Increase num_draws, or read them as outliers of this fit.",
+        UserWarning,
+        stacklevel=3,
     )

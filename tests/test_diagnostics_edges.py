@@ -18,7 +18,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PACmELBO, PredictiveELBO, diagnostics, predictive_score
-from numpyro_pvi._draws import _cached_draws
+from numpyro_pvi._draws import _cached_program
 from numpyro_pvi.diagnostics.vsbc import loss_drift
 from tests.arviz_generation import elpd, group
 
@@ -85,7 +85,8 @@ def test_subsampled_data_plate_is_refused(fit, call):
 def test_predictive_score_scores_every_observation(fit):
     guide, params = fit
     scores = predictive_score(random.PRNGKey(0), params, model, guide, X, Y)
-    assert scores.shape == (N,)
+    assert scores.score.shape == scores.se.shape == scores.pareto_k.shape == (N,)
+    assert np.all(scores.se > 0) and np.all(scores.pareto_k < scores.good_k)
 
 
 # -- observed values computed inside the model -------------------------------
@@ -134,7 +135,7 @@ def test_predictive_score_old_order_warns_and_gives_the_same_result(fit):
     new = predictive_score(random.PRNGKey(3), params, model, guide, X, Y)
     with pytest.warns(FutureWarning, match="rng_key, params, model, guide"):
         old = predictive_score(random.PRNGKey(3), model, guide, params, X, Y)
-    np.testing.assert_array_equal(new, old)
+    np.testing.assert_array_equal(new.score, old.score)
 
 
 def test_heterogeneity_old_order_warns_and_gives_the_same_result(fit):
@@ -159,13 +160,16 @@ def test_swapped_call_says_which_argument_is_which(fit, function):
 
 
 def test_predictive_score_compiles_once_per_shape(fit):
+    """New data of the same shapes: no new program, for the draws and for
+    the moment matching of far observations (an outlier in each data set)."""
     guide, params = fit
-    predictive_score(random.PRNGKey(0), params, model, guide, X, Y, num_draws=100)
-    size = _cached_draws._cache_size()
-    predictive_score(
-        random.PRNGKey(1), params, model, guide, X + 1.0, Y - 1.0, num_draws=100
-    )
-    assert _cached_draws._cache_size() == size
+    calls = [(X, Y.at[3].set(30.0)), (X + 1.0, Y.at[5].set(-30.0)), (X, Y - 1.0)]
+    for i, data in enumerate(calls):
+        scores = predictive_score(random.PRNGKey(i), params, model, guide, *data)
+        if i == 0:
+            assert scores.adapted[3]
+            size = _cached_program._cache_size()
+    assert _cached_program._cache_size() == size
 
 
 # -- small things ------------------------------------------------------------
@@ -292,6 +296,6 @@ def test_chunked_draws_compile_once(fit):
     guide, params = fit
     psis_args = (params, model, guide, X, Y)
     diagnostics.psis(random.PRNGKey(0), *psis_args, num_draws=64, chunk_size=16)
-    size = _cached_draws._cache_size()
+    size = _cached_program._cache_size()
     diagnostics.psis(random.PRNGKey(1), *psis_args, num_draws=64, chunk_size=16)
-    assert _cached_draws._cache_size() == size
+    assert _cached_program._cache_size() == size

@@ -279,7 +279,7 @@ def test_gauss_hermite_logistic_matches_monte_carlo():
     assert jnp.max(jnp.abs(z)) < 5, z
     # the package's held-out scorer goes through the same stratified draws
     lps = predictive_score(random.PRNGKey(1), params, logreg, guide, x, y)
-    np.testing.assert_allclose(lps, quad, atol=0.05)
+    np.testing.assert_allclose(lps.score, quad, atol=0.05)
 
 
 # --------------------------------------------------------------------------
@@ -429,7 +429,7 @@ def xor_fits():
         X_test,
         y_test,
         num_draws=500,
-    )
+    ).score
     fits, lpds = {}, {}
     for lam in (0.01, 100.0):
         guide = AutoGaussianMixture(xor_model, 5, gating_covariates=X)

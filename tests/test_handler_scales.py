@@ -213,8 +213,8 @@ def test_held_out_score_ignores_scales():
     b = predictive_score(
         random.PRNGKey(5), params, model, guide, *args, s2=1.0, num_draws=50
     )
-    assert a.shape == (N,)
-    np.testing.assert_allclose(a, b, rtol=1e-6)
+    assert a.score.shape == (N,)
+    np.testing.assert_allclose(a.score, b.score, rtol=1e-6)
 
 
 def subsampled_shared_scale(x, y1, y2, b, s):

@@ -247,7 +247,9 @@ def test_predictive_score_is_the_log_predictive_of_a_known_guide():
         random.PRNGKey(0), params, normal_model, scalar_guide, y, num_draws=20000
     )
     exact = dist.Normal(0.5, np.sqrt(1 + 0.64)).log_prob(y)
-    np.testing.assert_allclose(scores, exact, atol=0.02)
+    np.testing.assert_allclose(scores.score, exact, atol=0.02)
+    # its own standard errors say so (4 of them)
+    assert np.all(np.abs(scores.score - exact) < 4 * scores.se + 1e-3)
 
 
 def test_bad_input_is_rejected_with_clear_errors():

@@ -19,8 +19,9 @@ from numpyro.infer import SVI
 
 from numpyro_pvi._data_plate import DataPlate
 from numpyro_pvi._draws import guide_draws, join_arrays, split_arrays
+from numpyro_pvi._held_out import Pointwise
 from numpyro_pvi._particles import ParticleSpec
-from numpyro_pvi.evaluation import _Estimate
+from numpyro_pvi.evaluation import PointwiseEstimate
 from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._candidates import Grid
 from numpyro_pvi.selection._folds import mask_observations
@@ -164,14 +165,15 @@ def pointwise_scorer(
     num_draws: int,
     data: ModelData,
 ) -> Callable:
-    """``scorer(key, params, dynamic) -> (N,)``: the score of the fit's
-    posterior predictive at every observation of the data plate. A
-    subsampled data plate is scored in batches of its subsample size (the
-    plate's indices substituted), so the model runs as written."""
+    """``scorer(key, params, dynamic) -> Pointwise`` of ``(N,)`` arrays: the
+    score of the fit's posterior predictive at every observation of the
+    data plate, with its error. A subsampled data plate is scored in
+    batches of its subsample size (the plate's indices substituted), so the
+    model runs as written."""
     spec = ParticleSpec(
         num_draws, score.requires, plate.name, objective="cross_validate"
     )
-    reduce = _Estimate(score)
+    reduce = PointwiseEstimate(score)
     if plate.subsample_size == plate.size:
 
         def scorer(key: jax.Array, params: Any, dynamic: list) -> jax.Array:
@@ -201,7 +203,8 @@ def pointwise_scorer(
                 reduce=reduce,
             )
 
-        return jnp.reshape(lax.map(one, batches), -1)[: plate.size]
+        out = lax.map(one, batches)
+        return jax.tree.map(lambda x: jnp.reshape(x, -1)[: plate.size], out)
 
     return batched
 
@@ -212,7 +215,7 @@ def lower_scores(
     """Lower the scoring of every grid's fits (``params``: their shapes, with
     leading axes ``(G, K)``) at every observation, in one program, one fit
     after another (``lax.map``: memory of one fit's draws). The compiled
-    program returns ``(sum G · K, N)``."""
+    program returns a ``Pointwise`` of ``(sum G · K, N)`` arrays."""
 
     def run(key: jax.Array, params: list[Any], dynamic: list) -> jax.Array:
         flat = jax.tree.map(
@@ -224,9 +227,15 @@ def lower_scores(
     return jax.jit(run).lower(rng_key, params, data.dynamic)
 
 
-def split_scores(scores: jax.Array, params: list[Any]) -> list[np.ndarray]:
-    """``(G, K, N)`` scores per grid from :func:`lower_scores`'s output."""
+def split_scores(scores: Pointwise, params: list[Any]) -> list[Pointwise]:
+    """``Pointwise`` of ``(G, K, N)`` arrays per grid from
+    :func:`lower_scores`'s output."""
     sizes = [jax.tree.leaves(p)[0].shape[0] for p in params]
     k = jax.tree.leaves(params[0])[0].shape[1]
-    out = np.asarray(scores).reshape((sum(sizes), k, -1))
-    return np.split(out, np.cumsum(sizes)[:-1])
+
+    def split(x: jax.Array) -> list[np.ndarray]:
+        out = np.asarray(x).reshape((sum(sizes), k, -1))
+        return np.split(out, np.cumsum(sizes)[:-1])
+
+    fields = [split(x) for x in scores]
+    return [Pointwise(*parts) for parts in zip(*fields, strict=True)]

@@ -1,0 +1,161 @@
+r"""Per-observation estimates of a predictive score with their Monte Carlo
+error, computed inside the compiled program that draws from a fitted guide.
+
+**The log score** of observation :math:`i`, :math:`\log \sum_s v_{si}\,
+p(y_i \mid \theta_s)` (:math:`v = 1/S` for i.i.d. draws, the strata weights
+of a mixture guide otherwise), is an importance-sampling estimate of
+:math:`\log \int p(y_i \mid \theta)\, q(\theta)\, d\theta` with weights
+:math:`p(y_i \mid \theta_s)`. At an observation far from the fit those
+weights have a heavy tail: the estimate is far below the truth, and no
+spread of the draws shows it. :func:`pointwise_estimate` returns with it the
+Pareto k̂ of the weights (Vehtari et al. 2024; k̂ ≥ ``good_k``: not to be
+trusted) and the standard error from the Pareto-smoothed weights
+(:func:`~numpyro_pvi._psis.log_mean_estimate`). The observations whose k̂ is
+too large are re-estimated by moment matching
+(:mod:`numpyro_pvi._moment_matching`).
+
+**Other scores** (CRPS, energy, quadratic, user scores) are unbiased or
+smooth functions of means over the draws; their standard error is that of
+``B`` batch means: the ``S`` draws split into ``B`` batches of ``S/B``
+(stratified guides: ``M/B`` draws of every stratum per batch), the score
+estimated from each, :math:`\mathrm{sd}/\sqrt B`. It is the error of the
+mean of the batch estimates, a slight overestimate for the all-pairs
+estimators, which also average over pairs across batches. k̂ is NaN (not an
+importance-sampling estimate).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from numpyro_pvi._psis import psis_smooth
+from numpyro_pvi.particles import ParticleTerms, observation_scores
+from numpyro_pvi.scores import LogScore, Score
+
+#: Batches of the batch-means standard error.
+NUM_BATCHES = 20
+#: The fields of :class:`~numpyro_pvi.particles.ParticleTerms` with one
+#: entry per particle (leading axis).
+_PER_PARTICLE = (
+    "log_prior",
+    "log_q",
+    "log_w",
+    "particle_weight",
+    "log_lik",
+    "log_lik_scaled",
+    "y_sim",
+    "y_loc",
+    "y_scale",
+    "log_pmf",
+    "pmf",
+    "log_q_fixed",
+    "latents",
+    "guide_draws",
+)
+
+
+class Pointwise(NamedTuple):
+    """Per-observation estimates, each ``(b,)``.
+
+    :ivar score: the estimate (``0`` for an observation masked out).
+    :ivar se: its Monte Carlo standard error.
+    :ivar pareto_k: k̂ of the importance weights (log score), NaN otherwise.
+    :ivar observed: whether the observation is scored (not masked out).
+    """
+
+    score: jax.Array
+    se: jax.Array
+    pareto_k: jax.Array
+    observed: jax.Array
+
+
+def log_sum_estimate(
+    log_contrib: jax.Array, num_strata: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    r"""``log Σ_s c_s``, its standard error and k̂, from ``(S,)`` log
+    contributions :math:`\log c_s` (weights included), ``S = K M`` for ``K``
+    strata of ``M`` draws (i.i.d. draws: ``K = 1``).
+
+    With :math:`\tilde c` the Pareto-smoothed normalised contributions, the
+    relative variance of the sum is :math:`\sum_k [\sum_m \tilde c_{km}^2 -
+    (\sum_m \tilde c_{km})^2 / M]` (independent strata; one stratum:
+    :math:`\sum_s \tilde c_s^2 - 1/S`), and by the delta method it is the
+    variance of the logarithm. Contributions equal up to rounding (a guide
+    at a point) have k̂ = ``-inf``: the estimate is exact.
+    """
+    estimate = jax.nn.logsumexp(log_contrib)
+    log_weight, k = psis_smooth(log_contrib)
+    k = jnp.where(_constant(log_contrib), -jnp.inf, k)
+    w = jnp.exp(log_weight).reshape(num_strata, -1)
+    m = w.shape[1]
+    var = jnp.sum(jnp.square(w)) - jnp.sum(jnp.square(jnp.sum(w, axis=1))) / m
+    return estimate, jnp.sqrt(jnp.maximum(var, 0.0)), k
+
+
+def _constant(log_values: jax.Array) -> jax.Array:
+    """Whether the values are equal up to rounding (``-inf`` entries, zero
+    weights, make them not constant)."""
+    top, bottom = jnp.max(log_values), jnp.min(log_values)
+    eps = jnp.finfo(log_values.dtype).eps
+    spread = jnp.where(jnp.isfinite(bottom), top - bottom, jnp.inf)
+    return spread <= 64 * eps * jnp.maximum(1.0, jnp.abs(top))
+
+
+def particle_subset(terms: ParticleTerms, index: jax.Array) -> ParticleTerms:
+    """The terms of the particles ``index`` (a traced integer array), their
+    weights renormalised to the smaller set."""
+    num, sub = terms.log_w.shape[0], index.shape[0]
+    fields = {
+        name: jax.tree.map(lambda x: jnp.take(x, index, axis=0), getattr(terms, name))
+        for name in _PER_PARTICLE
+        if getattr(terms, name) is not None
+    }
+    fields["log_w"] = fields["log_w"] + math.log(num / sub)
+    fields["particle_weight"] = fields["particle_weight"] * (num / sub)
+    return terms._replace(**fields)
+
+
+def _batch_means(score: Score, terms: ParticleTerms) -> jax.Array:
+    """``(b,)`` the batch-means standard error of ``score``'s estimate."""
+    k = terms.num_strata
+    m = terms.log_w.shape[0] // k
+    batches = min(NUM_BATCHES, m // max(score.min_particles, 2))
+    if batches < 2:
+        return jnp.full(terms.log_w.shape[1], jnp.nan)
+    size = m // batches
+    start = jnp.arange(k)[:, None] * m + jnp.arange(size)[None, :]  # (K, size)
+    index = (start[None] + (jnp.arange(batches) * size)[:, None, None]).reshape(
+        batches, -1
+    )
+    estimates = jax.lax.map(
+        lambda idx: score.estimate(particle_subset(terms, idx)), index
+    )
+    return jnp.std(estimates, axis=0, ddof=1) / math.sqrt(batches)
+
+
+def pointwise_estimate(score: Score, terms: ParticleTerms) -> Pointwise:
+    """``score``'s per-observation estimate with its Monte Carlo error.
+
+    :param score: the score.
+    :param terms: the particle terms of the fitted guide's draws.
+    :return: :class:`Pointwise` over the observations of the terms.
+    """
+    b = terms.log_w.shape[1]
+    observed = jnp.ones(b, bool) if terms.mask is None else terms.mask
+    if isinstance(score, LogScore):
+        log_contrib = terms.log_lik + terms.log_w  # (S, b)
+        estimate, se, k = jax.vmap(
+            lambda c: log_sum_estimate(c, terms.num_strata), in_axes=1
+        )(log_contrib)
+    else:
+        estimate = score.estimate(terms)
+        se = _batch_means(score, terms)
+        k = jnp.full(b, jnp.nan, dtype=estimate.dtype)
+    estimate = observation_scores(estimate, terms)
+    se = jnp.where(observed, se, 0.0)
+    k = jnp.where(observed, k, jnp.nan)
+    return Pointwise(estimate, se, k, observed)

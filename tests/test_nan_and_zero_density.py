@@ -1,0 +1,228 @@
+"""No silent number where a fit meets zero density or NaN.
+
+- Draws with zero model density get weight zero and are counted; k̂ is that
+  of the tail the finite ratios imply, and the verdict matches NumPyro's
+  ``psis_diagnostic`` on the same fit (it said "reliable: constant weights").
+- A NaN anywhere in an objective's terms gives a NaN loss (SoftCVI read -0.0
+  while its parameters were NaN); diagnostics and held-out scores refuse
+  NaN parameters, naming them.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from jax import random
+from numpyro.infer import Trace_ELBO, psis_diagnostic
+from numpyro.infer.importance import _psis_khat
+
+from numpyro_pvi import (
+    PACmELBO,
+    PredictiveELBO,
+    SNISForwardKL,
+    SoftCVIELBO,
+    StratifiedELBO,
+    diagnostics,
+    predictive_score,
+)
+from numpyro_pvi.diagnostics import pareto_smooth, psis_summary
+from numpyro_pvi.diagnostics._containers import ARVIZ_MAJOR
+from numpyro_pvi.scores import CRPS
+
+# --------------------------------------------------------------------------
+# zero model density
+# --------------------------------------------------------------------------
+
+
+def test_pareto_smooth_counts_zero_density_draws_and_fits_the_finite_tail():
+    """The issue's reproduction: one -inf among 999 ratios of sd 10 was
+    'constant weights, k̂ = -inf'."""
+    lr = np.r_[10 * np.random.default_rng(0).standard_normal(999), -np.inf]
+    smooth = pareto_smooth(lr)
+    assert smooth.note == "" and smooth.num_zero_density == 1
+    assert smooth.log_weight[-1] == -np.inf
+    assert np.exp(smooth.log_weight).sum() == pytest.approx(1.0)
+    if ARVIZ_MAJOR == 0:  # the same tail convention as NumPyro's
+        assert smooth.pareto_k == pytest.approx(_psis_khat(lr), rel=1e-9)
+    assert smooth.pareto_k > 1.0
+    # finite ratios that are constant beside zero-density draws: not "constant"
+    mixed = pareto_smooth(np.r_[np.zeros(99), -np.inf])
+    assert mixed.note == "" and mixed.num_zero_density == 1
+
+
+def constrained_model(y):
+    """theta > 0 written as users write constraints: a factor that is -inf
+    off the support."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 3.0))
+    numpyro.factor("positive", jnp.where(theta > 0, 0.0, -jnp.inf))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+
+def wide_guide(y):
+    loc, scale = numpyro.param("loc", 0.5), numpyro.param("scale", 1.0)
+    numpyro.sample("theta", dist.Normal(loc, scale))
+
+
+@pytest.mark.parametrize("loc", [0.4, 2.0])
+def test_psis_verdict_on_zero_density_draws_agrees_with_numpyro(loc):
+    y = jnp.array([0.3, 1.2, 0.8, 0.1])
+    params = {"loc": jnp.asarray(loc), "scale": jnp.asarray(1.0)}
+    key = random.PRNGKey(0)
+    data = diagnostics.psis(
+        key, params, constrained_model, wide_guide, y, num_draws=2000
+    )
+    group = diagnostics.get_group(data, "psis")
+    lp = np.asarray(diagnostics.get_group(data, "sample_stats")["lp"]).reshape(-1)
+    zeros = int(np.sum(lp == -np.inf))
+    assert int(group["num_zero_density"]) == zeros > 0
+    numpyro_k = psis_diagnostic(
+        key, params, constrained_model, wide_guide, y, num_particles=2000
+    )
+    ours = float(group["pareto_k"])
+    # the same side of each threshold (different draws: not the same number)
+    for threshold in (0.5, 0.7):
+        assert (ours < threshold) == (numpyro_k < threshold), (ours, numpyro_k)
+    verdict = psis_summary(data).attrs["verdict"]
+    assert not verdict.startswith("reliable")
+    assert f"{zeros} of 2000 draws have zero density" in verdict
+    diagnostics.plot_psis(data)  # the tail plot handles -inf ratios
+
+
+# --------------------------------------------------------------------------
+# NaN reads NaN
+# --------------------------------------------------------------------------
+
+
+def nan_model(y):
+    """The noise scale is sqrt of a latent that the guide draws negative
+    about half the time: those particles' likelihood terms are NaN."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    v = numpyro.sample("v", dist.Normal(1.0, 1.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, jnp.sqrt(v)), obs=y)
+
+
+def nan_guide(y):
+    numpyro.sample("theta", dist.Normal(numpyro.param("m", 0.0), 1.0))
+    numpyro.sample("v", dist.Normal(numpyro.param("v_loc", 0.0), 1.0))
+
+
+def bernoulli_nan_model(y):
+    v = numpyro.sample("v", dist.Normal(0.25, 1.0))
+    with numpyro.plate("n", y.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(probs=jnp.sqrt(v)), obs=y)
+
+
+def bernoulli_nan_guide(y):
+    numpyro.sample("v", dist.Normal(numpyro.param("v_loc", 0.0), 1.0))
+
+
+def _label(loss):
+    module = type(loss).__module__
+    return repr(loss) if module.startswith("numpyro_pvi") else type(loss).__name__
+
+
+OBJECTIVES = [
+    PredictiveELBO("log", num_particles=8),
+    PredictiveELBO("log", num_particles=8, regularizer=None),
+    PredictiveELBO(CRPS(estimator="closed-form"), num_particles=8),
+    PredictiveELBO(CRPS(estimator="all-pairs"), num_particles=8),
+    PredictiveELBO(CRPS(estimator="derangement"), num_particles=8),
+    PredictiveELBO("energy", num_particles=8),
+    PredictiveELBO(
+        "log", num_particles=8, log_score_estimator="rejection", likelihood_bound=1e3
+    ),
+    PACmELBO(num_particles=8),
+    SoftCVIELBO(num_particles=8),
+    SoftCVIELBO(num_particles=8, negative="posterior"),
+    SNISForwardKL(num_particles=8),
+    SNISForwardKL(num_particles=8, low_variance=True),
+    StratifiedELBO(num_particles=8),
+    Trace_ELBO(num_particles=8),
+]
+
+
+@pytest.mark.parametrize("loss", OBJECTIVES, ids=_label)
+def test_a_nan_term_gives_a_nan_loss(loss):
+    y = jnp.array([0.5, -0.2, 1.1])
+    params = {"m": jnp.asarray(0.0), "v_loc": jnp.asarray(0.0)}
+    values = jax.vmap(lambda k: loss.loss(k, params, nan_model, nan_guide, y))(
+        random.split(random.PRNGKey(0), 16)
+    )
+    assert np.all(np.isnan(values)), values
+    # and a finite loss where no term is NaN
+    params = {"m": jnp.asarray(0.0), "v_loc": jnp.asarray(50.0)}
+    assert np.isfinite(loss.loss(random.PRNGKey(0), params, nan_model, nan_guide, y))
+
+
+@pytest.mark.parametrize("score", ["quadratic", "log"])
+def test_a_nan_pmf_gives_a_nan_loss(score):
+    y = jnp.array([[1.0], [0.0]])[:, 0]
+    loss = PredictiveELBO(score, num_particles=8)
+    values = jax.vmap(
+        lambda k: loss.loss(
+            k, {"v_loc": jnp.asarray(0.0)}, bernoulli_nan_model, bernoulli_nan_guide, y
+        )
+    )(random.split(random.PRNGKey(0), 16))
+    assert np.all(np.isnan(values)), values
+
+
+def test_quadratic_several_components_nan_overlap_reads_nan():
+    def rows(y):
+        v = numpyro.sample("v", dist.Normal(0.25, 1.0))
+        with numpyro.plate("n", y.shape[0]):
+            numpyro.sample(
+                "y", dist.Bernoulli(probs=jnp.sqrt(v)).expand([2, 3]).to_event(1), obs=y
+            )
+
+    y = jnp.array([[1.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    loss = PredictiveELBO("quadratic", num_particles=8)
+    values = jax.vmap(
+        lambda k: loss.loss(
+            k, {"v_loc": jnp.asarray(0.0)}, rows, bernoulli_nan_guide, y
+        )
+    )(random.split(random.PRNGKey(0), 16))
+    assert np.all(np.isnan(values)), values
+
+
+def test_softcvi_fit_that_goes_nan_shows_nan_losses():
+    """The tryout: parameters NaN from some step on while svi_result.losses
+    read -0.0. Started from a NaN parameter, every loss of the run is NaN."""
+    import optax
+    from numpyro.infer import SVI
+
+    y = jnp.array([0.5, -0.2, 1.1])
+    svi = SVI(nan_model, nan_guide, optax.adam(0.01), SoftCVIELBO(num_particles=8))
+    state = svi.init(random.PRNGKey(0), y)
+    diverged = {"m": jnp.asarray(jnp.nan), "v_loc": jnp.asarray(50.0)}
+    state = state._replace(optim_state=svi.optim.init(diverged))
+    update = jax.jit(svi.update)
+    for _ in range(5):
+        state, loss = update(state, y)
+        assert np.isnan(loss)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda p, g: predictive_score(random.PRNGKey(0), p, nan_model, g, jnp.ones(3)),
+        lambda p, g: diagnostics.psis(random.PRNGKey(0), p, nan_model, g, jnp.ones(3)),
+        lambda p, g: diagnostics.to_inference_data(
+            random.PRNGKey(0), p, nan_model, g, jnp.ones(3)
+        ),
+        lambda p, g: diagnostics.report(
+            random.PRNGKey(0), p, nan_model, g, jnp.ones(3), show=False
+        ),
+        lambda p, g: diagnostics.heterogeneity(
+            random.PRNGKey(0), p, p, nan_model, g, g, jnp.ones(3)
+        ),
+    ],
+    ids=["predictive_score", "psis", "to_inference_data", "report", "heterogeneity"],
+)
+def test_diagnostics_refuse_nan_parameters_naming_them(call):
+    params = {"m": jnp.asarray(jnp.nan), "v_loc": jnp.asarray(5.0)}
+    with pytest.raises(ValueError, match=r"not finite: 'm' \(1 of 1 values"):
+        call(params, nan_guide)
