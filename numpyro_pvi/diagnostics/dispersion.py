@@ -15,9 +15,16 @@ when the scores are exactly normal). The sample variance is taken about the
 sample mean, so a shift of every rank (bias, which the symmetry test reads)
 does not enter.
 
-The reading :math:`\hat\rho = s / \sqrt{\mu_2}` estimates by what factor the
-approximation's spread should grow (1: calibrated; 2: intervals half as wide
-as they should be).
+The reading :math:`\hat\rho` estimates by what factor the approximation's
+spread should grow (1: calibrated; 2: intervals half as wide as they should
+be). The normal scores saturate where the true value falls outside every
+draw (rank 0 or :math:`L`), so their standard deviation understates a large
+:math:`\rho`; :math:`\hat\rho` is instead the maximum-likelihood scale of
+a normal distribution of the exact PIT on the normal scale, each rank
+:math:`r` read as the interval :math:`[\Phi^{-1}(r/(L+1)),
+\Phi^{-1}((r+1)/(L+1))]` it implies: censored at the ends, nearly exact
+inside (Tobit regression). It is ``inf`` when the ranks bound it from below
+only (nearly all at the ends).
 
 **References**
 
@@ -31,9 +38,15 @@ as they should be).
 from __future__ import annotations
 
 import numpy as np
-from scipy import special, stats
+from scipy import optimize, special, stats
 
-__all__ = ["TOO_NARROW", "TOO_WIDE", "dispersion_test", "normal_scores"]
+__all__ = [
+    "TOO_NARROW",
+    "TOO_WIDE",
+    "censored_spread",
+    "dispersion_test",
+    "normal_scores",
+]
 
 TOO_NARROW = "too narrow"
 TOO_WIDE = "too wide"
@@ -42,6 +55,43 @@ TOO_WIDE = "too wide"
 def normal_scores(ranks: np.ndarray, num_draws: int) -> np.ndarray:
     """:math:`\\Phi^{-1}((r + 1/2)/(L + 1))` of integer ranks ``r``."""
     return special.ndtri((np.asarray(ranks, dtype=float) + 0.5) / (num_draws + 1))
+
+
+def _log_interval_probability(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``log(Φ(hi) - Φ(lo))`` without cancellation: on the side of zero
+    where the interval lies, through the tails of the normal."""
+    upper = lo + hi > 0  # use Φ(-lo) - Φ(-hi) there
+    a, b = np.where(upper, -hi, lo), np.where(upper, -lo, hi)
+    log_b, log_a = special.log_ndtr(b), special.log_ndtr(a)
+    with np.errstate(divide="ignore"):
+        return log_b + np.log1p(-np.exp(log_a - log_b))
+
+
+def censored_spread(ranks: np.ndarray, num_draws: int) -> float:
+    """The maximum-likelihood scale of a normal fitted to the PIT intervals
+    of integer ranks (see the module's text); ``inf`` when unbounded."""
+    edges = special.ndtri(np.arange(num_draws + 2) / (num_draws + 1))
+    ranks = np.asarray(ranks, dtype=int)
+    lo, hi = edges[ranks], edges[ranks + 1]
+    mid = normal_scores(ranks, num_draws)
+    upper_bound = np.log(1e3)
+
+    def negative_log_lik(x: np.ndarray) -> float:
+        loc, scale = x[0], np.exp(x[1])
+        return -np.sum(
+            _log_interval_probability((lo - loc) / scale, (hi - loc) / scale)
+        )
+
+    start = np.array([mid.mean(), np.log(max(mid.std(ddof=1), 1e-3))])
+    fit = optimize.minimize(
+        negative_log_lik,
+        start,
+        method="L-BFGS-B",
+        bounds=[(-50.0, 50.0), (np.log(1e-3), upper_bound)],
+    )
+    if fit.x[1] >= upper_bound - 1e-6:
+        return np.inf
+    return float(np.exp(fit.x[1]))
 
 
 def dispersion_test(ranks: np.ndarray, num_draws: int) -> dict[str, np.ndarray]:
@@ -64,7 +114,9 @@ def dispersion_test(ranks: np.ndarray, num_draws: int) -> dict[str, np.ndarray]:
     narrow = stats.chi2.sf(statistic, dof)
     wide = stats.chi2.cdf(statistic, dof)
     return {
-        "spread_ratio": np.sqrt(s2 / mu2),
+        "spread_ratio": np.array(
+            [censored_spread(column, num_draws) for column in ranks.T]
+        ),
         "p_value": np.minimum(1.0, 2 * np.minimum(narrow, wide)),
         "p_value_narrow": narrow,
         "p_value_wide": wide,

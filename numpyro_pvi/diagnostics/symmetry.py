@@ -125,8 +125,9 @@ def symmetry_test(
     under the null that ``p`` is symmetric about 1/2 (conditional on
     ``|p - 1/2|``): the two-sample KS distribution assumes independent
     samples, which ``p`` and ``1 - p`` are not, and rejects a symmetric ``p``
-    far more often than its level (about 13% at level 5% for 40 uniform
-    ``p``). The two-sided p-value is corrected for multiplicity over the
+    more often than its level (for 40 uniform ``p`` at level 5%: 7.6% with
+    SciPy's default, exact, p-value and 11.9% with the asymptotic one, over
+    20 000 repetitions). The two-sided p-value is corrected for multiplicity over the
     columns; a column whose corrected p-value is below ``alpha`` gets the
     direction of the one-sided test with the smaller p-value: ``"over"``
     when the ECDF of ``p`` rises above that of ``1 - p`` (``p`` piles up near
