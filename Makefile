@@ -16,6 +16,7 @@ VPY312 := $(VENV312)/bin/python
 # (JAX 1.x-era APIs), the flow guide's diagnostics (flowjax on that JAX)
 LEG312_TUTORIALS := 06_did_it_work
 LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
+	tests/test_nan_and_zero_density.py tests/test_held_out.py \
 	tests/test_export.py tests/test_vsbc.py tests/test_diagnostics_edges.py \
 	"tests/test_calibration_tests.py::test_band_is_arviz_simultaneous_band" \
 	tests/test_report.py \

@@ -50,6 +50,7 @@ def test_pareto_smooth_counts_zero_density_draws_and_fits_the_finite_tail():
     # finite ratios that are constant beside zero-density draws: not "constant"
     mixed = pareto_smooth(np.r_[np.zeros(99), -np.inf])
     assert mixed.note == "" and mixed.num_zero_density == 1
+    assert mixed.pareto_k == -np.inf and mixed.ess_is == 99.0  # bounded weights
 
 
 def constrained_model(y):

@@ -84,12 +84,16 @@ def pareto_smooth(
     max(1, max|log r|)`` are *constant* (the guide is exact up to rounding):
     the generalized Pareto fit is undefined there (it returns ``+inf``), so
     the outcome reported is k̂ = ``-inf``, uniform weights, ``ess_is = S``
-    and the note ``"constant weights"``; ratios are never constant when some
-    are ``-inf`` and others are not. With fewer than 5 draws in the tail (``S < 21``
-    on ArviZ 0.2x, ``S < 25`` on ArviZ ≥ 1.0, whose tail is a draw shorter)
-    no tail can be fitted: k̂ = ``inf`` and the weights are the raw
-    normalised ratios, as ArviZ 0.2x reports it; a fit that fails (NaN from
-    arviz-stats on very short tails) is reported as k̂ = ``inf`` too.
+    and the note ``"constant weights"``; finite ratios that are constant
+    beside ``-inf`` ones are bounded weights, uniform over the draws of
+    positive density (k̂ = ``-inf``, no note: the guide is not exact). With
+    fewer than 5 draws in the tail (``S < 21`` on ArviZ 0.2x, ``S < 25`` on
+    ArviZ ≥ 1.0, whose tail is a draw shorter) no tail can be fitted: k̂ =
+    ``inf`` and the weights are the raw normalised ratios, as ArviZ 0.2x
+    reports it; a fit that fails (NaN from arviz-stats on very short tails)
+    is reported as k̂ = ``inf`` too.
+
+
 
     :param log_ratio: ``(S,)`` log importance ratios
         :math:`\log p(\theta_s, y) - \log q(\theta_s)`.
@@ -120,8 +124,21 @@ def pareto_smooth(
             "draws zero density; check the guide's support against the model's."
         )
     num_zero = num - finite.size
-    spread = np.ptp(finite) if num_zero == 0 else np.inf
-    if spread <= constant_rtol * max(1.0, float(np.max(np.abs(finite)))):
+    constant = np.ptp(finite) <= constant_rtol * max(1.0, float(np.max(np.abs(finite))))
+    if constant and num_zero:
+        # bounded weights: uniform over the draws of positive density
+        log_weight = np.where(np.isfinite(lr), -math.log(finite.size), -np.inf)
+        return ParetoSmoothing(
+            log_weight,
+            -math.inf,
+            good_k,
+            float(finite.size),
+            10.0,
+            tail_length,
+            "",
+            num_zero,
+        )
+    if constant:
         log_weight = np.full(num, -math.log(num))
         return ParetoSmoothing(
             log_weight,
