@@ -93,8 +93,6 @@ def pareto_smooth(
     reports it; a fit that fails (NaN from arviz-stats on very short tails)
     is reported as k̂ = ``inf`` too.
 
-
-
     :param log_ratio: ``(S,)`` log importance ratios
         :math:`\log p(\theta_s, y) - \log q(\theta_s)`.
     :param constant_rtol: relative spread below which the ratios count as
