@@ -22,7 +22,6 @@ support and the probability of the observation unchanged).
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -47,6 +46,7 @@ from numpyro_pvi.particles import WHOLE_DATA
 
 __all__ = [
     "DataPlate",
+    "data_sites",
     "find_data_plate",
     "normal_loc_scale",
     "observation_mask",
@@ -61,6 +61,7 @@ __all__ = [
     "site_log_pmf",
     "site_pmf",
     "simulated_values",
+    "working_scores",
 ]
 
 
@@ -70,20 +71,54 @@ def observed_sites(tr: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class DataPlate(NamedTuple):
-    """The plate that indexes observations, as one trace shows it."""
+    """The plate that indexes observations, as one trace shows it.
+
+    A *batch plate* (``batch=True``) is a batch dimension of the observed
+    values that no ``numpyro.plate`` declares (a model written without a
+    plate): its elements are the observations, as NumPyro's
+    ``log_likelihood`` treats them; its name is ArviZ's name of that
+    dimension of the first observed site (``obs_dim_0``).
+    """
 
     name: str | None  # None: no data plate, the data form one observation
     dim: int  # negative batch dim of the plate
     size: int  # full size N
     subsample_size: int  # b
+    batch: bool = False  # a batch dimension, not a numpyro.plate
+
+    @property
+    def selector(self) -> str | int | None:
+        """What finds this plate again as ``data_plate``: its name, or the
+        batch dimension of a batch plate."""
+        return self.dim if self.batch else self.name
 
 
-def plate_of(
-    model_trace: dict[str, Any], data_plate: str | None, *, warn: bool = True
-) -> DataPlate:
-    """The data plate of a model trace: the plate named ``data_plate``, else
-    the one shared by every observed site (``WHOLE_DATA``: none, the data
-    form one observation)."""
+def _batch_shape(site: dict[str, Any]) -> tuple[int, ...]:
+    """The batch shape of a site's value (its event dims removed)."""
+    shape = jnp.shape(site["value"])
+    return shape[: max(len(shape) - site["fn"].event_dim, 0)]
+
+
+def _frames(site: dict[str, Any]) -> set:
+    return {f for f in site["cond_indep_stack"]}
+
+
+def plate_of(model_trace: dict[str, Any], data_plate: str | int | None) -> DataPlate:
+    """The data plate of a model trace.
+
+    - ``data_plate`` a plate's name: that plate;
+    - ``data_plate`` a negative integer: that batch dimension of the
+      observed values (a batch plate, for models without a plate);
+    - ``None``: the plate shared by every observed site that is inside a
+      plate; when no observed site is, the rightmost batch dimension of the
+      observed values (a batch plate; scalar observations are one
+      observation);
+    - ``WHOLE_DATA``: none, the data form one observation.
+
+    Observed sites outside the data plate (e.g. a prior written as
+    ``numpyro.sample("c", dist.Normal(0, 1), obs=latent)``) are terms of the
+    joint density, not observations (:func:`data_sites`).
+    """
     observed = observed_sites(model_trace)
     if not observed:
         raise ValueError(
@@ -92,6 +127,8 @@ def plate_of(
         )
     if data_plate == WHOLE_DATA:
         return DataPlate(None, 0, 1, 1)
+    if isinstance(data_plate, int):
+        return _batch_plate(observed, data_plate)
     plates = {
         name: site for name, site in model_trace.items() if site["type"] == "plate"
     }
@@ -99,31 +136,30 @@ def plate_of(
         if data_plate not in plates:
             raise ValueError(
                 f"data_plate='{data_plate}' is not a plate of the model; its plates "
-                f"are {sorted(plates) or 'none'}."
+                f"are {sorted(plates) or 'none'}. A model without a plate has its "
+                "observations along a batch dimension: pass data_plate=-1 (or "
+                "another negative dim)."
             )
-        for site in observed:
-            if data_plate not in {f.name for f in site["cond_indep_stack"]}:
-                raise ValueError(
-                    f"Observed site '{site['name']}' is not inside "
-                    f"data_plate='{data_plate}': every observed site must be "
-                    "indexed by the data plate."
-                )
-        frame = next(f for f in observed[0]["cond_indep_stack"] if f.name == data_plate)
+        inside = [s for s in observed if data_plate in {f.name for f in _frames(s)}]
+        if not inside:
+            raise ValueError(
+                f"No observed site is inside data_plate='{data_plate}' (observed "
+                f"sites: {[s['name'] for s in observed]})."
+            )
+        frame = next(f for f in _frames(inside[0]) if f.name == data_plate)
     else:
-        frames = [{f for f in s["cond_indep_stack"]} for s in observed]
-        shared = set.intersection(*frames)
+        stacks = [_frames(s) for s in observed if s["cond_indep_stack"]]
+        if not stacks:  # no plate: the observed values' batch dimension
+            return _batch_plate(observed, -1)
+        shared = set.intersection(*stacks)
         if not shared:
-            if not warn:
-                return DataPlate(None, 0, 1, 1)
-            warnings.warn(
-                "No plate is shared by all observed sites "
-                f"({[s['name'] for s in observed]}), so the data are treated as "
-                "one observation. Put the observations in a plate, or name it "
-                "with data_plate=..., to score them one by one.",
-                UserWarning,
-                stacklevel=4,
+            raise ValueError(
+                "The observed sites are in plates that no one plate contains "
+                + str({s["name"]: sorted(f.name for f in _frames(s)) for s in observed})
+                + "; pass data_plate=... to say which plate indexes the "
+                "observations (observed sites outside it are terms of the joint "
+                "density)."
             )
-            return DataPlate(None, 0, 1, 1)
         if len(shared) > 1:
             subsampled = [f for f in shared if plates[f.name]["args"][0] > f.size]
             if len(subsampled) != 1:
@@ -138,10 +174,63 @@ def plate_of(
     return DataPlate(frame.name, frame.dim, full_size, int(frame.size))
 
 
-def find_data_plate(model_trace: dict[str, Any], data_plate: str | None) -> str | None:
+def _batch_plate(observed: list[dict[str, Any]], dim: int) -> DataPlate:
+    """The batch plate along batch dimension ``dim`` of the observed values;
+    one observation when every observed value is a scalar (``dim = -1``)."""
+    if dim >= 0:
+        raise ValueError(
+            f"data_plate={dim}: a batch dimension is given as a negative integer "
+            "(-1: the rightmost batch dimension of the observed values)."
+        )
+    shapes = {s["name"]: _batch_shape(s) for s in observed}
+    sizes = {name: shape[dim] for name, shape in shapes.items() if len(shape) >= -dim}
+    if not sizes:
+        if dim == -1:  # scalar observations: the data are one observation
+            return DataPlate(None, 0, 1, 1)
+        raise ValueError(
+            f"data_plate={dim}: no observed value has that many batch dimensions "
+            f"({shapes})."
+        )
+    if len(set(sizes.values())) > 1:
+        raise ValueError(
+            f"The observed sites differ in the size of batch dimension {dim} "
+            f"({sizes}), so it cannot index observations. Put the observations "
+            "in a numpyro.plate, or pass data_plate=... naming a plate or "
+            "another batch dimension."
+        )
+    first = next(iter(sizes))
+    size = sizes[first]
+    name = f"{first}_dim_{len(shapes[first]) + dim}"
+    return DataPlate(name, dim, size, size, batch=True)
+
+
+def data_sites(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The observed sites split into the observations' sites (inside the
+    data plate) and the other observed sites, which are terms of the joint
+    density (scored by none of the predictive scores)."""
+    if plate.name is None:
+        return observed, []
+    if plate.batch:
+        inside = [
+            s
+            for s in observed
+            if len(_batch_shape(s)) >= -plate.dim
+            and _batch_shape(s)[plate.dim] == plate.size
+        ]
+    else:
+        inside = [s for s in observed if plate.name in {f.name for f in _frames(s)}]
+    names = {s["name"] for s in inside}
+    return inside, [s for s in observed if s["name"] not in names]
+
+
+def find_data_plate(
+    model_trace: dict[str, Any], data_plate: str | int | None
+) -> str | None:
     """The name of the data plate of a model trace (``None``: the data form one
-    observation), found as :func:`particle_terms` finds it, without warning."""
-    return plate_of(model_trace, data_plate, warn=False).name
+    observation), found as :func:`particle_terms` finds it."""
+    return plate_of(model_trace, data_plate).name
 
 
 def plate_axis_first(
@@ -350,8 +439,7 @@ def _site_draw(
         raise ValueError(
             f"Observed site '{site['name']}' ({_describe(fn)}) has no "
             "reparameterised sampler, which this score needs to differentiate "
-            "simulated observations. Use a reparameterisable likelihood (or "
-            "numpyro_pvi.distributions.Simulator), or score='log'."
+            "simulated observations. " + _score_advice(site)
         )
     draw = fn.sample(key)
     shape = jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"]))
@@ -451,14 +539,41 @@ def _support(site: dict[str, Any], base: Distribution) -> jax.Array:
     return jnp.reshape(jnp.arange(size, dtype=jnp.result_type(float)), shape)
 
 
+def working_scores(site: dict[str, Any]) -> list[str]:
+    """The built-in scores that apply to an observed site's likelihood: the
+    log score where it has a density, the CRPS (scalar components) and the
+    energy score where it has a reparameterised sampler, the quadratic score
+    where its support is finite."""
+    fn, base = site["fn"], _innermost(site["fn"])
+    names = [] if getattr(base, "likelihood_free", False) else ["log"]
+    if fn.has_rsample:
+        names += ["crps", "energy"] if base.event_dim == 0 else ["energy"]
+    finite = getattr(fn, "has_enumerate_support", False)
+    if finite and (
+        isinstance(base, (BinomialLogits, BinomialProbs)) or _enumerates(base)
+    ):
+        names.append("quadratic")
+    return names
+
+
+def _enumerates(base: Distribution) -> bool:
+    try:
+        base.enumerate_support(expand=False)
+    except NotImplementedError:
+        return False
+    except Exception:  # noqa: BLE001 - traced parameters: it has a support
+        return True
+    return True
+
+
 def _score_advice(site: dict[str, Any]) -> str:
-    """Which other scores work for the site's likelihood."""
-    if site["fn"].has_rsample:
-        return "Use score='log', 'crps' or 'energy' for this likelihood."
-    return (
-        "Use score='log' for this likelihood (the CRPS and energy score need a "
-        "reparameterised sampler, which it has not)."
-    )
+    """Which scores work for the site's likelihood, for a refusal."""
+    names = working_scores(site)
+    if not names:
+        return "No built-in score applies to this likelihood."
+    listed = ", ".join(repr(n) for n in names[:-1])
+    listed = f"{listed} or {names[-1]!r}" if listed else repr(names[0])
+    return f"Use score={listed} for this likelihood."
 
 
 def _point_mass(

@@ -28,6 +28,7 @@ from numpyro_pvi._validation import check_int
 from numpyro_pvi.particles import ParticleTerms
 
 __all__ = [
+    "CONCRETE_VALUE_ERRORS",
     "check_finite_params",
     "check_fitted_call",
     "guide_draws",
@@ -165,7 +166,7 @@ def guide_draws(
 #: ``np.unique``, ...): they get the arguments as constants.
 _NEEDS_CONSTANTS: set = set()
 #: What tracing raises when Python asks a traced argument for its value.
-_CONCRETE_VALUE_ERRORS = (
+CONCRETE_VALUE_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerBoolConversionError,
@@ -225,7 +226,7 @@ def compiled(fn: Callable, args: tuple, kwargs: dict, **static: Any) -> Callable
                     structure=structure,
                     options=options,
                 )
-            except _CONCRETE_VALUE_ERRORS:
+            except CONCRETE_VALUE_ERRORS:
                 _NEEDS_CONSTANTS.add(cache_key)
         return constant(rng_key, param_map, *inputs)
 

@@ -60,7 +60,7 @@ from numpyro.distributions import biject_to
 from numpyro.handlers import seed, substitute, trace
 from scipy.special import logsumexp
 
-from numpyro_pvi._data_plate import observed_sites, plate_of, site_log_lik
+from numpyro_pvi._data_plate import data_sites, observed_sites, plate_of, site_log_lik
 from numpyro_pvi._draws import compiled
 from numpyro_pvi._particles import ParticleSpec, particle_terms
 from numpyro_pvi._psis import log_mean_estimate, psis_smooth
@@ -184,8 +184,9 @@ def _at_draws(key, params, args, kwargs, u, model, guide, plate):
         log_q = guide_latent_log_density(
             guide_trace, obs_mask_latents(model_trace), draws_only=True
         )
-        data = plate_of(model_trace, plate, warn=False)
-        log_lik = sum(site_log_lik(s, data)[0] for s in observed_sites(model_trace))
+        data = plate_of(model_trace, plate)
+        sites = data_sites(observed_sites(model_trace), data)[0]
+        log_lik = sum(site_log_lik(s, data)[0] for s in sites)
         return log_q + log_det, log_lik
 
     return jax.vmap(one)(u)

@@ -34,6 +34,7 @@ from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._data_plate import (
     DataPlate,
+    data_sites,
     normal_loc_scale,
     observation_mask,
     observation_weight,
@@ -111,7 +112,7 @@ class ParticleSpec:
 
     num_particles: int
     requests: frozenset[str] = frozenset({LOG_LIK})
-    data_plate: str | None = None
+    data_plate: str | int | None = None
     objective: str = "objective"
     require_reparam: bool = True
     require_observed: bool = True
@@ -262,6 +263,7 @@ class _ParticleTracer:
             plate = plate_of(model_trace, spec.data_plate)
         else:  # a model without data: no observation to score
             plate = DataPlate(None, 0, 1, 0)
+        observed = data_sites(observed, plate)[0]
         weight = None
         if OBS_WEIGHT in requests:
             weight = observation_weight(observed, plate) if observed else jnp.ones(0)
@@ -275,7 +277,9 @@ class _ParticleTracer:
             observed_values(observed, plate)
             if requests & {Y_SIM, Y_LOC_SCALE}
             else None,
-            {s["name"]: s["value"] for s in observed} if OBSERVED in requests else None,
+            {s["name"]: s["value"] for s in observed_sites(model_trace)}
+            if OBSERVED in requests
+            else None,
             log_omega_bar,
             log_omega,
             observed_support(observed, plate) if requests & {LOG_PMF, PMF} else None,
@@ -302,6 +306,8 @@ class _ParticleTracer:
                 f"the data plate '{plate.name}' has {plate.size} observations: "
                 "pass one covariate row per observation, in the order of the plate."
             )
+        if plate.batch:  # a batch dimension is never subsampled
+            return mean_log_w, per_obs
         return mean_log_w, per_obs[model_trace[plate.name]["value"]]
 
     def particle(
@@ -313,11 +319,14 @@ class _ParticleTracer:
         with jax.named_scope("trace"):
             guide_trace, model_trace = self.traces(keys, component)
         sim_key, rerun_key = keys[2], keys[3]
-        observed = observed_sites(model_trace)
+        # observed sites outside the data plate are terms of the joint
+        # density (a prior written as an observed site): with the prior
+        observed, density_terms = data_sites(observed_sites(model_trace), plate)
         masks = obs_mask_latents(model_trace)
         with jax.named_scope("log_density"):
             out = {
-                "log_prior": sum_log_density(latent_sites(model_trace)),
+                "log_prior": sum_log_density(latent_sites(model_trace))
+                + sum_log_density(density_terms),
                 "log_q": guide_latent_log_density(guide_trace, masks),
             }
         if LOG_LIK in requests:

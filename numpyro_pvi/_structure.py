@@ -23,7 +23,11 @@ from numpyro.infer.autoguide import AutoGuide
 from numpyro_pvi.distributions import simulators_without_density
 
 __all__ = [
+    "IMPROPER",
     "check_full_data",
+    "feasible_improper",
+    "improper_latents",
+    "latent_dependent_observations",
     "model_structure",
     "replay_trace",
     "single_draw_outcome",
@@ -93,6 +97,7 @@ class _SiteFn(NamedTuple):
     support: _Support
     single_draw: bool = False
     masked: bool = False  # a mask (handlers.mask, .mask(), obs_mask) applies
+    improper: bool = False  # an improper prior: no draws
 
 
 #: Outcomes observed once whose every distribution over their support is of
@@ -156,6 +161,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             _Support(bool(fn.support.is_discrete)),
             single_draw_outcome(fn),
             _is_masked(fn),
+            isinstance(_innermost(fn), IMPROPER),
         )
     return static
 
@@ -164,16 +170,85 @@ def model_structure(
     model: Callable, rng_key: jax.Array, args: tuple, kwargs: dict
 ) -> dict[str, Any]:
     """The structure of one trace of ``model`` alone (as :func:`replay_trace`
-    keeps it), traced abstractly."""
+    keeps it), traced abstractly; improper latent sites take a feasible
+    value (:func:`feasible_improper`)."""
     captured: dict[str, Any] = {}
 
     def run(key: jax.Array) -> int:
-        tr = trace(seed(model, key)).get_trace(*args, **kwargs)
+        tr = trace(seed(feasible_improper(model), key)).get_trace(*args, **kwargs)
         captured["trace"] = {name: _static_site(site) for name, site in tr.items()}
         return 0
 
     jax.eval_shape(run, rng_key)
     return captured["trace"]
+
+
+#: Distributions without draws: improper priors (``ImproperUniform``, a
+#: flat density over a support, as NumPyro's ordinal-regression notebook
+#: uses for cut points).
+IMPROPER = (dist.ImproperUniform,)
+
+
+def _innermost(fn: Any) -> Any:
+    while isinstance(fn, (Independent, ExpandedDistribution, MaskedDistribution)):
+        fn = fn.base_dist
+    return fn
+
+
+def _feasible_value(site: dict[str, Any]) -> Any:
+    if site["type"] != "sample" or site.get("is_observed"):
+        return None
+    fn = site["fn"]
+    if not isinstance(_innermost(fn), IMPROPER):
+        return None
+    shape = tuple(site["kwargs"].get("sample_shape", ())) + tuple(fn.shape())
+    return fn.support.feasible_like(jnp.zeros(shape))
+
+
+def feasible_improper(model: Callable) -> Callable:
+    """``model`` whose improper latent sites take a value of their support
+    (``support.feasible_like``) instead of a draw, which they have not: the
+    other sites are then drawn as the model draws them given that value."""
+    return substitute(model, substitute_fn=_feasible_value)
+
+
+def improper_latents(
+    model: Callable, rng_key: jax.Array, args: tuple, kwargs: dict
+) -> list[str]:
+    """The latent sites of ``model`` with an improper prior."""
+    tr = trace(seed(feasible_improper(model), rng_key)).get_trace(*args, **kwargs)
+    return [
+        name
+        for name, site in tr.items()
+        if site["type"] == "sample"
+        and not site["is_observed"]
+        and isinstance(_innermost(site["fn"]), IMPROPER)
+    ]
+
+
+def latent_dependent_observations(
+    model: Callable, args: tuple, kwargs: dict
+) -> list[str]:
+    """The observed sites whose value changes with the latent draws: priors
+    written as observed sites (``numpyro.sample("c", dist.Normal(0, 1),
+    obs=latent)``), terms of the joint density rather than data. Found by
+    running the model with two seeds."""
+    values = [
+        {
+            name: np.asarray(site["value"])
+            for name, site in trace(seed(feasible_improper(model), key))
+            .get_trace(*args, **kwargs)
+            .items()
+            if site["type"] == "sample" and site["is_observed"]
+        }
+        for key in (random.PRNGKey(0), random.PRNGKey(1))
+    ]
+    return [
+        name
+        for name, value in values[0].items()
+        if value.shape != values[1][name].shape
+        or not np.array_equal(value, values[1][name], equal_nan=True)
+    ]
 
 
 def check_full_data(tr: Mapping[str, dict[str, Any]], function: str) -> None:

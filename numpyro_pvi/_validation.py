@@ -18,6 +18,7 @@ import numpy as np
 
 __all__ = [
     "check_bool",
+    "check_loss_target",
     "check_data_plate",
     "check_int",
     "check_real",
@@ -89,14 +90,19 @@ def check_bool(value: Any, name: str, where: str) -> bool:
     return value
 
 
-def check_data_plate(value: Any, where: str) -> str | None:
-    """The name of a plate (``str``) or ``None``."""
-    if value is not None and not isinstance(value, str):
-        raise TypeError(
-            f"{where}: data_plate must be the name of a plate (str) or None, "
-            f"got {value!r}."
-        )
-    return value
+def check_data_plate(value: Any, where: str) -> str | int | None:
+    """The name of a plate (``str``), a negative batch dimension of the
+    observed values (``int``, for models without a plate) or ``None``."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if value < 0:
+            return int(value)
+    raise TypeError(
+        f"{where}: data_plate must be the name of a plate (str), a negative "
+        f"batch dimension of the observed values (int, e.g. -1) or None, got "
+        f"{value!r}."
+    )
 
 
 def check_real_or_array(
@@ -113,3 +119,43 @@ def check_real_or_array(
             )
         return value
     return check_real(value, name, where, low=low)
+
+
+def _numpyro_posterior_objectives() -> tuple[type, ...]:
+    """NumPyro's ELBOs: variational inference of the Bayesian posterior."""
+    from numpyro.infer import (
+        RenyiELBO,
+        Trace_ELBO,
+        TraceEnum_ELBO,
+        TraceGraph_ELBO,
+        TraceMeanField_ELBO,
+    )
+
+    return (Trace_ELBO, TraceMeanField_ELBO, TraceGraph_ELBO, TraceEnum_ELBO, RenyiELBO)
+
+
+def check_loss_target(loss: Any, where: str) -> bool | None:
+    """Whether the objective ``loss`` targets the Bayesian posterior.
+
+    The package's objectives declare it (``targets_posterior``: ``True`` for
+    SoftCVI, SNIS and the stratified ELBO, ``False`` for PVI and PAC^m);
+    NumPyro's ELBOs target it. Any other objective must say so, since a
+    diagnostic reads k̂ and LOO differently for one that does not.
+
+    :param loss: the objective (``None``: not given).
+    :param where: the function, for the message.
+    :return: ``None`` when ``loss`` is ``None``.
+    """
+    if loss is None:
+        return None
+    value = getattr(loss, "targets_posterior", None)
+    if isinstance(value, bool):
+        return value
+    if isinstance(loss, _numpyro_posterior_objectives()):
+        return True
+    raise TypeError(
+        f"{where}: loss={loss!r} does not say whether its optimum is the Bayesian "
+        "posterior, which decides how k̂ and LOO of the fit are read; set "
+        "loss.targets_posterior = True (variational inference of the posterior) "
+        "or False (a predictive or other criterion)."
+    )

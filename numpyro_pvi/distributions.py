@@ -83,6 +83,9 @@ class Simulator(Distribution):
        predictively optimal posterior distribution*. arXiv:2410.14843, §5.
     """
 
+    #: No density: only the scores from simulations apply (CRPS, energy).
+    likelihood_free = True
+
     arg_constraints: dict[str, Any] = {}
     reparametrized_params: list[str] = []
     pytree_data_fields = ("params",)

@@ -100,7 +100,7 @@ def predictive_score(
     *args: Any,
     score: str | Score = "log",
     num_draws: int = 1000,
-    data_plate: str | None = None,
+    data_plate: str | int | None = None,
     moment_match: bool = True,
     **kwargs: Any,
 ) -> PredictiveScore:
@@ -148,7 +148,8 @@ def predictive_score(
         mixture guide such as
         :class:`~numpyro_pvi.guides.AutoGaussianMixture`, whose predictive is
         estimated by stratified draws).
-    :param data_plate: name of the plate that indexes observations.
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param bool moment_match: re-estimate the log score of the observations
         with k̂ ≥ ``good_k`` by moment matching (default); ``False`` keeps
         the plain estimates (and their k̂).

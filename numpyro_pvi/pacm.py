@@ -28,8 +28,8 @@ class PACmELBO(PredictiveELBO):
 
     :param int num_particles: the number :math:`m` of draws per observation.
     :param float beta: inverse weight :math:`\beta > 0` of the KL term.
-    :param data_plate: name of the plate that indexes observations; by
-        default the plate shared by all observed sites.
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param vectorize_particles: ``True`` (``vmap``), ``False`` (``lax.map``)
         or a callable, as for :class:`~numpyro.infer.elbo.ELBO`.
 
@@ -45,7 +45,7 @@ class PACmELBO(PredictiveELBO):
         num_particles: int = 8,
         beta: float = 1.0,
         *,
-        data_plate: str | None = None,
+        data_plate: str | int | None = None,
         vectorize_particles: bool | Callable = True,
     ) -> None:
         self.beta = check_real(beta, "beta", "PACmELBO", low=0.0, low_open=True)

@@ -106,7 +106,9 @@ class ParticleTerms(NamedTuple):
     were not requested are ``None``.
 
     :ivar log_prior: ``(M,)`` log density of the latent sites under the model
-        (scaled as NumPyro scales them).
+        (scaled as NumPyro scales them), and of the observed sites outside
+        the data plate, which are terms of the joint density rather than
+        observations (e.g. a prior written as an observed site).
     :ivar log_q: ``(M,)`` log density of the guide at its draws (scaled).
     :ivar log_w: ``(M, b)`` log weight of particle ``j`` in the predictive of
         observation ``i``: ``-log M`` for i.i.d. draws, ``log ω_k(x_i) - log

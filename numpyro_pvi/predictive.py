@@ -90,10 +90,19 @@ class PredictiveELBO(ELBO):
     :math:`\lambda \to \infty` with the posterior regularizer the optimum is
     the VI posterior. The loss is :math:`-\mathcal{L}`.
 
-    Observations are the entries of the *data plate*: the plate shared by
-    every observed site, or the one named by ``data_plate``. All observed
-    values at one index of that plate form one observation. With a
-    subsampled data plate of size :math:`N` and batch :math:`b` the sum over
+    **Observations** are the entries of the *data plate*: the plate shared
+    by the observed sites that are in plates, or the one named by
+    ``data_plate``. All observed values at one index of that plate form one
+    observation. A model written without a plate has its observations along
+    the rightmost batch dimension of its observed values (as NumPyro's
+    ``log_likelihood`` has them): the same scores as the model written with
+    a plate; ``data_plate=-2`` (a negative integer) names another batch
+    dimension. An observed site outside the data plate (a prior written as
+    ``numpyro.sample("c", dist.Normal(0, 1), obs=latent)``) is a term of the
+    joint density, not an observation: it enters the regularizer with the
+    prior, and no score. Masked observations (``handlers.mask``,
+    ``Distribution.mask``, ``obs_mask=``) score nothing. With a subsampled
+    data plate of size :math:`N` and batch :math:`b` the sum over
     observations is scaled by :math:`N/b`; handler scales are honoured.
 
     With ``log_score_estimator="rejection"`` the gradient of the log score
@@ -137,8 +146,9 @@ class PredictiveELBO(ELBO):
     :param lam: weight :math:`\lambda \ge 0` of the regularizer: a real
         number, or a scalar JAX array (e.g. traced, so that one compiled
         program fits a grid of values under ``vmap``).
-    :param data_plate: name of the plate that indexes observations; by
-        default the plate shared by all observed sites.
+    :param data_plate: name of the plate that indexes observations, or a
+        negative batch dimension of the observed values; by default the
+        plate shared by the observed sites in plates (see *Observations*).
     :param vectorize_particles: ``True`` (``vmap``), ``False`` (``lax.map``)
         or a callable ``fn(f, keys)``, as for :class:`~numpyro.infer.elbo.ELBO`.
     :param str log_score_estimator: ``"reparam"`` (default) or
@@ -165,7 +175,7 @@ class PredictiveELBO(ELBO):
         num_particles: int = 32,
         regularizer: str | None = "prior",
         lam: float = 1.0,
-        data_plate: str | None = None,
+        data_plate: str | int | None = None,
         vectorize_particles: bool | Callable = True,
         log_score_estimator: str = "reparam",
         likelihood_bound: float | None = None,

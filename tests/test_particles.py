@@ -162,11 +162,24 @@ def no_plate_model(y):
     numpyro.sample("y", dist.Normal(theta, 1.0).expand([3]).to_event(1), obs=y)
 
 
-def test_no_data_plate_warns_and_uses_one_observation():
-    y = jnp.ones(3)
-    guide = AutoDelta(no_plate_model)
-    with pytest.warns(UserWarning, match="one observation"):
-        terms = _terms(no_plate_model, guide, y)
+def test_no_plate_observations_are_the_batch_elements():
+    """``obs=y`` on a vector without a plate: one observation per element
+    (NumPyro's ``log_likelihood``); an event-shaped site is one observation."""
+
+    def vector_model(y):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+    y = jnp.asarray([0.5, -1.0, 2.0])
+    guide = AutoDelta(vector_model)
+    terms = _terms(vector_model, guide, y)
+    assert terms.log_lik.shape == (4, 3)
+    theta = guide_params(guide, vector_model, y)["theta_auto_loc"]
+    np.testing.assert_allclose(
+        terms.log_lik[0], dist.Normal(theta, 1.0).log_prob(y), rtol=1e-6
+    )
+    # an event of 3 and no batch dimension: the data set is one observation
+    terms = _terms(no_plate_model, AutoDelta(no_plate_model), y)
     assert terms.log_lik.shape == (4, 1)
 
 

@@ -292,19 +292,31 @@ def test_non_reparameterised_guide_site_is_named():
         loss.loss(random.PRNGKey(0), {"p": 0.3}, model, guide, jnp.ones(3))
 
 
-def test_observed_site_outside_named_plate():
+def test_observed_site_outside_named_plate_is_a_density_term():
+    """``z`` outside the data plate is a term of the joint density: the
+    regularizer sees log p(z | θ), the predictive score does not."""
+
     def model(y, z):
         theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
         with numpyro.plate("a", 3):
             numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
         numpyro.sample("z", dist.Normal(theta, 1.0), obs=z)
 
-    guide = AutoNormal(model)
-    loss = PredictiveELBO(num_particles=2, data_plate="a")
-    svi = SVI(model, guide, optax.adam(0.1), loss)
-    state = svi.init(random.PRNGKey(0), jnp.ones(3), 0.0)
-    with pytest.raises(ValueError, match="Observed site 'z' is not inside"):
-        svi.update(state, jnp.ones(3), 0.0)
+    def without_z(y, z):
+        theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+        with numpyro.plate("a", 3):
+            numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+    y, z = jnp.asarray([0.2, -0.4, 1.0]), 1.5
+    params = {"theta_auto_loc": jnp.asarray(0.3)}
+    for lam in (0.0, 2.0):
+        loss = PredictiveELBO(num_particles=2, data_plate="a", lam=lam)
+        with_z = loss.loss(random.PRNGKey(0), params, model, AutoDelta(model), y, z)
+        alone = loss.loss(
+            random.PRNGKey(0), params, without_z, AutoDelta(without_z), y, z
+        )
+        expected = -lam * dist.Normal(0.3, 1.0).log_prob(z)
+        np.testing.assert_allclose(with_z - alone, expected, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("regularizer", ["prior", "posterior"])

@@ -279,7 +279,7 @@ def subsampled(y=None):
 @pytest.mark.parametrize(
     "model, generator, match",
     [
-        (no_plate, None, "share no plate"),
+        (no_plate, None, "scalars, one observation in all"),
         (subsampled, None, "plate 'data' is subsampled"),
         (normal_model, lambda key: {"z": jnp.zeros(N)}, "observed site 'y'"),
         (normal_model, lambda key: {"y": jnp.zeros(3)}, r"shape \(200,\)"),

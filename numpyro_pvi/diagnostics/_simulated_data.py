@@ -17,6 +17,7 @@ from numpyro.infer import Predictive
 from numpyro.infer.calibration import _resolve_observed_sites
 from numpyro.primitives import Messenger
 
+from numpyro_pvi._structure import latent_dependent_observations
 from numpyro_pvi._tracing import obs_mask_site
 from numpyro_pvi.distributions import simulators_without_density
 
@@ -131,10 +132,23 @@ def generated_data(
 
 
 def resolve_sites(
-    model_trace: dict, observed_sites: Sequence[str] | None, *, function: str
+    model_trace: dict,
+    observed_sites: Sequence[str] | None,
+    *,
+    function: str,
+    model: Callable,
+    args: tuple,
+    kwargs: dict,
+    prior_draws: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """The observed and latent site names (as NumPyro's VSBC resolves them),
-    or an error naming ``function`` and what to pass."""
+    """The observed (data) and latent site names, as NumPyro's VSBC
+    resolves them, or an error naming ``function`` and what to pass.
+
+    Observed sites whose value changes with the latent draws (a prior
+    written as an observed site) are terms of the joint density, not data:
+    they are neither simulated nor passed. ``prior_draws``: the procedure
+    draws the latents from the prior, which an improper prior refuses.
+    """
     for name in model_trace:
         base = obs_mask_site(name, model_trace)
         if base is not None:
@@ -146,6 +160,25 @@ def resolve_sites(
                 "simulates complete data sets: call it with the model's "
                 "arguments for complete data (obs_mask=None)."
             )
+    improper = [
+        name
+        for name, site in model_trace.items()
+        if site["type"] == "sample" and not site["is_observed"] and site["fn"].improper
+    ]
+    if improper and prior_draws:
+        instead = (
+            "pass data_generator=... (data sets from a process of your own: no "
+            "prior draws are needed)"
+            if function == "predictive_calibration"
+            else "VSBC compares fits with the prior's draws, so give it a proper "
+            "prior, or check the predictive calibration of the fits with "
+            "predictive_calibration(..., data_generator=...), which needs none"
+        )
+        raise ValueError(
+            f"{function}: the latent site '{improper[0]}' has an improper prior "
+            "(ImproperUniform), which has no draws to simulate data sets from; "
+            f"{instead}."
+        )
     try:
         observed, latent = _resolve_observed_sites(model_trace, observed_sites)
     except ValueError as err:
@@ -153,6 +186,9 @@ def resolve_sites(
             f"{function}: {err} Pass the observed data as for SVI, or name the "
             "observed sites with `observed_sites=`."
         ) from None
+    if observed_sites is None:
+        density_terms = set(latent_dependent_observations(model, args, kwargs))
+        observed = [name for name in observed if name not in density_terms]
     return list(observed), list(latent)
 
 

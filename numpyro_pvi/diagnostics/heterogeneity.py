@@ -30,7 +30,12 @@ from numpyro.infer import Predictive
 from numpyro_pvi._data_plate import observed_sites
 from numpyro_pvi._draws import check_fitted_call, guide_draws
 from numpyro_pvi._particles import ParticleSpec
-from numpyro_pvi._structure import check_full_data, replay_trace
+from numpyro_pvi._structure import (
+    check_full_data,
+    feasible_improper,
+    improper_latents,
+    replay_trace,
+)
 from numpyro_pvi._validation import check_int, check_real
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
@@ -80,12 +85,26 @@ def _prior_sd(
     num_draws: int,
     names: list[str],
 ) -> np.ndarray:
-    """The prior sd of every scalar component of the latent sites ``names``."""
-    draws = Predictive(model, num_samples=num_draws, return_sites=names)(
-        rng_key, *args, **kwargs
-    )
-    _, flat = _component_sd({name: draws[name] for name in names})
-    return flat.std(axis=0, ddof=1)
+    """The prior sd of every scalar component of the latent sites ``names``
+    (infinite for a site with an improper prior, held at a feasible value
+    while the others are drawn)."""
+    improper = set(improper_latents(model, rng_key, args, kwargs))
+    draws = Predictive(
+        feasible_improper(model), num_samples=num_draws, return_sites=names
+    )(rng_key, *args, **kwargs)
+    order = sorted(names)  # the order of _component_sd
+    sizes = [int(np.prod(np.shape(draws[name])[1:])) for name in order]
+    _, flat = _component_sd({name: draws[name] for name in order})
+    sd = flat.std(axis=0, ddof=1)
+    flat_improper = np.repeat([name in improper for name in order], sizes)
+    return np.where(flat_improper, np.inf, sd)
+
+
+def _ratio(sd: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """``sd / reference``, 1 where neither spreads (a component the model
+    fixes, e.g. the first row of an ``LKJCholesky`` factor)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((sd == 0) & (reference == 0), 1.0, sd / reference)
 
 
 def _readings(
@@ -225,12 +244,12 @@ def heterogeneity(
             f"({stats['pvi'][0]} vs {labels}); fit both to the same model."
         )
     prior_sd = _prior_sd(prior_key, model, args, kwargs, num_draws, names)
-    ratio = stats["pvi"][2] / stats["vi"][2]
+    ratio = _ratio(stats["pvi"][2], stats["vi"][2])
     observed = observed_sites(tr)  # the model's sites, as traced with either fit
     binary = [site["name"] for site in observed if site["fn"].single_draw]
     binary_only = len(binary) == len(observed)
     reading = _readings(
-        ratio, stats["pvi"][2] / prior_sd, threshold, binary_only=binary_only
+        ratio, _ratio(stats["pvi"][2], prior_sd), threshold, binary_only=binary_only
     )
     identification = (
         BINARY_OUTCOME.format(sites=", ".join(binary))

@@ -27,7 +27,7 @@ import numpy as np
 from jax import random
 from numpyro.handlers import condition
 
-from numpyro_pvi._data_plate import DataPlate, per_observation, plate_of
+from numpyro_pvi._data_plate import DataPlate, data_sites, per_observation, plate_of
 from numpyro_pvi._particles import ParticleSpec, particle_terms
 from numpyro_pvi._structure import check_full_data, model_structure
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
@@ -86,7 +86,7 @@ def pit_ranks(
     spec = ParticleSpec(
         num_draws,
         frozenset({Y_SIM}),
-        plate.name,
+        plate.selector,
         objective=_WHERE,
         require_reparam=False,
         stratified=False,
@@ -97,6 +97,12 @@ def pit_ranks(
     below = jnp.sum(y_sim < y_obs, axis=0)
     ties = jnp.sum(y_sim == y_obs, axis=0)
     return below + random.randint(key_tie, below.shape, 0, ties + 1)
+
+
+def _in_plate(model_trace: dict, observed: Sequence[str], plate: DataPlate) -> list:
+    """The observed sites of the data plate (the ones ranked)."""
+    sites = data_sites([model_trace[name] for name in observed], plate)[0]
+    return [site["name"] for site in sites]
 
 
 def _columns(model_trace: dict, observed: Sequence[str], plate: DataPlate) -> list:
@@ -132,7 +138,7 @@ def _replication(
         args, kwargs = inject(data)
         keep = jnp.ones(plate.size).at[index].set(0.0)
         conditioned = condition(model, data)
-        masked = mask_observations(conditioned, keep=keep, data_plate=plate.name)
+        masked = mask_observations(conditioned, keep=keep, data_plate=plate.selector)
         params, fit = fit_replication(
             key_svi,
             masked,
@@ -170,7 +176,7 @@ def predictive_calibration(
     num_svi_steps: int = 1000,
     data_generator: Callable | None = None,
     num_draws: int = 1000,
-    data_plate: str | None = None,
+    data_plate: str | int | None = None,
     observed_sites: Sequence[str] | None = None,
     chain_method: str | Callable = "vectorized",
     correction: str | None = "holm",
@@ -222,8 +228,8 @@ def predictive_calibration(
     :param data_generator: ``rng_key -> dict`` of observed values, shaped as
         the model observes them; default the model's prior predictive.
     :param num_draws: posterior-predictive draws ``L`` per rank.
-    :param data_plate: the plate indexing observations; default the plate
-        shared by every observed site.
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param observed_sites: names of the observed sites; default those
         observed in a trace of ``model(*args, **kwargs)``.
     :param chain_method: ``"sequential"``, ``"vectorized"``, ``"sharded"``
@@ -271,7 +277,15 @@ def predictive_calibration(
     key_trace, key_data, key_index, key_warmup, key_fit = random.split(rng_key, 5)
     model_trace = model_structure(model, key_trace, args, kwargs)
     check_full_data(model_trace, _WHERE)
-    observed, _ = resolve_sites(model_trace, observed_sites, function=_WHERE)
+    observed, _ = resolve_sites(
+        model_trace,
+        observed_sites,
+        function=_WHERE,
+        model=model,
+        args=args,
+        kwargs=kwargs,
+        prior_draws=data_generator is None,
+    )
     masked = [name for name in observed if model_trace[name]["fn"].masked]
     if masked:
         raise ValueError(
@@ -286,12 +300,12 @@ def predictive_calibration(
         name: {**site, "is_observed": True} if name in observed else site
         for name, site in model_trace.items()
     }
-    plate = plate_of(model_trace, data_plate, warn=False)
+    plate = plate_of(model_trace, data_plate)
     if plate.name is None:
         raise ValueError(
-            f"{_WHERE}: the observed sites share no plate, so no observation "
-            "can be held out; put them in a numpyro.plate, or name it with "
-            "data_plate=..."
+            f"{_WHERE}: the observed values are scalars, one observation in all, "
+            "so none can be held out; observe the data as an array (in a "
+            "numpyro.plate, or along a batch dimension)."
         )
     inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
     data = generated_data(
@@ -324,7 +338,7 @@ def predictive_calibration(
         np.asarray(ranks),
         np.asarray(index),
         (final_loss, tail_loss, drift),
-        _columns(model_trace, observed, plate),
+        _columns(model_trace, _in_plate(model_trace, observed, plate), plate),
         guide=guide,
         loss=loss,
         num_draws=num_draws,

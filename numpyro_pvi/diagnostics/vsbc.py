@@ -78,7 +78,14 @@ def _setup(
     key_trace, key_prior, key_warmup, key_fit = random.split(rng_key, 4)
     model_trace = model_structure(model, key_trace, args, kwargs)
     check_full_data(model_trace, "vsbc")
-    observed, latent_names = resolve_sites(model_trace, observed_sites, function="vsbc")
+    observed, latent_names = resolve_sites(
+        model_trace,
+        observed_sites,
+        function="vsbc",
+        model=model,
+        args=args,
+        kwargs=kwargs,
+    )
     _validate_latent_sites(model_trace, latent_names)
     inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
     quantities = resolve_quantities(

@@ -47,23 +47,30 @@ class mask_observations(Messenger):
     predictive score weights each observation by its scale — while latent
     sites, local ones included, are untouched: a dropped observation's local
     latent keeps its prior term, so the guide's factor for it is fitted by
-    the prior side of the objective only.
+    the prior side of the objective only. Observed sites outside the data
+    plate are terms of the joint density, not observations, and are left
+    alone too.
+
+    ``data_plate`` may be a negative batch dimension instead of a plate's
+    name, for models written without a plate: the observed values whose
+    batch shape has :math:`N` entries along it are masked along it.
 
     ``keep`` may be a traced array, so that one compiled program fits every
     fold of a cross-validation under ``vmap``.
 
     :param fn: the model.
     :param keep: ``(N,)`` array, nonzero for the observations kept.
-    :param str data_plate: name of the plate that indexes observations.
+    :param data_plate: name of the plate that indexes observations, or a
+        negative batch dimension.
     """
 
     def __init__(
-        self, fn: Callable | None = None, *, keep: Any, data_plate: str
+        self, fn: Callable | None = None, *, keep: Any, data_plate: str | int
     ) -> None:
         if jnp.ndim(keep) != 1:
             raise ValueError(
                 "mask_observations: keep must be a 1-d array over the "
-                f"observations of data_plate='{data_plate}', got shape "
+                f"observations of data_plate={data_plate!r}, got shape "
                 f"{jnp.shape(keep)}."
             )
         self.keep = jnp.asarray(keep) != 0
@@ -82,15 +89,31 @@ class mask_observations(Messenger):
     def process_message(self, msg: dict[str, Any]) -> None:
         if msg["type"] != "sample" or not msg["is_observed"]:
             return
+        if isinstance(self.data_plate, int):
+            dim, indices = self._batch_dim(msg)
+        else:
+            dim, indices = self._plate_dim(msg)
+        if dim is None:  # outside the data plate: a term of the joint density
+            return
+        keep = jnp.reshape(self.keep[indices], (-1,) + (1,) * (-dim - 1))
+        msg["fn"] = msg["fn"].mask(keep)
+        weight = keep.astype(jnp.result_type(float))
+        msg["scale"] = weight if msg["scale"] is None else msg["scale"] * weight
+
+    def _batch_dim(self, msg: dict[str, Any]) -> tuple[int | None, Any]:
+        shape = jnp.shape(msg["value"])
+        batch = shape[: max(len(shape) - msg["fn"].event_dim, 0)]
+        dim, size = self.data_plate, self.keep.shape[0]
+        if len(batch) < -dim or batch[dim] != size:
+            return None, None
+        return dim, jnp.arange(size)
+
+    def _plate_dim(self, msg: dict[str, Any]) -> tuple[int | None, Any]:
         frame = next(
             (f for f in msg["cond_indep_stack"] if f.name == self.data_plate), None
         )
         if frame is None:
-            raise ValueError(
-                f"Observed site '{msg['name']}' is not inside data_plate="
-                f"'{self.data_plate}': cross-validation drops observations of "
-                "the data plate, so every observed site must be indexed by it."
-            )
+            return None, None
         if self._plate is None:
             raise ValueError(
                 f"mask_observations: the plate '{self.data_plate}' of site "
@@ -104,7 +127,4 @@ class mask_observations(Messenger):
                 f"the plate '{self.data_plate}' of site '{msg['name']}' has size "
                 f"{size}; pass one entry per observation of the plate."
             )
-        keep = jnp.reshape(self.keep[indices], (-1,) + (1,) * (-frame.dim - 1))
-        msg["fn"] = msg["fn"].mask(keep)
-        weight = keep.astype(jnp.result_type(float))
-        msg["scale"] = weight if msg["scale"] is None else msg["scale"] * weight
+        return frame.dim, indices

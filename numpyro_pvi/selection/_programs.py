@@ -14,13 +14,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from numpyro.handlers import substitute
+from numpyro.handlers import seed, substitute, trace
 from numpyro.infer import SVI
 
 from numpyro_pvi._data_plate import DataPlate
-from numpyro_pvi._draws import guide_draws, join_arrays, split_arrays
+from numpyro_pvi._draws import (
+    CONCRETE_VALUE_ERRORS,
+    guide_draws,
+    join_arrays,
+    split_arrays,
+)
 from numpyro_pvi._held_out import Pointwise
 from numpyro_pvi._particles import ParticleSpec
+from numpyro_pvi._structure import feasible_improper
 from numpyro_pvi.evaluation import PointwiseEstimate
 from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._candidates import Grid
@@ -32,6 +38,7 @@ __all__ = [
     "compile_all",
     "lower_grid",
     "lower_scores",
+    "model_data",
     "pointwise_scorer",
     "run_grid",
     "split_scores",
@@ -44,16 +51,43 @@ _BLOCKS = 20
 
 class ModelData:
     """Model arguments split into array leaves (inputs of the compiled
-    programs) and everything else (compile-time constants)."""
+    programs) and everything else (compile-time constants); with
+    ``constant=True`` all of them are constants (no inputs), for models
+    that compute with their arguments in Python (:func:`model_data`)."""
 
-    def __init__(self, args: tuple, kwargs: dict) -> None:
+    def __init__(self, args: tuple, kwargs: dict, *, constant: bool = False) -> None:
+        self.args, self.kwargs, self.constant = args, kwargs, constant
         self._structure, arrays = split_arrays(args, kwargs)
-        self.dynamic = [jnp.asarray(x) for x in arrays]
-        self.args, self.kwargs = args, kwargs
+        self.dynamic = [] if constant else [jnp.asarray(x) for x in arrays]
 
     def rebuild(self, dynamic: list[jax.Array]) -> tuple[tuple, dict]:
         """``(args, kwargs)`` with the array leaves ``dynamic``."""
+        if self.constant:
+            return self.args, self.kwargs
         return join_arrays(self._structure, dynamic)
+
+
+def model_data(
+    model: Callable, args: tuple, kwargs: dict, rng_key: jax.Array
+) -> ModelData:
+    """The model's arguments as inputs of the compiled programs, or as
+    constants when the model computes with them in Python (``len(np.unique
+    (x))``: SVI.run closes over them, and so do the programs then; they are
+    compiled for these arguments only)."""
+    data = ModelData(args, kwargs)
+
+    def probe(dynamic: list[jax.Array]) -> int:
+        a, k = data.rebuild(dynamic)
+        trace(seed(feasible_improper(model), rng_key)).get_trace(*a, **k)
+        return 0
+
+    try:
+        jax.eval_shape(probe, data.dynamic)
+    except CONCRETE_VALUE_ERRORS:
+        return ModelData(args, kwargs, constant=True)
+    except Exception:  # noqa: BLE001 - the programs will say what is wrong
+        pass
+    return data
 
 
 class GridProgram(NamedTuple):
@@ -81,7 +115,7 @@ def lower_grid(
     values = jnp.asarray(grid.values, dtype=jnp.result_type(float))
 
     def svi(value: jax.Array, keep: jax.Array) -> SVI:
-        masked = mask_observations(model, keep=keep, data_plate=plate.name)
+        masked = mask_observations(model, keep=keep, data_plate=plate.selector)
         return SVI(masked, guide, optim, loss=grid.make_loss(value))
 
     def over_fits(f: Callable, *rest: Any) -> Any:  # λ outer, folds inner
@@ -171,7 +205,7 @@ def pointwise_scorer(
     batches of its subsample size (the plate's indices substituted), so the
     model runs as written."""
     spec = ParticleSpec(
-        num_draws, score.requires, plate.name, objective="cross_validate"
+        num_draws, score.requires, plate.selector, objective="cross_validate"
     )
     reduce = PointwiseEstimate(score)
     if plate.subsample_size == plate.size:
