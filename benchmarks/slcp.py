@@ -135,7 +135,8 @@ def fit(
     """Fit the flow guide (Adam, cosine-decayed learning rate) from the
     prior median; returns the guide, its parameters and the ELBO of the fit
     (4000 draws)."""
-    guide = AutoFlow(slcp, init_loc_fn=init_to_median)
+    # wide start: SoftCVI learns from the guide's own draws (every mode)
+    guide = AutoFlow(slcp, init_loc_fn=init_to_median, init_scale=1.0)
     schedule = optax.cosine_decay_schedule(lr, num_steps)
     svi = SVI(slcp, guide, optax.adam(schedule), loss)
     result = svi.run(jax.random.PRNGKey(seed), num_steps, x, progress_bar=progress_bar)

@@ -28,6 +28,7 @@ from numpyro.handlers import substitute
 from numpyro.infer.autoguide import AutoContinuous
 from numpyro.infer.initialization import init_to_uniform
 
+from numpyro_pvi._structure import feasible_improper
 from numpyro_pvi._validation import check_int, check_real
 from numpyro_pvi.distributions import simulators_without_density
 from numpyro_pvi.guides.flow import FlowDistribution
@@ -88,10 +89,17 @@ class AutoFlow(AutoContinuous):
     The flow starts as the identity (every conditioner's output layer is
     zero), so the initial guide is
     :math:`\mathcal{N}(\mu_0, \mathrm{diag}(\sigma_0^2))` with :math:`\mu_0`
-    from ``init_loc_fn`` and :math:`\sigma_0` = ``init_scale``, like
-    :class:`~numpyro.infer.autoguide.AutoNormal` but wider by default: the
-    contrastive objectives learn only from the guide's own draws, which must
-    reach the posterior's modes from the first steps. Splines act on
+    from ``init_loc_fn`` and :math:`\sigma_0` = ``init_scale``. The default
+    0.3 works with every objective on NumPyro's example programs: a wider
+    start makes likelihoods with a log link overflow in the first steps
+    (NumPyro's zero-inflated Poisson example reads NaN from the first ELBO
+    step with :math:`\sigma_0 = 1`), a narrower one leaves
+    :class:`~numpyro_pvi.SoftCVIELBO`, which learns only from the guide's
+    own draws, slow to leave its start (on a Gaussian target, after 2000
+    steps, one coordinate 1.6 posterior sd off from 0.1 and 0.04 sd from
+    0.3). For :class:`~numpyro_pvi.SoftCVIELBO` on a multimodal posterior
+    pass ``init_scale=1.0``: the draws must reach the posterior's
+    modes from the first steps (the SLCP benchmark does). Splines act on
     :math:`[-B, B]` with :math:`B` = ``interval`` in the standardised
     coordinates and are the identity outside it.
 
@@ -106,7 +114,7 @@ class AutoFlow(AutoContinuous):
         from numpyro_pvi import SoftCVIELBO
         from numpyro_pvi.guides import AutoFlow
 
-        guide = AutoFlow(model, num_layers=4)
+        guide = AutoFlow(model, num_layers=4, init_scale=1.0)
         svi = SVI(model, guide, optax.adam(1e-3),
                   loss=SoftCVIELBO(num_particles=8, alpha=0.75))
 
@@ -138,7 +146,7 @@ class AutoFlow(AutoContinuous):
         *,
         prefix: str = "auto",
         init_loc_fn: Callable = init_to_uniform,
-        init_scale: float = 1.0,
+        init_scale: float = 0.3,
         num_layers: int = 4,
         hidden_dim: int = 32,
         hidden_layers: int = 1,
@@ -269,7 +277,7 @@ def _check_latents(model: Callable, args: tuple, kwargs: dict) -> None:
     none at all."""
     with numpyro.handlers.block(), simulators_without_density():
         tr = numpyro.handlers.trace(
-            numpyro.handlers.seed(model, random.PRNGKey(0))
+            numpyro.handlers.seed(feasible_improper(model), random.PRNGKey(0))
         ).get_trace(*args, **kwargs)
     latents = [s for s in tr.values() if s["type"] == "sample" and not s["is_observed"]]
     for site in latents:
