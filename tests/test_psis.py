@@ -164,6 +164,8 @@ def test_layout_and_log_densities(misfit):
     psis_group = idata["psis"]
     assert set(psis_group.data_vars) == {
         "pareto_k",
+        "pareto_k_se",
+        "num_ratio_draws",
         "good_k",
         "ess_is",
         "min_ss",
@@ -313,9 +315,11 @@ def test_plot_psis_draws(eight_schools_khat):
     axes = plot_psis(eight_schools_khat["centred"])
     assert len(axes) == 2
     assert len(axes[0].lines) == 3  # tail points, fitted Pareto, cutoff
-    assert len(axes[1].lines) == 4  # 0.5, good_k, 0.7, k̂
     k = float(eight_schools_khat["centred"]["psis"]["pareto_k"])
-    np.testing.assert_allclose(axes[1].lines[3].get_xdata(), [k])
+    labels = axes[1].get_legend_handles_labels()[1]
+    # good_k is 0.7 at 4000 draws: the threshold is listed once
+    assert labels == ["0.5", "good_k = 0.70", f"k̂ = {k:.2f}"]
+    np.testing.assert_allclose(axes[1].lines[-1].get_xdata(), [k])
     plt.close("all")
 
 

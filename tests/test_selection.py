@@ -299,16 +299,21 @@ def test_bad_input(kwargs, error, match):
         )  # fmt: skip
 
 
-def test_no_data_plate():
+def test_no_plate_equals_the_plate_version():
+    """The model without a plate (``obs=y`` on a vector) is cross-validated
+    over its elements, with the plate version's held-out scores."""
+
     def model(y):
-        theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+        theta = numpyro.sample("theta", dist.Normal(0.0, 3.0))
         numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
 
-    with pytest.raises(ValueError, match="share no plate"):
-        cross_validate(
-            random.PRNGKey(1), model, AutoNormal(model), optax.adam(0.05), 5,
-            _data(one_site), progress_bar=False,
-        )  # fmt: skip
+    y = _data(one_site)
+    cvs = [_cv(m, y) for m in (model, one_site)]
+    np.testing.assert_allclose(
+        cvs[0].scores["pointwise"].values,
+        cvs[1].scores["pointwise"].values,
+        rtol=1e-5,
+    )
 
 
 def test_result_reading_and_plot():

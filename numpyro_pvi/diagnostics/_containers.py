@@ -88,6 +88,12 @@ class ContainerAdapter(Protocol):
         """``elpd``, ``se``, ``p``, ``good_k`` and the pointwise ``elpd_i``,
         ``pareto_k`` (DataArrays) of a pointwise ``ELPDData``."""
 
+    def kfold_elpd(
+        self, elpd_i: xr.DataArray, se: float, *, num_draws: int, num_folds: int
+    ) -> Any:
+        """ArviZ's ``ELPDData`` of a K-fold cross-validation: pointwise
+        held-out log scores ``elpd_i`` and the standard error of their sum."""
+
 
 class InferenceDataAdapter:
     """ArviZ 0.2x: ``arviz.InferenceData`` and ArviZ's own numerics."""
@@ -172,6 +178,27 @@ class InferenceDataAdapter:
             "pareto_k": elpd["pareto_k"],
         }
 
+    def kfold_elpd(
+        self, elpd_i: xr.DataArray, se: float, *, num_draws: int, num_folds: int
+    ) -> Any:
+        """A pointwise ``ELPDData`` of the kind ``"loo"`` (the only kinds
+        ArviZ 0.2x's ``compare`` accepts are ``"loo"`` and ``"waic"``; K-fold
+        is leave-fold-out), without a Pareto k table: no importance
+        sampling is involved."""
+        from arviz.stats.stats_utils import ELPDData
+
+        fields = {
+            "elpd_loo": float(elpd_i.sum()),
+            "se": float(se),
+            "p_loo": float("nan"),
+            "n_samples": int(num_draws),
+            "n_data_points": int(elpd_i.size),
+            "warning": False,
+            "loo_i": elpd_i,
+            "scale": "log",
+        }
+        return ELPDData(data=list(fields.values()), index=list(fields))
+
 
 class DataTreeAdapter:
     """ArviZ ≥ 1.0: ``xarray.DataTree`` with arviz-base and arviz-stats."""
@@ -237,6 +264,25 @@ class DataTreeAdapter:
             "elpd_i": elpd.elpd_i,
             "pareto_k": elpd.pareto_k,
         }
+
+    def kfold_elpd(
+        self, elpd_i: xr.DataArray, se: float, *, num_draws: int, num_folds: int
+    ) -> Any:
+        """arviz-stats' ``ELPDDataLOOKFold``, as ``loo_kfold`` returns it."""
+        from arviz_stats.utils import ELPDDataLOOKFold
+
+        return ELPDDataLOOKFold(
+            elpd=float(elpd_i.sum()),
+            se=float(se),
+            p=float("nan"),
+            n_samples=int(num_draws),
+            n_data_points=int(elpd_i.size),
+            scale="log",
+            warning=False,
+            good_k=None,
+            elpd_i=elpd_i,
+            n_folds=int(num_folds),
+        )
 
 
 #: The adapter of the installed ArviZ.

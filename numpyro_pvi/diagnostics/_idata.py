@@ -23,6 +23,7 @@ __all__ = [
     "component_labels",
     "draws_dataset",
     "guide_name",
+    "objective_attrs",
     "root_attrs",
     "site_dims",
 ]
@@ -102,3 +103,13 @@ def component_labels(name: str, shape: tuple[int, ...]) -> list[str]:
     if not shape:
         return [name]
     return [f"{name}[{', '.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
+
+
+def objective_attrs(loss: Any, targets: bool | None) -> dict[str, str]:
+    """The attributes that record the objective a guide was fitted with."""
+    return {
+        "objective": "unspecified" if loss is None else type(loss).__name__,
+        "targets_posterior": {True: "true", False: "false", None: "unspecified"}[
+            targets
+        ],
+    }

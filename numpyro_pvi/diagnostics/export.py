@@ -9,15 +9,31 @@ from typing import Any
 import jax
 import numpy as np
 
-from numpyro_pvi._data_plate import find_data_plate
+from numpyro_pvi._data_plate import data_sites, observed_sites, plate_of
 from numpyro_pvi._draws import check_fitted_call, structured_draws
 from numpyro_pvi._particles import ParticleSpec
-from numpyro_pvi._validation import check_data_plate, check_int
+from numpyro_pvi._validation import check_data_plate, check_int, check_loss_target
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
-from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs, site_dims
+from numpyro_pvi.diagnostics._idata import (
+    draws_dataset,
+    objective_attrs,
+    root_attrs,
+    site_dims,
+)
 from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED, log_joint
 
-__all__ = ["PSIS_LOO_NOTE", "approximate_loo", "to_inference_data"]
+__all__ = [
+    "NOT_POSTERIOR_LOG_LIKELIHOOD",
+    "PSIS_LOO_NOTE",
+    "approximate_loo",
+    "to_inference_data",
+]
+
+#: The group that holds the pointwise log-likelihood of a fit whose
+#: objective does not target the Bayesian posterior (not ``log_likelihood``:
+#: ArviZ's LOO, WAIC and compare read that group and would treat the draws
+#: as a posterior).
+NOT_POSTERIOR_LOG_LIKELIHOOD = "pointwise_log_likelihood"
 
 #: What a PSIS-LOO of these draws estimates, stored with every export.
 PSIS_LOO_NOTE = (
@@ -38,8 +54,9 @@ def to_inference_data(
     model: Callable,
     guide: Callable,
     *args: Any,
+    loss: Any = None,
     num_draws: int = 1000,
-    data_plate: str | None = None,
+    data_plate: str | int | None = None,
     chunk_size: int | None = None,
     **kwargs: Any,
 ) -> Container:
@@ -61,8 +78,17 @@ def to_inference_data(
     predictive objective (:class:`~numpyro_pvi.PredictiveELBO`,
     :class:`~numpyro_pvi.PACmELBO`) the draws do not target the Bayesian
     posterior, and its ``elpd_loo`` is not a held-out score of that fit
-    (the root attribute ``psis_loo`` says so). Compare such fits by
-    :func:`~numpyro_pvi.predictive_score` on held-out data.
+    (the root attribute ``psis_loo`` says so). Pass the objective as
+    ``loss=``: it is recorded (root attributes ``objective`` and
+    ``targets_posterior``), and for an objective that does not target the
+    posterior the pointwise log-likelihood is stored in the group
+    ``pointwise_log_likelihood`` instead of ``log_likelihood``, so that
+    :func:`arviz.loo`, :func:`arviz.waic` and :func:`arviz.compare` refuse it
+    (they find no log-likelihood) rather than rank the fit by a number that
+    does not measure it; the draws, observed data and ``lp``/``log_q`` stay
+    for plots and predictive checks. Compare fits of any objective with
+    :func:`~numpyro_pvi.selection.cross_validate`:
+    ``arviz.compare(cv.to_elpd())`` ranks them by held-out log score.
 
     Groups (dims ``(chain=1, draw=S, ...)``; axes indexed by a plate are named
     after the plate):
@@ -91,9 +117,11 @@ def to_inference_data(
     :param model: the NumPyro model.
     :param guide: the fitted guide.
     :param args: positional arguments of model and guide.
+    :param loss: the objective the guide was fitted with (``None``: not
+        recorded; the container is read as a Bayesian fit's).
     :param num_draws: ``S``, the number of draws.
-    :param data_plate: name of the plate indexing the observations; ``None``
-        uses the plate shared by every observed site.
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param chunk_size: evaluate the draws in chunks of this size to bound
         memory; ``None`` evaluates all at once.
     :param kwargs: keyword arguments of model and guide.
@@ -112,6 +140,7 @@ def to_inference_data(
     param_map, model, guide = check_fitted_call(where, param_map, model, guide)
     num_draws = check_int(num_draws, "num_draws", where, minimum=1)
     data_plate = check_data_plate(data_plate, where)
+    targets = check_loss_target(loss, where)
     terms, tr = structured_draws(
         rng_key,
         param_map,
@@ -128,21 +157,27 @@ def to_inference_data(
         ),
         chunk_size=chunk_size,
     )
-    plate = find_data_plate(tr, data_plate)
+    plate = plate_of(tr, data_plate)
     dims = site_dims(tr)
-    observed = [
-        name
-        for name, site in tr.items()
-        if site["type"] == "sample" and site["is_observed"]
-    ]
-    obs_dim = plate if plate is not None else "observation"
+    # the observations' sites (observed sites outside the data plate are
+    # terms of the joint density: in lp, not in log_likelihood)
+    observed = [site["name"] for site in data_sites(observed_sites(tr), plate)[0]]
+    obs_dim = plate.name if plate.name is not None else "observation"
     log_lik_name = "__".join(observed)
-    attrs = root_attrs(guide, diagnostic="to_inference_data", psis_loo=PSIS_LOO_NOTE)
+    attrs = root_attrs(
+        guide,
+        diagnostic="to_inference_data",
+        psis_loo=PSIS_LOO_NOTE,
+        **objective_attrs(loss, targets),
+    )
+    log_lik_group = (
+        NOT_POSTERIOR_LOG_LIKELIHOOD if targets is False else "log_likelihood"
+    )
     groups = {
         "posterior": draws_dataset(
             terms.latents, dims={name: dims[name] for name in terms.latents}
         ),
-        "log_likelihood": draws_dataset(
+        log_lik_group: draws_dataset(
             {log_lik_name: np.asarray(terms.log_lik_scaled, dtype=np.float64)},
             dims={log_lik_name: [obs_dim]},
         ),
@@ -177,7 +212,8 @@ def approximate_loo(
     Like every PSIS-LOO it estimates the leave-one-out predictive of the
     *Bayesian* posterior (see :data:`PSIS_LOO_NOTE`).
 
-    :param data: the result of :func:`to_inference_data`.
+    :param data: the result of :func:`to_inference_data` (refused for a fit
+        exported with an objective that does not target the posterior).
     :param pointwise: also return ``loo_i`` / ``elpd_i`` and ``pareto_k``
         per observation (:func:`arviz.compare` needs them).
     :param var_name: the ``log_likelihood`` variable; default the only one.
@@ -189,6 +225,14 @@ def approximate_loo(
     1. *Bayesian leave-one-out cross-validation for large data*, Magnusson,
        Andersen, Jonasson, Vehtari (ICML 2019).
     """
+    if NOT_POSTERIOR_LOG_LIKELIHOOD in ADAPTER.groups(data):
+        raise ValueError(
+            "approximate_loo: this export is of a fit whose objective "
+            f"({dict(data.attrs).get('objective')}) does not target the "
+            "Bayesian posterior; PSIS-LOO would estimate the Bayesian posterior's "
+            "held-out score, not this fit's. Compare such fits by held-out score: "
+            "arviz.compare(numpyro_pvi.selection.cross_validate(...).to_elpd())."
+        )
     stats = dataset(data, "sample_stats", "approximate_loo", "to_inference_data")
     dataset(data, "log_likelihood", "approximate_loo", "to_inference_data")
     missing = {"lp", "log_q"} - set(stats.data_vars)

@@ -12,8 +12,9 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from numpyro_pvi._data_plate import observed_sites
+from numpyro_pvi._data_plate import data_sites, observed_sites, plate_of
 from numpyro_pvi._structure import replay_trace
+from numpyro_pvi._validation import check_loss_target
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
 from numpyro_pvi.diagnostics.export import (
@@ -21,12 +22,15 @@ from numpyro_pvi.diagnostics.export import (
     approximate_loo,
     to_inference_data,
 )
-from numpyro_pvi.diagnostics.psis import K_THRESHOLD, psis, psis_summary
+from numpyro_pvi.diagnostics.psis import K_THRESHOLD, psis
+from numpyro_pvi.diagnostics.psis_summary import psis_summary
 
 __all__ = ["report"]
 
 #: Observations named in the text, worst k̂ first.
 _WORST = 3
+#: Sample sizes above this are reported as not reachable (k̂ ≥ 0.83).
+_MAX_SAMPLE_SIZE = 1e6
 #: Components shown in the text's summary table (largest PSIS shift first).
 _SUMMARY_ROWS = 8
 
@@ -56,7 +60,7 @@ def report(
     *args: Any,
     loss: Any = None,
     num_draws: int = 4000,
-    data_plate: str | None = None,
+    data_plate: str | int | None = None,
     show: bool = True,
     **kwargs: Any,
 ) -> Container:
@@ -86,7 +90,8 @@ def report(
     :param loss: the objective the guide was fitted with (its reading of k̂
         depends on it); ``None`` reads k̂ as for a Bayesian fit.
     :param num_draws: draws of the guide.
-    :param data_plate: the plate indexing observations for LOO.
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param show: print the text.
     :param kwargs: keyword arguments of model and guide.
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
@@ -105,7 +110,10 @@ def report(
     2. Magnusson, M., Andersen, M. R., Jonasson, J. & Vehtari, A. (2019).
        *Bayesian leave-one-out cross-validation for large data.* ICML.
     """
-    smoothed = psis(rng_key, params, model, guide, *args, num_draws=num_draws, **kwargs)
+    targets = check_loss_target(loss, "report")
+    smoothed = psis(
+        rng_key, params, model, guide, *args, loss=loss, num_draws=num_draws, **kwargs
+    )
     exported = to_inference_data(
         rng_key,
         params,
@@ -119,17 +127,18 @@ def report(
     loo = ADAPTER.elpd_fields(approximate_loo(exported, pointwise=True))
     summary = psis_summary(smoothed)
     tr = replay_trace(rng_key, params, model, guide, args, kwargs)
-    observed = observed_sites(tr)
+    observed = data_sites(observed_sites(tr), plate_of(tr, data_plate))[0]
     binary = bool(observed) and all(s["fn"].single_draw for s in observed)
-    targets = getattr(loss, "targets_posterior", True)
     psis_group = ADAPTER.dataset(smoothed, "psis")
     text = _text(
         psis_group,
         summary,
         loo,
         header=f"{guide_name(guide)} fitted with {_loss_name(loss)}, {num_draws} draws",
-        reason=None if targets else NOT_POSTERIOR.format(loss=_loss_name(loss)),
-        binary=binary and not targets,
+        reason=None
+        if targets is not False
+        else NOT_POSTERIOR.format(loss=_loss_name(loss)),
+        binary=binary and targets is False,
     )
     if show:
         print(text)
@@ -175,6 +184,13 @@ def _worst(pareto_k: xr.DataArray) -> tuple[list[str], int]:
     return names, int(np.sum(~(values < K_THRESHOLD)))
 
 
+def _sample_size(min_ss: float) -> str:
+    """``min_ss`` as a count, or "not reachable" beyond ``_MAX_SAMPLE_SIZE``."""
+    if not min_ss <= _MAX_SAMPLE_SIZE:
+        return f"not reachable (over {_MAX_SAMPLE_SIZE:,.0f} draws)"
+    return f"{min_ss:.0f}"
+
+
 def _text(
     psis_group: xr.Dataset,
     summary: pd.DataFrame,
@@ -194,7 +210,7 @@ def _text(
         lines.append(f"  {BINARY_SPREAD}")
     lines.append(
         f"Importance-sampling ESS: {ess:.0f} of {num} draws (minimum sample size "
-        f"for this k̂: {min_ss:.3g})."
+        f"for this k̂: {_sample_size(min_ss)})."
     )
     worst, high = _worst(loo["pareto_k"])
     lines.append(

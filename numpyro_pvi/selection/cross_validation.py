@@ -36,6 +36,7 @@ from numpyro_pvi.selection._programs import (
     compile_all,
     lower_grid,
     lower_scores,
+    model_data,
     pointwise_scorer,
     run_grid,
     split_scores,
@@ -91,6 +92,44 @@ class CrossValidation:
             )
         return _select(self.scores, rule, self.reference)
 
+    def to_elpd(self) -> dict[str, Any]:
+        """Every candidate's cross-validated held-out log score as ArviZ's
+        ``ELPDData``: ``arviz.compare(cv.to_elpd())`` ranks the candidates
+        (VI and PVI fits alike) by held-out score, with the paired standard
+        error of each difference (``dse``) from the pointwise scores.
+
+        On ArviZ ≥ 1.0 these are arviz-stats' ``ELPDDataLOOKFold`` (what
+        ``arviz_stats.loo_kfold`` returns); on ArviZ 0.2x, whose ``compare``
+        takes only ``"loo"`` and ``"waic"`` results, ``ELPDData`` of the kind
+        ``"loo"`` (its ``elpd_loo`` is the K-fold estimate). Observations
+        that masks remove are left out. Only the log score is an ELPD.
+
+        :return: label -> ``ELPDData``, in the candidates' order.
+        """
+        from numpyro_pvi.diagnostics._containers import ADAPTER
+
+        s = self.scores
+        if s.attrs["score"] != "log":
+            raise ValueError(
+                f"CrossValidation.to_elpd: ArviZ's ELPDData holds log scores, but "
+                f"this cross-validation scored {s.attrs['score']!r}; compare its "
+                "scores directly (cv.scores['mean'], cv.scores['diff'] with "
+                "'diff_se'), or cross-validate with score='log'."
+            )
+        observed = s["observed"].values
+        out = {}
+        for label in s.candidate.values:
+            values = s["pointwise"].sel(candidate=label).values[observed]
+            elpd_i = xr.DataArray(values, dims=["observation"])
+            se = np.sqrt(values.size) * values.std()
+            out[str(label)] = ADAPTER.kfold_elpd(
+                elpd_i,
+                se,
+                num_draws=int(s.attrs["num_draws"]),
+                num_folds=int(s.attrs["num_folds"]),
+            )
+        return out
+
     def __str__(self) -> str:
         s = self.scores
         lines = [
@@ -116,7 +155,7 @@ def cross_validate(
     candidates: Mapping[str, ELBO] | Sequence[ELBO] | None = None,
     num_folds: int = 5,
     score: str | Score = "log",
-    data_plate: str | None = None,
+    data_plate: str | int | None = None,
     num_particles: int = 32,
     num_draws: int = 1000,
     rule: str = "one_se",
@@ -185,8 +224,8 @@ def cross_validate(
     :param score: the held-out score, a name or a
         :class:`~numpyro_pvi.scores.Score`; also the score of the default
         PVI candidates.
-    :param data_plate: the plate that indexes observations (default: the
-        plate shared by every observed site).
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param int num_particles: particles of the default candidates.
     :param int num_draws: draws of each held-out score.
     :param str rule: ``"one_se"`` or ``"best"``.
@@ -233,7 +272,7 @@ def cross_validate(
         )
 
     fold_key, fit_key, score_key = random.split(rng_key, 3)
-    data = ModelData(args, kwargs)
+    data = model_data(model, args, kwargs, fit_key)
     svi = SVI(model, guide, optim, loss=Trace_ELBO())
     params = svi.get_params(svi.init(fit_key, *args, **kwargs))
     plate = _data_plate(fit_key, params, model, guide, data, data_plate, num_folds)
@@ -325,17 +364,17 @@ def _data_plate(
     model: Callable,
     guide: Callable,
     data: ModelData,
-    data_plate: str | None,
+    data_plate: str | int | None,
     num_folds: int,
 ) -> DataPlate:
     """The data plate, checked to hold at least ``num_folds`` observations."""
     tr = replay_trace(rng_key, params, model, guide, data.args, data.kwargs)
-    plate = plate_of(tr, data_plate, warn=False)
+    plate = plate_of(tr, data_plate)
     if plate.name is None:
         raise ValueError(
-            "cross_validate: the observed sites share no plate, so there are no "
-            "observations to fold; put them in a plate (numpyro.plate), or name "
-            "it with data_plate=..."
+            "cross_validate: the observed values are scalars, one observation in "
+            "all, so there is nothing to fold; observe the data as an array (in "
+            "a numpyro.plate, or along a batch dimension)."
         )
     if num_folds > plate.size:
         raise ValueError(
@@ -384,7 +423,7 @@ def _reliable(
                 data.args,
                 data.kwargs,
                 num_draws=num_draws,
-                plate=plate.name,
+                plate=plate.selector,
             ),
         )
         estimates = Pointwise(
