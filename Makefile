@@ -19,7 +19,7 @@ LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
 	tests/test_nan_and_zero_density.py tests/test_held_out.py \
 	tests/test_export.py tests/test_vsbc.py tests/test_diagnostics_edges.py \
 	"tests/test_calibration_tests.py::test_band_is_arviz_simultaneous_band" \
-	tests/test_report.py \
+	tests/test_report.py tests/test_comparison.py tests/test_programs.py \
 	"tests/test_predictive_calibration.py::test_layout_and_plots_agree_with_the_verdicts" \
 	"tests/test_heterogeneity.py::test_binary_logistic_regression_flags_nothing_and_says_why[False]" \
 	"tests/test_selection.py::test_result_reading_and_plot" \
