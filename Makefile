@@ -9,33 +9,22 @@ VPY := $(VENV)/bin/python
 PYTHON312 ?= $(shell .ci/find-python 3.12)
 VENV312 := .venv-py312
 VPY312 := $(VENV312)/bin/python
-# what the leg runs: every diagnostics and export test (calibration tests,
-# report, predictive calibration's container and plots, heterogeneity), the
-# tutorial that reads the diagnostics' containers most, and
-# cross-validation's result and its equality with separately fitted folds
-# (JAX 1.x-era APIs), the flow guide's diagnostics (flowjax on that JAX)
-LEG312_TUTORIALS := 06_did_it_work
-LEG312_TESTS := tests/test_arviz_generations.py tests/test_psis.py \
-	tests/test_nan_and_zero_density.py tests/test_held_out.py \
-	tests/test_export.py tests/test_vsbc.py tests/test_diagnostics_edges.py \
-	"tests/test_calibration_tests.py::test_band_is_arviz_simultaneous_band" \
-	tests/test_report.py tests/test_comparison.py tests/test_programs.py \
-	"tests/test_predictive_calibration.py::test_layout_and_plots_agree_with_the_verdicts" \
-	"tests/test_heterogeneity.py::test_binary_logistic_regression_flags_nothing_and_says_why[False]" \
-	"tests/test_selection.py::test_result_reading_and_plot" \
-	"tests/test_selection.py::test_cv_equals_separately_fitted_folds[local_latent-log]" \
-	"tests/test_flow.py::test_psis_and_export_at_the_exact_posterior" \
-	"tests/test_flow.py::test_vsbc_runs_with_the_flow" \
-	$(foreach nb,$(LEG312_TUTORIALS),\
-	"tests/test_tutorials.py::test_notebook_executes_in_smoke_mode[$(nb)]")
+# what the leg runs: the tests marked `py312` (ArviZ containers and
+# JAX-version-dependent APIs) and `py312_only` (tutorial 06, run once).
+
+# -n auto: one worker per core; tests that share a module-scoped fit share
+# an xdist group, so one worker fits once.
+PYTEST := -m pytest -q -p no:cacheprovider -n auto --dist loadgroup
 
 ifeq ($(PYTHON312),)
 LEG312_VENV :=
+DEFAULT_LEG :=
 else
 LEG312_VENV := $(VENV312)/.installed-test
+DEFAULT_LEG := -m "not py312_only"
 endif
 
-.PHONY: demo test test-default test-py312 lint bench clean
+.PHONY: demo test test-fast test-default test-py312 lint bench clean
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,19 +41,26 @@ $(VENV)/.installed-test: pyproject.toml | $(VPY)
 demo: $(VENV)/.installed
 	$(VPY) -m numpyro_pvi.demo
 
-# The two virtual environments are installed side by side, then the legs run
-# one after the other.
+# After every change: every module's unit and contract tests (CONTRIBUTING.md).
+# Compiled programs are kept in .cache/jax between runs: a warm run loads
+# them instead of compiling.
+test-fast: $(VENV)/.installed-test
+	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
+	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax $(VPY) $(PYTEST) -m "not slow"
+
+# Everything: the two virtual environments are installed side by side, then
+# the legs run one after the other.
 test:
 	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV)
 	$(MAKE) test-default
 	$(MAKE) test-py312
 
-# Tests are spread over two xdist workers one by one, except those marked
-# with the same `xdist_group` (module-scoped fixtures), which share a worker.
+# The default leg: every test (fast and slow tiers) and the float64 rerun of
+# what float32 cannot show.
 test-default: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
-	$(VPY) -m pytest -q -n 2 --dist loadgroup --durations=15
-	JAX_ENABLE_X64=1 $(VPY) -m pytest -q -n 2 --dist loadgroup -m numerics
+	$(VPY) $(PYTEST) --durations=15 $(DEFAULT_LEG)
+	JAX_ENABLE_X64=1 $(VPY) $(PYTEST) -m numerics
 
 $(VENV312)/.installed-test: pyproject.toml
 	$(PYTHON312) -m venv $(VENV312)
@@ -81,7 +77,7 @@ test-py312: $(VENV312)/.installed-test
 	$(VPY312) -c "import arviz, jax, sys; print('Python', sys.version.split()[0], \
 	    '| ArviZ', arviz.__version__, '| JAX', jax.__version__); \
 	    sys.exit(int(arviz.__version__.split('.')[0]) < 1 and 'ArviZ 1.x expected')"
-	$(VPY312) -m pytest -q -n 2 --dist loadgroup --durations=10 $(LEG312_TESTS)
+	$(VPY312) $(PYTEST) --durations=10 -m "py312 or py312_only"
 endif
 
 lint: $(VENV)/.installed-test
@@ -104,4 +100,4 @@ bench: $(VENV)/.installed-bench
 	$(VPY) -m benchmarks.slcp $(SLCP)
 
 clean:
-	rm -rf $(VENV) $(VENV312) build dist *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV312) build dist *.egg-info .pytest_cache .ruff_cache .cache

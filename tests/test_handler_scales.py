@@ -78,6 +78,7 @@ def _params(model, guide, args):
     return jax.tree.map(lambda v: v * 0.9 + 0.05, params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_psis_lp_is_numpyro_log_density(case):
     model, args = CASES[case]

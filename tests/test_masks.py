@@ -126,6 +126,7 @@ def test_masked_outlier_leaves_every_estimator_at_the_kept_datas_score(score):
     assert abs(grads.mean() - all_grad) > 20 * se_grad
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "loss",
     [
@@ -265,6 +266,7 @@ def test_quadratic_score_leaves_masked_components_out_of_the_product_support():
     np.testing.assert_allclose(log.score, [np.log(q_obs), 0.0], rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_quadratic_masked_component_equals_the_model_without_it_at_the_same_key():
     """A guide with spread: the pair estimator over the kept components,
     exactly as the model observing only them."""
@@ -318,6 +320,7 @@ def test_energy_score_leaves_a_masked_column_out_of_both_vectors():
     assert abs(grads.mean() - exact_grad) < 4.5 * grads.std() / math.sqrt(grads.size)
 
 
+@pytest.mark.slow
 def test_mixture_guide_masked_observation_is_the_model_without_it():
     """Stratified draws of a mixture guide: same particles, same loss."""
     mixture = AutoGaussianMixture(masked_model, num_components=2)
@@ -339,6 +342,7 @@ def test_mixture_guide_masked_observation_is_the_model_without_it():
             np.testing.assert_allclose(a, b, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_predictive_score_and_cross_validation_leave_masked_observations_out():
     scores = predictive_score(random.PRNGKey(0), PARAMS, masked_model, guide, Y, KEEP)
     kept = predictive_score(
@@ -414,6 +418,7 @@ def imputing_fit():
     return guide, params, args
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", OBJECTIVES[1:], ids=_label)
 def test_obs_mask_objectives_leave_the_observed_entries_of_the_latent_out(
     imputing_fit, loss
@@ -452,6 +457,7 @@ def test_trace_elbo_drifts_with_obs_mask_where_ours_does_not(imputing_fit):
         assert (scale.max() > 5.0) == drifts
 
 
+@pytest.mark.slow
 def test_obs_mask_diagnostics_run_and_procedures_that_simulate_refuse(imputing_fit):
     guide, params, args = imputing_fit
     key = random.PRNGKey(0)
@@ -497,6 +503,7 @@ def test_obs_mask_diagnostics_run_and_procedures_that_simulate_refuse(imputing_f
             )
 
 
+@pytest.mark.slow
 def test_obs_mask_with_a_joint_guide_density_is_refused_with_a_remedy():
     guide = AutoDiagonalNormal(imputing_model)
     args = (X, Y_MISSING, ~MISSING)

@@ -31,6 +31,9 @@ from numpyro_pvi.diagnostics import pareto_smooth, psis_summary
 from numpyro_pvi.diagnostics._containers import ARVIZ_MAJOR
 from numpyro_pvi.scores import CRPS
 
+# ArviZ's Pareto fit and JAX 0.12: also run in the Python 3.12 leg
+pytestmark = pytest.mark.py312
+
 # --------------------------------------------------------------------------
 # zero model density
 # --------------------------------------------------------------------------
@@ -146,6 +149,7 @@ OBJECTIVES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", OBJECTIVES, ids=_label)
 def test_a_nan_term_gives_a_nan_loss(loss):
     y = jnp.array([0.5, -0.2, 1.1])

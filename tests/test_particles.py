@@ -111,6 +111,7 @@ def local_latent_model(y, subsample_size=None):
         numpyro.sample("y", dist.Normal(z, 0.5), obs=y[idx])
 
 
+@pytest.mark.slow
 def test_subsampling_local_latents_and_weights():
     y = jnp.arange(10.0)
     guide = AutoNormal(local_latent_model)
@@ -197,6 +198,7 @@ def test_unknown_data_plate_and_no_observed_site():
         _terms(prior_only, guide)
 
 
+@pytest.mark.slow
 def test_simulated_observations_and_pmf_shapes():
     y1 = jnp.arange(5.0)
     y2 = jnp.ones((5, 3))
@@ -271,7 +273,6 @@ def test_log_mean_exp_is_stable():
     np.testing.assert_allclose(out[1], 1000.0 - jnp.log(3.0), rtol=1e-6)
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("m", [1, 2, 7, 64])
 def test_particle_reductions_match_jax_reductions(m):
     # particle_sum is a contraction and particle_logsumexp shifts by a

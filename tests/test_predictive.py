@@ -90,7 +90,7 @@ def _record(store):
     return vectorize
 
 
-@pytest.mark.numerics
+@pytest.mark.slow
 def test_per_observation_log_mean_exp_not_of_summed_likelihood():
     """The PAC^m pitfall: log-mean-exp per observation, not of the data-set sum."""
     x, y = _data(n=20)
@@ -133,6 +133,7 @@ def test_regularizers_match_their_definitions(regularizer):
     np.testing.assert_allclose(value, -(score - lam * reg[regularizer]), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_subsampled_loss_is_unbiased_for_full_data_loss():
     x, y = _data(n=40)
     guide = AutoNormal(regression)
@@ -319,6 +320,7 @@ def test_observed_site_outside_named_plate_is_a_density_term():
         np.testing.assert_allclose(with_z - alone, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("regularizer", ["prior", "posterior"])
 def test_traced_lam_grid_equals_losses_with_python_lams(regularizer):
     """A λ grid vectorises through the public class: loss and gradient at a

@@ -61,6 +61,7 @@ def _gradients(loss, y=Y, num_keys=NUM_KEYS):
     return np.asarray(jax.jit(lambda k: jax.lax.map(jax.vmap(grad), k))(keys)).ravel()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("m", [1, 8])
 def test_gradient_is_unbiased_with_an_outlier(m):
     # q(y_i) = N(y_i; loc, √2): d/dloc Σ_i log q(y_i) = Σ_i (y_i - loc) / 2 = 2
@@ -72,6 +73,7 @@ def test_gradient_is_unbiased_with_an_outlier(m):
     assert 4.0 * se < 1.0
 
 
+@pytest.mark.slow
 def test_without_further_rounds_the_outlier_is_lost_and_reported():
     """max_rounds=0 is the first round alone: the outlier, rarely accepted,
     contributes no gradient, and rejection_stats says how often."""

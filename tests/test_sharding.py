@@ -7,7 +7,11 @@ from numpyro_pvi.sharding import data_mesh, shard_data
 
 # the tests below read the results of sharding_worker.py, which runs with
 # four host devices (conftest.py: four_devices)
-on_four_devices = pytest.mark.xdist_group("four_devices")
+
+
+def on_four_devices(test):
+    """One worker runs the four-device subprocess (about 40 s): slow tier."""
+    return pytest.mark.slow(pytest.mark.xdist_group("four_devices")(test))
 
 
 EXPECTED = [

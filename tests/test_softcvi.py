@@ -89,6 +89,7 @@ def _max_abs(tree):
     return max(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(tree))
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_log_joint_minus_log_q_is_log_evidence_at_exact_posterior(regression):
     x, y, guide, exact, log_z = regression
@@ -103,6 +104,7 @@ def test_log_joint_minus_log_q_is_log_evidence_at_exact_posterior(regression):
     assert np.ptp(np.asarray(draws.log_q)) > 1.0  # the draws differ
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @pytest.mark.parametrize(
     "loss",
@@ -121,7 +123,6 @@ def test_zero_gradient_at_exact_posterior(regression, loss):
     assert _max_abs(grads) < ZERO_TOL
 
 
-@pytest.mark.numerics
 def test_plain_snis_gradient_is_not_zero_at_exact_posterior(regression):
     x, y, guide, exact, _ = regression
     grads = _grads(SNISForwardKL(8), exact, linreg, guide, x, y)
@@ -189,6 +190,7 @@ def _autocontinuous_log_q(guide, params, tr):
     return log_q - jnp.log(tr["s"]["value"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "guide_class, closed_form",
     [
@@ -323,6 +325,7 @@ def mix_exact(y):
     return {k: jnp.asarray(v) for k, v in params.items()}, log_z
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @pytest.mark.parametrize(
     "model, guide, exact, y",
@@ -509,6 +512,7 @@ def eight_schools(sigma, y=None):
         numpyro.sample("y", dist.Normal(mu + tau * theta_tilde, sigma), obs=y)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not REFERENCE.exists(), reason="posteriordb data not found")
 def test_eight_schools_softcvi_covers_reference_draws_better():
     data = json.loads((POSTERIORDB / "eight_schools.json").read_text())

@@ -24,6 +24,9 @@ from numpyro_pvi.diagnostics._containers import ADAPTER
 from numpyro_pvi.diagnostics._loo_core import approximate_loo_pointwise
 from tests.arviz_generation import ARVIZ_1, elpd, group
 
+# ArviZ containers: also run in the Python 3.12 leg (ArviZ 1.x)
+pytestmark = pytest.mark.py312
+
 # conjugate normal model: y_i ~ N(mu, 1), mu ~ N(0, 2^2)
 Y = np.array([1.2, 0.3, -0.4, 2.1, 0.8, 1.5, -0.2, 0.9, 1.1, 0.4, 0.0, 2.5])
 TAU0 = 2.0

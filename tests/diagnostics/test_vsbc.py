@@ -32,6 +32,9 @@ from tests.arviz_generation import (
     netcdf_round_trip,
 )
 
+# ArviZ containers: also run in the Python 3.12 leg (ArviZ 1.x)
+pytestmark = pytest.mark.py312
+
 # --------------------------------------------------------------------------
 # the symmetry test
 # --------------------------------------------------------------------------
@@ -418,6 +421,7 @@ def non_centred(sigma, y=None):
         numpyro.sample("y", dist.Normal(mu + tau * eta, sigma), obs=y)
 
 
+@pytest.mark.slow
 def test_eight_schools_tau_centred_vs_non_centred():
     # The paper (ADVI in Stan) finds opposite directions for τ. Mean-field
     # AutoNormal with Adam reproduces a different contrast: centred, q(τ) is
@@ -503,6 +507,7 @@ def test_works_with_the_package_objectives(loss, chain_method):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("four_devices_vsbc")
 def test_sharded_matches_vectorized_on_four_devices(four_devices_vsbc):
     # the same VSBC run (a normal model with unknown mean and log scale, 10

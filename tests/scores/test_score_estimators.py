@@ -129,7 +129,6 @@ LOC, SCALE = 0.2, 0.8
 Y = jnp.array([-6.0, -0.4, 0.3, 1.1, 9.0])  # two outliers far from the guide
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("estimator", [*ESTIMATORS, "closed-form", "auto"])
 @pytest.mark.parametrize("m", [2, 8])
 def test_crps_estimators_unbiased_for_the_normal_predictive(estimator, m):
@@ -153,7 +152,6 @@ def test_crps_estimators_unbiased_for_the_normal_predictive(estimator, m):
     assert jnp.min(bias / se) > 10, (bias, se)
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("m", [4, 8])  # M = 2, 3: every pair, the same estimate
 def test_energy_derangement_unbiased_in_three_dimensions(m):
     # the same i.i.d. draws: the derangement and the all-pairs estimates have
@@ -225,7 +223,6 @@ def _normal_terms(loc, scale, y_obs, y_sim=None):
     )
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("m", [2, 5])
 def test_closed_form_is_the_derangement_averaged_over_simulations(m):
     # given the particles, the closed form is the expectation over y_sim of the
@@ -254,7 +251,6 @@ def test_closed_form_is_the_derangement_averaged_over_simulations(m):
         assert jnp.max(jnp.abs(all_pairs - exact) / se) > 10
 
 
-@pytest.mark.numerics
 def test_closed_form_variance_is_below_the_simulations():
     # the conditional expectation has less variance than the simulated
     # estimators over draws of the particles and the simulations
@@ -364,7 +360,7 @@ def linreg(x, y):
         numpyro.sample("y", dist.Normal(x @ w, 0.7), obs=y)
 
 
-@pytest.mark.numerics
+@pytest.mark.slow
 @pytest.mark.parametrize("score", ["crps", "energy"])
 def test_stratified_derangement_equals_all_pairs_in_expectation(score):
     x = jnp.array([[1.0, 0.0], [0.5, -1.0], [2.0, 1.5], [-1.0, 3.0]])
@@ -523,9 +519,22 @@ CASES = {
 }
 
 
-@pytest.mark.numerics
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("guide_cls", ["AutoNormal", "AutoGaussianMixture"])
+#: the fast tier: the case with several components (one pass per component)
+PMF_PATHS = [
+    pytest.param(
+        case,
+        guide_cls,
+        marks=()
+        if (case, guide_cls) in {("several components", "AutoNormal")}
+        else pytest.mark.slow,
+        id=f"{guide_cls}-{case}",
+    )
+    for guide_cls in ("AutoNormal", "AutoGaussianMixture")
+    for case in CASES
+]
+
+
+@pytest.mark.parametrize("case, guide_cls", PMF_PATHS)
 def test_quadratic_loss_and_gradient_same_with_either_pmf_path(
     case, guide_cls, monkeypatch
 ):
@@ -538,8 +547,9 @@ def test_quadratic_loss_and_gradient_same_with_either_pmf_path(
     params = _init_params(model, guide, loss, args, 1)
 
     def value_and_grad():
+        # a new function each call: jit traces it again after the patch
         f = lambda p: loss.loss(random.PRNGKey(2), p, model, guide, *args)  # noqa: E731
-        return jax.value_and_grad(f)(params)
+        return jax.jit(jax.value_and_grad(f))(params)
 
     fast = value_and_grad()
     monkeypatch.setattr(pmf, "ONE_PASS", {})
@@ -550,7 +560,7 @@ def test_quadratic_loss_and_gradient_same_with_either_pmf_path(
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.numerics
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case", ["bernoulli", "categorical", "binomial", "binomial-20"]
 )

@@ -236,7 +236,6 @@ def bernoulli_model(y):
         numpyro.sample("y", dist.Bernoulli(p), obs=y)
 
 
-@pytest.mark.numerics
 def test_quadratic_score_of_a_bernoulli_closed_form():
     y = jnp.array([0.0, 1.0, 1.0, 0.0])
     p = 0.3
@@ -393,6 +392,7 @@ def toy_guide(y):
     numpyro.sample("theta", dist.Normal(loc, scale))
 
 
+@pytest.mark.slow
 def test_pvi_normal_toy_with_crps_gives_sqrt3():
     # y ~ N(0, 2^2) (as evenly spaced quantiles), model N(theta, 1), Gaussian
     # guide, no regularizer: the predictive N(m, 1 + s^2) matches N(0, 4), so
@@ -486,6 +486,7 @@ def test_user_defined_interval_score_from_the_docstring():
     assert np.isfinite(loss) and all(np.isfinite(g) for g in grads.values())
 
 
+@pytest.mark.slow
 def test_predictive_score_supports_every_score():
     y = jnp.array([0.0, 1.0, 4.0, 2.0])
     guide = AutoDelta(poisson_model)

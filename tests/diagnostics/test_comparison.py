@@ -31,7 +31,7 @@ from numpyro_pvi.diagnostics import (
 from numpyro_pvi.selection import cross_validate
 from tests.arviz_generation import group_names
 
-pytestmark = pytest.mark.xdist_group("comparison")
+pytestmark = [pytest.mark.xdist_group("comparison"), pytest.mark.py312]
 
 
 def location_model(y):
@@ -65,6 +65,7 @@ def fits():
     return y, out
 
 
+@pytest.mark.slow
 def test_az_compare_of_cross_validation_ranks_as_new_data_do(fits):
     y, fitted = fits
     y_new = _data(2000, 1)

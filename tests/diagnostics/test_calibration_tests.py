@@ -69,6 +69,7 @@ def _se(p, n):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_exact_guide_is_ok_at_the_nominal_false_alarm_rate():
     reps = 1500
     r = _rates(_ranks(0, 100, reps), num_draws=1000)
@@ -79,6 +80,7 @@ def test_exact_guide_is_ok_at_the_nominal_false_alarm_rate():
     assert abs(r["uniformity"] - ALPHA) <= tol
 
 
+@pytest.mark.slow
 def test_too_narrow_unbiased_guide_is_ok_for_symmetry_and_flagged_for_spread():
     """σ_q = σ_post / 2: a symmetric U-shaped histogram that symmetry cannot
     see; dispersion says "too narrow", the band test rejects uniformity.
@@ -98,6 +100,7 @@ def test_too_wide_guide_is_flagged_too_wide():
     assert 1 - _rate(r["direction"], "ok", reps) <= ALPHA + _se(ALPHA, reps)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bias, direction", [(0.8, "over"), (-0.8, "under")])
 def test_biased_guide_is_flagged_in_its_direction_and_not_for_spread(bias, direction):
     """A shifted guide of the right width: the direction is flagged, while
@@ -109,6 +112,7 @@ def test_biased_guide_is_flagged_in_its_direction_and_not_for_spread(bias, direc
     assert r["uniformity"] >= 0.9
 
 
+@pytest.mark.slow
 def test_dispersion_level_with_few_draws():
     """With L = 9 draws the scores take 10 values; the moment-matched null
     keeps the level (a χ²_{R-1} null would not)."""
@@ -119,6 +123,7 @@ def test_dispersion_level_with_few_draws():
     assert abs(np.mean(p < ALPHA) - ALPHA) <= _se(ALPHA, reps)
 
 
+@pytest.mark.slow
 def test_two_sample_ks_rejects_a_symmetric_p_too_often_as_documented():
     """The claim in symmetry_test's docstring and the README: the usual
     two-sample KS test of p against 1 - p, for 40 uniform p at level 5%,
@@ -211,6 +216,7 @@ def test_ecdf_leaves_the_band_exactly_when_the_p_value_is_at_most_its_level():
             assert outside == (p[j] <= 1 - band.level + 1e-12), (level, j, p[j])
 
 
+@pytest.mark.py312
 def test_band_is_arviz_simultaneous_band():
     """ArviZ 0.2x's optimised band (the same recursion, its pointwise level
     found by a continuous search) agrees to one count; ArviZ ≥ 1.0's

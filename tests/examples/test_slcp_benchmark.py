@@ -13,7 +13,7 @@ from scipy import stats
 
 from benchmarks.slcp import c2st, load_observation, main, mode_masses, slcp
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "sbibm" / "slcp"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "sbibm" / "slcp"
 X = np.array([[2.37, 0.50], [9.93, 1.71], [-10.44, -1.91], [-1.23, -0.10]])
 
 

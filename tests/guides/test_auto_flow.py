@@ -59,6 +59,7 @@ def _posterior(guide, params):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @pytest.mark.parametrize("dim", [1, 2, 5])
 def test_log_density_is_change_of_variables(dim):
@@ -83,6 +84,7 @@ def test_log_density_is_change_of_variables(dim):
     assert np.max(np.abs(np.asarray(gaussian.log_prob(theta)) - expected)) > 0.05
 
 
+@pytest.mark.slow
 def test_flow_starts_as_the_gaussian():
     """Every conditioner's output layer starts at zero: the splines are the
     identity and q is N(loc, diag(scale²)) — whatever the random hidden
@@ -96,6 +98,7 @@ def test_flow_starts_as_the_gaussian():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 def test_guide_density_includes_the_constraining_jacobian():
     """log q of a constrained site (the guide's trace) equals the
@@ -130,7 +133,6 @@ def test_guide_density_includes_the_constraining_jacobian():
     np.testing.assert_allclose(log_q, expected, rtol=1e-4 if not X64 else 1e-9)
 
 
-@pytest.mark.numerics
 def test_density_integrates_to_one_in_1d():
     guide, params = _random_flow(1, spread=0.3)
     q = _posterior(guide, params)
@@ -161,6 +163,7 @@ def _cdf_1d(q, lo=-40.0, hi=40.0, num=80_001):
     return lambda x: np.interp(x, grid, cdf / cdf[-1])
 
 
+@pytest.mark.slow
 def test_draws_follow_their_own_cdf_in_1d():
     guide, params = _random_flow(1, spread=0.3)
     q = _posterior(guide, params)
@@ -223,6 +226,7 @@ def _max_grad(loss, params, guide, y, num_keys=3):
     return max(float(jnp.max(jnp.abs(v))) for v in jax.tree.leaves(grads))
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @pytest.mark.parametrize(
     "loss",
@@ -237,6 +241,7 @@ def test_zero_gradient_at_exact_posterior(gaussian_target, loss):
     assert _max_grad(loss, shifted, guide, y) > 100 * ZERO_TOL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", [Trace_ELBO(8), SoftCVIELBO(8, 0.75)])
 def test_fit_recovers_the_gaussian_posterior(gaussian_target, loss):
     y, _, exact = gaussian_target
@@ -258,6 +263,7 @@ def test_fit_recovers_the_gaussian_posterior(gaussian_target, loss):
 # ---------------------------------------------------------------------------
 
 
+@pytest.mark.py312
 def test_psis_and_export_at_the_exact_posterior(gaussian_target):
     y, guide, exact = gaussian_target
     idata = psis(random.PRNGKey(0), exact, _normal_means, guide, y, num_draws=2000)
@@ -273,6 +279,8 @@ def test_psis_and_export_at_the_exact_posterior(gaussian_target):
     )
 
 
+@pytest.mark.slow
+@pytest.mark.py312
 def test_vsbc_runs_with_the_flow():
     def model(y=None):
         mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
@@ -360,6 +368,7 @@ def _matmuls(fn, *args):
     return str(jax.make_jaxpr(fn)(*args)).count("dot_general")
 
 
+@pytest.mark.slow
 def test_draw_with_density_and_density_at_points_are_one_pass_each():
     """The conditioners' matrix products appear once in the program of a
     draw with its log density and once in that of the density at given

@@ -26,7 +26,7 @@ from numpyro_pvi import predictive_score
 # module-scoped fixtures: one xdist worker runs the whole module
 pytestmark = pytest.mark.xdist_group("posteriordb_harness")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT.parent / "shared" / "data" / "posteriordb"
 
 
@@ -101,6 +101,7 @@ def test_bad_input():
         candidates.pvi_objective("log", lams=(-1.0,))
 
 
+@pytest.mark.slow
 def test_result_structure(run):
     splits, _, results = run
     assert [len(p["y"]) for p in splits[0]] == [24, 8, 8]
@@ -190,6 +191,7 @@ def test_paper_models_match_posteriordb_programs():
     np.testing.assert_allclose(data["y_loc"], np.mean(split.train["y"]), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_dense_guide_density_matches_multivariate_normal():
     """The benchmark's LAPACK-free dense guide has the same density and
     gradients as NumPyro's MultivariateNormal (batched, as under vmap)."""

@@ -154,12 +154,13 @@ def _separate(model, y, cv, label, score):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model, score",
     [
         (one_site, "crps"),
         pytest.param(two_sites, "log", marks=pytest.mark.numerics),
-        (local_latent, "log"),
+        pytest.param(local_latent, "log", marks=pytest.mark.py312),
     ],
 )
 def test_cv_equals_separately_fitted_folds(model, score):
@@ -192,6 +193,7 @@ def test_cv_equals_separately_fitted_folds(model, score):
     )
 
 
+@pytest.mark.slow
 def test_subsampled_plate():
     """A subsampled data plate is fitted on subsamples and every observation
     scored (in batches of the subsample size): the scores equal those of the
@@ -220,6 +222,7 @@ def numpyro_plate(model, y):
     return plate_of(tr, None)
 
 
+@pytest.mark.slow
 def test_mixture_guide():
     """A mixture guide under every candidate: finite scores, and the
     mixture's stratified predictive is what is scored."""
@@ -249,6 +252,7 @@ def _held_out(loss, y, y_test):
     return np.asarray(s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sigma", [1.0, 2.0])
 def test_selection_known_answers(sigma):
     """Well specified (sigma = 1): the choice is not significantly worse than
@@ -299,6 +303,7 @@ def test_bad_input(kwargs, error, match):
         )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_no_plate_equals_the_plate_version():
     """The model without a plate (``obs=y`` on a vector) is cross-validated
     over its elements, with the plate version's held-out scores."""
@@ -316,6 +321,8 @@ def test_no_plate_equals_the_plate_version():
     )
 
 
+@pytest.mark.slow
+@pytest.mark.py312
 def test_result_reading_and_plot():
     import matplotlib.pyplot as plt
 

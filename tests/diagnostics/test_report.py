@@ -15,6 +15,9 @@ from numpyro_pvi import PACmELBO, PredictiveELBO, diagnostics
 from numpyro_pvi.diagnostics.report import BINARY_SPREAD
 from tests.arviz_generation import CONTAINER, elpd, group, group_names
 
+# ArviZ containers: also run in the Python 3.12 leg (ArviZ 1.x)
+pytestmark = pytest.mark.py312
+
 X = jnp.linspace(-1.0, 1.0, 30)
 Y = (2.0 * X + 0.3 * jax.random.normal(jax.random.PRNGKey(0), (30,))).at[3].set(5.0)
 
@@ -78,6 +81,7 @@ def test_report_agrees_with_the_individual_diagnostics(vi_fit, capsys):
     assert "does not target the Bayesian posterior" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "loss", [PredictiveELBO("log", num_particles=8), PACmELBO(num_particles=4)], ids=str
 )

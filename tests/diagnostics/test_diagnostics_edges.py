@@ -23,7 +23,7 @@ from numpyro_pvi.diagnostics.vsbc import loss_drift
 from tests.arviz_generation import elpd, group
 
 matplotlib.use("Agg")
-pytestmark = pytest.mark.xdist_group("diagnostics_edges")
+pytestmark = [pytest.mark.xdist_group("diagnostics_edges"), pytest.mark.py312]
 
 N = 20
 X = jnp.linspace(-1.0, 1.0, N)
@@ -49,6 +49,7 @@ def fit():
 # -- subsampled plates: score everything or refuse --------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "call",
     [
@@ -241,6 +242,7 @@ def test_loss_drift_separates_falling_from_fluctuating_losses():
     assert float(loss_drift(100.0 - jnp.linspace(0, 1, 100))) > 3.0
 
 
+@pytest.mark.slow
 def test_vsbc_flags_unconverged_replications_and_says_so():
     def simple(y=None):
         t = numpyro.sample("t", dist.Normal(0.0, 3.0))

@@ -106,6 +106,7 @@ def _stratified(key, guide, params, model, x, y, m):
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_guide_log_density_is_the_mixture_density():
     x, y = _data()
     guide, params = _fixed_guide(linreg, x, y)
@@ -123,6 +124,7 @@ def test_guide_log_density_is_the_mixture_density():
     )
 
 
+@pytest.mark.slow
 def test_sample_posterior_with_and_without_covariate():
     x, y = _data()
     guide, params = _fixed_guide(linreg, x, y)
@@ -148,7 +150,7 @@ def test_sample_posterior_with_and_without_covariate():
     assert jnp.all(jnp.abs(plain["beta"].mean(0) - w_bar @ LOCS) < 5 * se)
 
 
-@pytest.mark.numerics
+@pytest.mark.slow
 def test_huber_entropy_bound():
     x, y = _data()
     guide, params = _fixed_guide(linreg, x, y, gated=False)
@@ -171,7 +173,7 @@ def test_huber_entropy_bound():
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.numerics
+@pytest.mark.slow
 @pytest.mark.parametrize("gated", [True, False])
 def test_stratified_predictive_is_unbiased(gated):
     """mean over keys of sum_k w_k(x_i) (1/M) sum_m p(y_i|theta_km) = eq. 9,
@@ -262,6 +264,7 @@ def test_gauss_hermite_equals_closed_form_gaussian():
     np.testing.assert_allclose(quad, exact, atol=tol, rtol=0)
 
 
+@pytest.mark.slow
 def test_gauss_hermite_logistic_matches_monte_carlo():
     x, y01 = _data()
     y = (y01 > 0).astype(jnp.float32)
@@ -287,7 +290,7 @@ def test_gauss_hermite_logistic_matches_monte_carlo():
 # --------------------------------------------------------------------------
 
 # Trace_ELBO cannot learn the weights and refuses the mixture
-# (tests/test_stratified_elbo.py); StratifiedELBO is its VI baseline
+# (tests/test_stratified.py); StratifiedELBO is its VI baseline
 LOSSES = [
     StratifiedELBO(num_particles=2),
     PredictiveELBO("log", num_particles=2, regularizer="posterior", lam=0.5),
@@ -296,6 +299,7 @@ LOSSES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "gated, entropy, losses",
     [(True, "mc", LOSSES), (False, "huber", LOSSES[1:2])],
@@ -316,6 +320,7 @@ def test_every_objective_runs_under_jit(gated, entropy, losses):
         assert jnp.any(jnp.abs(grads[name]) > 0), loss  # stratified: weights learn
 
 
+@pytest.mark.slow
 def test_bad_input():
     x, y = _data()
     for k in (0, -1, 1.5, True):
@@ -367,6 +372,7 @@ def test_bad_input():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_pruning_keeps_argmax_components_and_renormalises():
     x, y = _data(n=40)
     guide, params = _fixed_guide(linreg, x, y)
@@ -456,6 +462,7 @@ def xor_fits():
     return fits, lpds, lpd_vi
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("gm_pvi_xor_fits")
 def test_xor_small_beta_keeps_four_components_and_beats_posterior(xor_fits):
     fits, lpds, lpd_vi = xor_fits
@@ -467,6 +474,7 @@ def test_xor_small_beta_keeps_four_components_and_beats_posterior(xor_fits):
     assert diff.mean() > 5 * se, (diff.mean(), se)
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("gm_pvi_xor_fits")
 def test_xor_large_beta_approaches_posterior_predictive(xor_fits):
     fits, lpds, lpd_vi = xor_fits
@@ -499,7 +507,7 @@ def _exact_mixture_crps(x, y, log_omega):
     return -obs + 0.5 * jnp.einsum("nk,nkl,nl->n", w, pair, w)
 
 
-@pytest.mark.numerics
+@pytest.mark.slow
 @pytest.mark.parametrize("m", [2, 5])
 def test_stratified_closed_form_crps_is_unbiased(m):
     """The closed form of the Normal likelihood under stratified draws (each
@@ -587,7 +595,6 @@ def _exact_bernoulli_quadratic(guide, params, x, y):
     return 2 * prob(y) - p1**2 - (1 - p1) ** 2
 
 
-@pytest.mark.numerics
 def test_stratified_quadratic_is_unbiased():
     x, y01 = _data()
     y = (y01 > 0).astype(jnp.result_type(float))

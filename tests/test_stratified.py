@@ -54,6 +54,7 @@ def _exact_elbo_gradient(logits):
     return np.trapezoid(integrand, theta, axis=1)
 
 
+@pytest.mark.slow
 def test_weight_gradient_is_the_exact_elbo_gradient():
     logits = np.array([0.0, 0.0])
     guide, params = _mixture_params(logits)

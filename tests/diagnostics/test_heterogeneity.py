@@ -43,7 +43,13 @@ def _fit(loss, **kwargs):
     return guide, result.params
 
 
-@pytest.mark.parametrize("binomial", [False, True])
+@pytest.mark.parametrize(
+    "binomial",
+    [
+        pytest.param(False, marks=pytest.mark.py312),
+        pytest.param(True, marks=pytest.mark.slow),
+    ],
+)
 def test_binary_logistic_regression_flags_nothing_and_says_why(binomial):
     """A new user's case: PVI-Log leaves coefficients near their prior sd
     (the null predictor among them) because a binary outcome's predictive

@@ -54,6 +54,7 @@ def _calibration(loss, data_generator, **options):
 LOSSES = {"VI": Trace_ELBO(), "PVI-Log": PredictiveELBO("log", num_particles=8)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "loss, generator, dispersion",
     [
@@ -80,6 +81,7 @@ def test_known_answers_lai_yao_toy(loss, generator, dispersion):
         assert uniform < 1e-3 and ratio > 1.5
 
 
+@pytest.mark.py312
 def test_layout_and_plots_agree_with_the_verdicts():
     result = _calibration(LOSSES["VI"], wider_truth, num_simulations=20)
     assert isinstance(result, CONTAINER)
@@ -109,6 +111,7 @@ def test_layout_and_plots_agree_with_the_verdicts():
         diagnostics.plot_predictive_calibration(result, var_names="theta")
 
 
+@pytest.mark.slow
 def test_pit_equals_the_closed_form_of_a_conjugate_normal_fit():
     """q(θ) = N(m, s²) and y ~ N(θ, 1): the predictive of y_j is
     N(m, 1 + s²), so E[rank / L] = Φ((y_j - m) / √(1 + s²)); tolerance four
@@ -146,6 +149,7 @@ def count_model(y=None):
         numpyro.sample("y", dist.Poisson(jnp.exp(rate)), obs=y)
 
 
+@pytest.mark.slow
 def test_discrete_outcomes_use_the_randomised_pit():
     """Poisson counts near 1.6: about a quarter of the posterior-predictive
     draws tie with the held-out count; the ties are split at random, and the
@@ -176,6 +180,7 @@ def two_sites(y1=None, y2=None):
         numpyro.sample("y2", dist.Normal(10.0 * theta, 10.0), obs=y2)
 
 
+@pytest.mark.slow
 def test_two_observed_sites_are_read_apart():
     """Only y1 is misspecified (sd 2 where the model says 1); y2, on a scale
     ten times larger, is generated as modelled."""
@@ -207,6 +212,7 @@ def test_two_observed_sites_are_read_apart():
     assert tests["dispersion"].sel(component="y2").item() == "ok"
 
 
+@pytest.mark.slow
 def test_sequential_equals_vectorized():
     results = [
         _calibration(
@@ -222,6 +228,7 @@ def test_sequential_equals_vectorized():
     np.testing.assert_array_equal(pits[0], pits[1])
 
 
+@pytest.mark.slow
 def test_mixture_guide_on_the_misspecified_toy():
     """A two-component mixture guide, fitted with the stratified ELBO (its VI)
     and with PVI-Log: the PIT draws are i.i.d. from the mixture's
@@ -250,6 +257,7 @@ def test_mixture_guide_on_the_misspecified_toy():
     assert verdicts == {"VI": "too narrow", "PVI-Log": "ok"}
 
 
+@pytest.mark.slow
 @pytest.mark.xdist_group("four_devices_vsbc")
 def test_sharded_matches_vectorized_on_four_devices(four_devices_vsbc):
     # tests/sharding_worker.py: calibration_dispatch, 10 data sets of 60
