@@ -35,6 +35,7 @@ def demo_run(tmp_path_factory):
     return results, stream.getvalue(), out
 
 
+@pytest.mark.slow
 def test_demo_writes_table_and_png(demo_run):
     results, text, out = demo_run
     assert [r.name for r in results] == ["Trace_ELBO", *PREDICTIVE]
@@ -54,6 +55,7 @@ def test_demo_writes_table_and_png(demo_run):
     assert "Trace_ELBO does not target" not in text
 
 
+@pytest.mark.slow
 def test_predictive_objectives_beat_elbo_on_heldout_data(demo_run):
     results, _, _ = demo_run
     by_name = {r.name: r for r in results}

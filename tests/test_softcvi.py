@@ -130,6 +130,7 @@ def test_plain_snis_gradient_is_not_zero_at_exact_posterior(regression):
     assert _max_abs(grads) > 0.1
 
 
+@pytest.mark.slow
 def test_softcvi_alpha_one_gradient_equals_low_variance_snis(regression):
     x, y, guide, exact, _ = regression
     params = {
@@ -447,6 +448,7 @@ def test_hand_written_point_mass_guide_is_rejected():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_recovery_50d_regression_means_and_coverage():
     """Mean-field fits of a correlated 50-d Gaussian posterior. Trace_ELBO
     under-disperses (reverse KL); SoftCVI(α = 0.75), refining the same guide

@@ -46,7 +46,7 @@ def _fit(loss, **kwargs):
 @pytest.mark.parametrize(
     "binomial",
     [
-        pytest.param(False, marks=pytest.mark.py312),
+        pytest.param(False, marks=[pytest.mark.py312, pytest.mark.slow]),
         pytest.param(True, marks=pytest.mark.slow),
     ],
 )
