@@ -80,7 +80,11 @@ def psis_smooth(log_ratio: jax.Array) -> tuple[jax.Array, jax.Array]:
 
     As ``arviz.psislw(log_ratio, reff=1)`` on ArviZ 0.2x: k̂ = ``inf`` when
     fewer than 5 draws exceed the cutoff (the raw weights are kept); a fit
-    that is not finite leaves the weights unsmoothed. ``-inf`` ratios (zero
+    that is not finite leaves the weights unsmoothed. One difference: when
+    the largest ratios of the tail are tied with the cutoff (e.g. a mixture
+    component whose draws all predict an observation equally, far above the
+    other components), the weights are bounded and k̂ is ``-inf`` (ArviZ
+    reports ``inf``, no draw exceeding the cutoff). ``-inf`` ratios (zero
     density) get weight zero. Use under ``vmap`` for several vectors.
 
     :param log_ratio: ``(S,)`` log importance ratios.
@@ -99,6 +103,11 @@ def psis_smooth(log_ratio: jax.Array) -> tuple[jax.Array, jax.Array]:
     k, sigma = _gpd_fit(exceed, valid)
     fitted = (n > MIN_TAIL - 1) & jnp.isfinite(k)
     k = jnp.where(n > MIN_TAIL - 1, k, jnp.inf)
+    # the largest m + 1 ratios tied (a stratum of equal contributions above
+    # the rest): the weights are bounded, not heavy-tailed (ArviZ: inf)
+    eps = jnp.finfo(x.dtype).eps
+    flat = jnp.isfinite(values[m]) & (values[0] - values[m] <= 64 * eps)
+    k = jnp.where(flat, -jnp.inf, k)
     rank = jnp.arange(m) - (m - n)  # 0 .. n-1 over the valid entries
     probs = jnp.clip((rank + 0.5) / jnp.maximum(n, 1), 0.0, 1.0)
     smoothed = jnp.log(_gpd_quantiles(probs, k, sigma) + jnp.exp(cutoff))

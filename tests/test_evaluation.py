@@ -29,6 +29,7 @@ from numpyro.infer.importance import _psis_khat
 from scipy.stats import norm
 
 from numpyro_pvi import PredictiveELBO, predictive_score
+from numpyro_pvi._held_out import log_sum_estimate
 from numpyro_pvi._psis import psis_smooth
 from numpyro_pvi._svi_scan import svi_scan
 from numpyro_pvi.guides import AutoFlow, AutoGaussianMixture
@@ -319,4 +320,30 @@ def test_moment_matching_walks_out_of_a_degenerate_tail():
     assert abs(scores.score[3] - exact) < 4 * scores.se[3] + 0.05, (
         scores.score[3],
         exact,
+    )
+
+
+def test_a_tied_tail_is_bounded_weights_not_an_unreliable_estimate():
+    """Stratified draws where one component predicts an observation equally
+    in all its draws, far above the others (a gated mixture on a test point):
+    the largest ratios are tied, no draw exceeds the cutoff, and ArviZ would
+    say k̂ = inf; the weights are bounded, so k̂ = -inf and the estimate is
+    the exact log of the sum."""
+    strata = jnp.array([0.0, -30.0, -45.0, -60.0])[:, None]  # log ω_k + log-lik
+    spread = jnp.linspace(0.0, 1.0, 250)[None, :]
+    log_contrib = (strata - jnp.array([0.0, 1.0, 1.0, 1.0])[:, None] * spread).reshape(
+        -1
+    )
+    log_weight, k = psis_smooth(log_contrib)
+    assert float(k) == -math.inf
+    estimate, se, k = log_sum_estimate(log_contrib, 4)
+    exact = float(jax.nn.logsumexp(log_contrib))
+    assert float(estimate) == pytest.approx(exact, rel=1e-6)
+    assert float(k) == -math.inf and np.isfinite(float(se))
+    # the weights are the raw normalised contributions
+    np.testing.assert_allclose(
+        np.exp(np.asarray(log_weight)),
+        np.exp(np.asarray(log_contrib - jax.nn.logsumexp(log_contrib))),
+        rtol=1e-5,
+        atol=1e-12,
     )
