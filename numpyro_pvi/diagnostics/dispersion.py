@@ -67,6 +67,16 @@ def _log_interval_probability(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         return log_b + np.log1p(-np.exp(log_a - log_b))
 
 
+def _log_normal_density(z: np.ndarray) -> np.ndarray:
+    """``log φ(z)``; ``-inf`` at the infinite edges."""
+    return -0.5 * z**2 - 0.5 * np.log(2 * np.pi)
+
+
+def _times(z: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """``z * d`` with ``d = 0`` at the infinite edges (``z φ(z) → 0``)."""
+    return np.where(np.isfinite(z), z, 0.0) * d
+
+
 def censored_spread(ranks: np.ndarray, num_draws: int) -> float:
     """The maximum-likelihood scale of a normal fitted to the PIT intervals
     of integer ranks (see the module's text); ``inf`` when unbounded."""
@@ -76,16 +86,22 @@ def censored_spread(ranks: np.ndarray, num_draws: int) -> float:
     mid = normal_scores(ranks, num_draws)
     upper_bound = np.log(1e3)
 
-    def negative_log_lik(x: np.ndarray) -> float:
+    def negative_log_lik(x: np.ndarray) -> tuple[float, np.ndarray]:
         loc, scale = x[0], np.exp(x[1])
-        return -np.sum(
-            _log_interval_probability((lo - loc) / scale, (hi - loc) / scale)
-        )
+        a, b = (lo - loc) / scale, (hi - loc) / scale
+        log_p = _log_interval_probability(a, b)
+        # d log(Φ(b) - Φ(a)) / d(a, b) = (-φ(a), φ(b)) / (Φ(b) - Φ(a))
+        d_a = -np.exp(_log_normal_density(a) - log_p)
+        d_b = np.exp(_log_normal_density(b) - log_p)
+        d_loc = -(d_a + d_b) / scale
+        d_log_scale = -(_times(a, d_a) + _times(b, d_b))
+        return -np.sum(log_p), -np.array([np.sum(d_loc), np.sum(d_log_scale)])
 
     start = np.array([mid.mean(), np.log(max(mid.std(ddof=1), 1e-3))])
     fit = optimize.minimize(
         negative_log_lik,
         start,
+        jac=True,
         method="L-BFGS-B",
         bounds=[(-50.0, 50.0), (np.log(1e-3), upper_bound)],
     )
