@@ -41,10 +41,37 @@ STEPS = 20
 #: observed site have their own fast tests below); every program in the slow
 #: tier.
 FAST = ("bayesian_regression",)
-CORPUS = [
-    pytest.param(name, marks=() if name in FAST else pytest.mark.slow)
-    for name in PROGRAMS
-]
+#: Also in the Python 3.12 / ArviZ 1.x leg: one program per way the
+#: containers' shapes and the tracing of the arguments differ (no plate, a
+#: (1, N) observation, an improper prior and a prior written as an observed
+#: site, Python on the arguments with a matrix latent, a subsampled plate).
+#: The other programs exercise the JAX computations, which the default leg
+#: runs.
+PY312 = (
+    "bayesian_regression",
+    "german_credit",
+    "ordinal_regression",
+    "hierarchical_regression",
+    "hmcecs_logistic",
+)
+#: The procedures that fit build their containers as their own modules'
+#: tests do (also in the 3.12 leg): here only what the programs add, Python
+#: on the arguments and an improper prior.
+PY312_PROCEDURES = ("hierarchical_regression", "ordinal_regression")
+
+
+def _corpus(py312=()):
+    """The programs as parameters: each in an xdist group of its own, so the
+    fits it shares between tests are made once (:data:`FITS`)."""
+    params = []
+    for name in PROGRAMS:
+        marks = [pytest.mark.xdist_group(f"program-{name}")]
+        marks += [] if name in FAST else [pytest.mark.slow]
+        marks += [pytest.mark.py312] if name in py312 else []
+        params.append(pytest.param(name, marks=marks))
+    return params
+
+
 OBJECTIVES = {
     "Trace_ELBO": lambda: Trace_ELBO(),
     "log": lambda: PredictiveELBO("log", num_particles=4),
@@ -65,6 +92,24 @@ def _fit(program, loss, steps=STEPS, guide=None):
     return guide, result
 
 
+#: Fits of the corpus shared by the tests of one program (one process: the
+#: program's xdist group): ``(program name, objective label)`` -> ``(guide,
+#: SVIRunResult)`` or the ``ValueError`` the objective refused with.
+FITS: dict = {}
+
+
+def _shared_fit(name, label):
+    if (name, label) not in FITS:
+        try:
+            FITS[name, label] = _fit(PROGRAMS[name], OBJECTIVES[label]())
+        except ValueError as err:
+            FITS[name, label] = err
+    fit = FITS[name, label]
+    if isinstance(fit, ValueError):
+        raise fit
+    return fit
+
+
 def _observed_names(program):
     args, kwargs = program.data()
     seeded = numpyro.handlers.seed(program.model, 0)
@@ -73,13 +118,13 @@ def _observed_names(program):
     return [n for n, s in tr.items() if s["type"] == "sample" and s["is_observed"]]
 
 
-@pytest.mark.parametrize("name", CORPUS)
+@pytest.mark.parametrize("name", _corpus())
 def test_every_objective_fits_or_refuses_with_advice_that_works(name):
     program = PROGRAMS[name]
     fitted, advised = set(), set()
-    for label, make in OBJECTIVES.items():
+    for label in OBJECTIVES:
         try:
-            _, result = _fit(program, make())
+            _, result = _shared_fit(name, label)
         except ValueError as err:
             message = str(err)
             # the refusal names an observed site of the program ...
@@ -98,24 +143,6 @@ def test_every_objective_fits_or_refuses_with_advice_that_works(name):
     assert advised <= fitted, (advised, fitted)
 
 
-class _Fits(dict):
-    """VI and PVI fits of a program, made when first asked for."""
-
-    def __missing__(self, name):
-        program = PROGRAMS[name]
-        vi = _fit(program, Trace_ELBO(), steps=50)
-        pvi = _fit(program, PredictiveELBO("log", num_particles=4), steps=50)
-        self[name] = (vi, pvi)
-        return self[name]
-
-
-@pytest.fixture(scope="module")
-def fits():
-    """VI and PVI fits of the programs (module-scoped: one fit, many
-    diagnostics)."""
-    return _Fits()
-
-
 def _full_data(program, held_out=False):
     """The program's data with every observation (a subsampled plate's
     programs take the subsample size as an argument: None)."""
@@ -129,12 +156,12 @@ def _full_data(program, held_out=False):
     return args, kwargs
 
 
-@pytest.mark.py312
-@pytest.mark.xdist_group("programs")
-@pytest.mark.parametrize("name", CORPUS)
-def test_fitted_guide_diagnostics_run_on_every_program(fits, name):
+@pytest.mark.parametrize("name", _corpus(py312=PY312))
+def test_fitted_guide_diagnostics_run_on_every_program(name):
+    """On the fits of the objectives' test (VI and PVI-log, shared)."""
     program = PROGRAMS[name]
-    (vi_guide, vi), (pvi_guide, pvi) = fits[name]
+    vi_guide, vi = _shared_fit(name, "Trace_ELBO")
+    pvi_guide, pvi = _shared_fit(name, "log")
     key = random.PRNGKey(1)
     args, kwargs = _full_data(program)
     with warnings.catch_warnings():
@@ -185,9 +212,7 @@ def test_fitted_guide_diagnostics_run_on_every_program(fits, name):
 
 
 @pytest.mark.slow
-@pytest.mark.py312
-@pytest.mark.xdist_group("programs")
-@pytest.mark.parametrize("name", list(PROGRAMS))
+@pytest.mark.parametrize("name", _corpus(py312=PY312_PROCEDURES))
 def test_procedures_that_fit_run_or_refuse_with_a_remedy(name):
     program = PROGRAMS[name]
     args, kwargs = _full_data(program)
@@ -357,9 +382,10 @@ def test_flow_fits_a_model_with_an_improper_prior():
     assert np.all(np.isfinite(np.asarray(result.losses)))
 
 
+@pytest.mark.xdist_group("program-hmcecs_logistic")
 def test_subsampled_plate_is_refused_with_a_remedy_that_works():
     program = PROGRAMS["hmcecs_logistic"]
-    guide, result = _fit(program, Trace_ELBO(), steps=20)
+    guide, result = _shared_fit("hmcecs_logistic", "Trace_ELBO")
     args, _ = program.data()
     with pytest.raises(ValueError, match="no subsample_size"):
         diagnostics.psis(random.PRNGKey(0), result.params, program.model, guide, *args)
@@ -370,11 +396,12 @@ def test_subsampled_plate_is_refused_with_a_remedy_that_works():
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("program-hierarchical_regression")
 def test_python_on_model_arguments_in_every_fitted_guide_call():
     """len(np.unique(patient_code)) in the model: SVI fits it, and so must
     every diagnostic (TracerArrayConversionError before)."""
     program = PROGRAMS["hierarchical_regression"]
-    guide, result = _fit(program, Trace_ELBO(), steps=20)
+    guide, result = _shared_fit("hierarchical_regression", "Trace_ELBO")
     args, _ = program.data()
     for call in (
         lambda: predictive_score(
