@@ -35,11 +35,9 @@ from numpyro_pvi._svi_scan import svi_scan
 from numpyro_pvi.guides import AutoFlow, AutoGaussianMixture
 from numpyro_pvi.selection import cross_validate, mask_observations
 
-# ArviZ's Pareto fit and JAX 0.12: also run in the Python 3.12 leg
-pytestmark = pytest.mark.py312
-
 
 @pytest.mark.numerics
+@pytest.mark.py312  # ArviZ 1.x's Pareto fit: also in the 3.12 leg
 def test_psis_in_jax_equals_arviz_and_numpyro():
     """ArviZ 0.2x's psislw (the reference implementation of the conventions)
     and NumPyro's k̂, on ratios of every kind: light and heavy tails, zero

@@ -31,14 +31,12 @@ from numpyro_pvi.diagnostics import pareto_smooth, psis_summary
 from numpyro_pvi.diagnostics._containers import ARVIZ_MAJOR
 from numpyro_pvi.scores import CRPS
 
-# ArviZ's Pareto fit and JAX 0.12: also run in the Python 3.12 leg
-pytestmark = pytest.mark.py312
-
 # --------------------------------------------------------------------------
 # zero model density
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.py312  # ArviZ's Pareto fit: also in the ArviZ 1.x leg
 def test_pareto_smooth_counts_zero_density_draws_and_fits_the_finite_tail():
     """The issue's reproduction: one -inf among 999 ratios of sd 10 was
     'constant weights, k̂ = -inf'."""
@@ -70,6 +68,7 @@ def wide_guide(y):
     numpyro.sample("theta", dist.Normal(loc, scale))
 
 
+@pytest.mark.py312  # the psis container: also in the ArviZ 1.x leg
 @pytest.mark.parametrize("loc", [0.4, 2.0])
 def test_psis_verdict_on_zero_density_draws_agrees_with_numpyro(loc):
     y = jnp.array([0.3, 1.2, 0.8, 0.1])
@@ -227,6 +226,7 @@ def test_softcvi_fit_that_goes_nan_shows_nan_losses():
     ],
     ids=["predictive_score", "psis", "to_inference_data", "report", "heterogeneity"],
 )
+@pytest.mark.py312  # before the containers: also in the ArviZ 1.x leg
 def test_diagnostics_refuse_nan_parameters_naming_them(call):
     params = {"m": jnp.asarray(jnp.nan), "v_loc": jnp.asarray(5.0)}
     with pytest.raises(ValueError, match=r"not finite: 'm' \(1 of 1 values"):
