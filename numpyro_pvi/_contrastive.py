@@ -27,6 +27,7 @@ from numpyro.infer.autoguide import (
 )
 from numpyro.infer.elbo import ELBO
 
+from numpyro_pvi._numpyro_private import guide_parts
 from numpyro_pvi._particles import ParticleSpec, particle_terms
 from numpyro_pvi.particles import LOG_LIK, LOG_Q_FIXED, WHOLE_DATA, log_joint
 
@@ -59,8 +60,7 @@ def check_density_guide(guide: Callable, objective: str) -> None:
     :param guide: the guide.
     :param objective: the objective's name, for the message.
     """
-    parts = guide._guides if isinstance(guide, AutoGuideList) else [guide]
-    for part in parts:
+    for part in guide_parts(guide):
         if isinstance(part, AutoGuideList):
             check_density_guide(part, objective)
             continue

@@ -17,9 +17,10 @@ import jax.numpy as jnp
 from jax.lax import stop_gradient
 from numpyro.distributions import Delta, MaskedDistribution
 from numpyro.handlers import replay, seed, substitute, trace
-from numpyro.infer.util import _without_rsample_stop_gradient, is_identically_one
+from numpyro.infer.util import is_identically_one
 from numpyro.util import check_model_guide_match
 
+from numpyro_pvi._numpyro_private import without_rsample_stop_gradient
 from numpyro_pvi.particles import StratifiedGuide
 
 __all__ = [
@@ -299,7 +300,7 @@ def trace_particle(
     seeded_guide = substitute(seed(guide, guide_key), data=draw_params)
     if strata is not None:
         seeded_guide = strata.draw_stratum(seeded_guide, component)
-    with _without_rsample_stop_gradient():
+    with without_rsample_stop_gradient():
         guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
     if require_reparam:
         require_reparam_guide(guide_trace, objective)

@@ -14,9 +14,9 @@ import numpy as np
 from jax import random
 from numpyro.handlers import block, seed
 from numpyro.infer import Predictive
-from numpyro.infer.calibration import _resolve_observed_sites
 from numpyro.primitives import Messenger
 
+from numpyro_pvi._numpyro_private import resolve_observed_sites
 from numpyro_pvi._structure import latent_dependent_observations
 from numpyro_pvi._tracing import obs_mask_site
 from numpyro_pvi.distributions import simulators_without_density
@@ -180,7 +180,7 @@ def resolve_sites(
             f"{instead}."
         )
     try:
-        observed, latent = _resolve_observed_sites(model_trace, observed_sites)
+        observed, latent = resolve_observed_sites(model_trace, observed_sites)
     except ValueError as err:
         raise ValueError(
             f"{function}: {err} Pass the observed data as for SVI, or name the "

@@ -22,8 +22,8 @@ import jax
 import numpy as np
 from jax import random
 from numpyro.infer import Predictive
-from numpyro.infer.calibration import _validate_latent_sites
 
+from numpyro_pvi._numpyro_private import validate_latent_sites
 from numpyro_pvi._structure import check_full_data, model_structure
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import (
@@ -86,7 +86,7 @@ def _setup(
         args=args,
         kwargs=kwargs,
     )
-    _validate_latent_sites(model_trace, latent_names)
+    validate_latent_sites(model_trace, latent_names)
     inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
     quantities = resolve_quantities(
         test_quantities,

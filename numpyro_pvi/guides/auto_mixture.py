@@ -145,8 +145,8 @@ class AutoGaussianMixture(AutoContinuous):
                 gating_covariates, "AutoGaussianMixture: gating_covariates"
             )
         )
-        self._init_scale = float(init_scale)
-        self._init_spread = float(init_spread)
+        self.init_scale = float(init_scale)
+        self.init_spread = float(init_spread)
         self.entropy = entropy
         super().__init__(model, prefix=prefix, init_loc_fn=init_loc_fn)
 
@@ -187,14 +187,14 @@ class AutoGaussianMixture(AutoContinuous):
         noise = random.normal(
             random.fold_in(key, 1), (self.num_components, self.latent_dim)
         )
-        self._init_locs_k = self._init_latent[None, :] + self._init_spread * noise
+        self._init_locs_k = self._init_latent[None, :] + self.init_spread * noise
 
     def _params(self) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
         K, D = self.num_components, self.latent_dim
         locs = numpyro.param(f"{self.prefix}_locs", self._init_locs_k)
         scale_trils = numpyro.param(
             f"{self.prefix}_scale_trils",
-            jnp.broadcast_to(jnp.identity(D) * self._init_scale, (K, D, D)),
+            jnp.broadcast_to(jnp.identity(D) * self.init_scale, (K, D, D)),
             constraint=self.scale_tril_constraint,
         )
         if self.gating_covariates is None:

@@ -150,8 +150,8 @@ def _subset_guide(
         gating_covariates=guide.gating_covariates,
         prefix=p,
         init_loc_fn=guide.init_loc_fn,
-        init_scale=guide._init_scale,
-        init_spread=guide._init_spread,
+        init_scale=guide.init_scale,
+        init_spread=guide.init_spread,
         entropy=guide.entropy,
     )
     return new_guide, new_params

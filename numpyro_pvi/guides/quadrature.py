@@ -13,6 +13,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
+from numpyro_pvi._numpyro_private import unpack_latent
 from numpyro_pvi._validation import check_int
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
 
@@ -39,7 +40,7 @@ def _site_indices(guide: AutoGaussianMixture, site: str | None) -> np.ndarray:
         raise ValueError(
             "The guide has not been initialised: fit it (or call SVI.init) first."
         )
-    latent = guide._unpack_latent(jnp.arange(guide.latent_dim, dtype=float))
+    latent = unpack_latent(guide, jnp.arange(guide.latent_dim, dtype=float))
     if site is None:
         if len(latent) != 1:
             raise ValueError(
