@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Callable
@@ -231,6 +232,36 @@ class PredictiveELBO(ELBO):
         super().__init__(
             num_particles=num_particles, vectorize_particles=vectorize_particles
         )
+
+    def with_lam(self, lam: float | jax.Array) -> PredictiveELBO:
+        """This objective with the regularizer's weight :math:`\\lambda` set
+        to ``lam``, every other option kept.
+
+        ``lam`` may be a traced scalar (inside ``jit`` or ``vmap``): the
+        regularizer is then always computed, so one compiled program fits a
+        whole grid of :math:`\\lambda` (as
+        :func:`~numpyro_pvi.selection.cross_validate` does).
+
+        :param lam: the weight, ``>= 0`` when a Python number.
+        """
+        if not isinstance(lam, jax.Array):
+            lam = check_real_or_array(lam, "lam", self._objective_name(), low=0.0)
+        new = copy.copy(self)
+        new.lam = lam
+        return new
+
+    def differs_only_in_lam(self, other: object) -> bool:
+        """Whether ``other`` is this objective but for :math:`\\lambda` (the
+        same class and every other option equal): then
+        ``self.with_lam(other.lam)`` is ``other``'s objective."""
+        if type(other) is not type(self):
+            return False
+        mine = {k: v for k, v in vars(self).items() if k != "lam"}
+        theirs = {k: v for k, v in vars(other).items() if k != "lam"}
+        try:
+            return bool(mine == theirs)
+        except (TypeError, ValueError):  # array-valued options: not comparable
+            return False
 
     def _objective_name(self) -> str:
         return type(self).__name__

@@ -345,3 +345,28 @@ def test_traced_lam_grid_equals_losses_with_python_lams(regularizer):
             )
     with pytest.raises(ValueError, match="lam must be a scalar"):
         PredictiveELBO("log", lam=jnp.ones(2))
+
+
+def test_with_lam_is_the_objective_built_with_that_lam():
+    """``with_lam`` keeps every other option: the loss equals that of the
+    objective constructed with the λ, at a Python and at a traced λ; the
+    grid test of cross-validation reads ``differs_only_in_lam``."""
+    x, y = _data(n=12)
+    guide = AutoNormal(regression)
+    params = _params(guide, regression, x, y)
+    base = PredictiveELBO("crps", num_particles=4, regularizer="posterior", lam=0.1)
+
+    def loss_at(objective):
+        return objective.loss(random.PRNGKey(3), params, regression, guide, x, y)
+
+    built = PredictiveELBO("crps", num_particles=4, regularizer="posterior", lam=2.0)
+    np.testing.assert_allclose(loss_at(base.with_lam(2.0)), loss_at(built), rtol=1e-6)
+    traced = jax.jit(lambda lam: loss_at(base.with_lam(lam)))(jnp.asarray(2.0))
+    np.testing.assert_allclose(traced, loss_at(built), rtol=1e-5)
+    assert base.lam == 0.1  # a copy: the original is unchanged
+    assert base.differs_only_in_lam(built) and built.differs_only_in_lam(base)
+    other_score = PredictiveELBO("log", num_particles=4, regularizer="posterior")
+    assert not base.differs_only_in_lam(other_score)
+    assert not base.differs_only_in_lam(PACmELBO(num_particles=4))
+    with pytest.raises(ValueError, match="lam"):
+        base.with_lam(-1.0)

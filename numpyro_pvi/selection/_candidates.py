@@ -3,7 +3,6 @@ grids of one objective over λ fitted by one compiled program."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
@@ -107,26 +106,6 @@ class Grid(NamedTuple):
     make_loss: Callable[[jax.Array], ELBO]
 
 
-def _same_but_lam(a: ELBO, b: ELBO) -> bool:
-    if type(a) is not type(b):
-        return False
-    va = {k: v for k, v in vars(a).items() if k != "lam"}
-    vb = {k: v for k, v in vars(b).items() if k != "lam"}
-    try:
-        return bool(va == vb)
-    except (TypeError, ValueError):  # array-valued attributes
-        return False
-
-
-def _with_lam(loss: PredictiveELBO) -> Callable[[jax.Array], ELBO]:
-    def make_loss(lam: jax.Array) -> ELBO:
-        new = copy.copy(loss)
-        new.lam = lam  # a traced scalar: the regularizer is always computed
-        return new
-
-    return make_loss
-
-
 def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
     """Group the candidates into :class:`Grid` s: PVI objectives equal but for
     λ share one; every other candidate is a grid of one."""
@@ -136,7 +115,8 @@ def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
             (
                 g
                 for g in groups
-                if isinstance(loss, PredictiveELBO) and _same_but_lam(g[0][1], loss)
+                if isinstance(loss, PredictiveELBO)
+                and loss.differs_only_in_lam(g[0][1])
             ),
             None,
         )
@@ -150,7 +130,7 @@ def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
         first = group[0][1]
         if isinstance(first, PredictiveELBO):
             values = np.asarray([float(loss.lam) for _, loss in group])
-            out.append(Grid(labels, values, _with_lam(first)))
+            out.append(Grid(labels, values, first.with_lam))
         else:
             out.append(Grid(labels, np.zeros(1), lambda _, loss=first: loss))
     return out
