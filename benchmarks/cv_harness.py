@@ -19,7 +19,7 @@ from numpyro.infer.elbo import ELBO
 
 from benchmarks.harness import BenchmarkResult, DataSplit, decaying_adam
 from numpyro_pvi import predictive_score
-from numpyro_pvi._svi_scan import svi_scan
+from numpyro_pvi._core import svi_scan
 from numpyro_pvi.selection import cross_validate
 
 __all__ = ["RULES", "format_paired", "run_cv_benchmark"]

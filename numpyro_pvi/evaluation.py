@@ -10,14 +10,21 @@ from typing import Any
 import jax
 import numpy as np
 
-from numpyro_pvi._data_plate import find_data_plate
-from numpyro_pvi._draws import check_fitted_call, guide_draws
-from numpyro_pvi._held_out import Pointwise, pointwise_estimate
-from numpyro_pvi._moment_matching import moment_matcher
-from numpyro_pvi._particles import ParticleSpec
-from numpyro_pvi._psis import good_k
-from numpyro_pvi._structure import check_full_data, replay_trace
-from numpyro_pvi._validation import check_bool, check_data_plate, check_int
+from numpyro_pvi._core import (
+    ParticleSpec,
+    Pointwise,
+    check_bool,
+    check_data_plate,
+    check_fitted_call,
+    check_full_data,
+    check_int,
+    find_data_plate,
+    good_k,
+    guide_draws,
+    moment_matcher,
+    pointwise_estimate,
+    replay_trace,
+)
 from numpyro_pvi.particles import ParticleTerms
 from numpyro_pvi.scores import LogScore, Score, get_score
 
@@ -222,7 +229,7 @@ def match_unreliable(
     and a lighter tail than the first estimate's (a k̂ still at least
     ``threshold`` is named by :func:`warn_unreliable`). Largest k̂ first,
     within the matcher's budget of evaluations
-    (:data:`~numpyro_pvi._moment_matching.BUDGET`).
+    (:data:`~numpyro_pvi._core.moment_matching.BUDGET`).
 
     :return: the estimates and ``(n,)`` which were replaced.
     """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from numpyro_pvi._validation import check_real
+from numpyro_pvi._core import check_real
 from numpyro_pvi.predictive import PredictiveELBO
 
 __all__ = ["PACmELBO"]

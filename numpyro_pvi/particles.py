@@ -1,6 +1,6 @@
 r"""What a score or objective is computed from: the terms of ``M`` particles.
 
-The particle machinery (:mod:`numpyro_pvi._particles`) draws particles
+The particle machinery (:mod:`numpyro_pvi._core.particles`) draws particles
 :math:`\theta_j` from the guide, replays the model against each of them and
 returns a :class:`ParticleTerms`: arrays with a leading particle axis, and the
 weight with which each particle enters. This module is the public side of

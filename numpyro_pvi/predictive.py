@@ -15,14 +15,17 @@ from jax.lax import stop_gradient
 from numpyro.infer.autoguide import AutoDelta, AutoLaplaceApproximation
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._particles import ParticleSpec, particle_terms
-from numpyro_pvi._rejection import RejectionStats, rejection_score_function
-from numpyro_pvi._tracing import guide_log_density, seed_plates
-from numpyro_pvi._validation import (
+from numpyro_pvi._core import (
+    ParticleSpec,
+    RejectionStats,
     check_data_plate,
     check_int,
     check_real,
     check_real_or_array,
+    guide_log_density,
+    particle_terms,
+    rejection_score_function,
+    seed_plates,
 )
 from numpyro_pvi.particles import (
     GUIDE_DRAWS,
@@ -392,7 +395,7 @@ class PredictiveELBO(ELBO):
         ``max_rounds`` (the estimator's only bias). Same arguments as
         :meth:`loss`; the key gives the same draws as a step with that key.
 
-        :return: :class:`~numpyro_pvi._rejection.RejectionStats`.
+        :return: :class:`~numpyro_pvi._core.rejection.RejectionStats`.
         """
         if self.log_score_estimator != "rejection":
             raise ValueError(

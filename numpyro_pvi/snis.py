@@ -10,8 +10,7 @@ import jax.numpy as jnp
 from jax.lax import stop_gradient
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._contrastive import fixed_draw_terms
-from numpyro_pvi._validation import check_bool, check_int
+from numpyro_pvi._core import check_bool, check_int, fixed_draw_terms
 
 __all__ = ["SNISForwardKL"]
 

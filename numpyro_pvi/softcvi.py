@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._contrastive import fixed_draw_terms
-from numpyro_pvi._validation import check_int, check_real
+from numpyro_pvi._core import check_int, check_real, fixed_draw_terms
 
 __all__ = ["SoftCVIELBO"]
 

@@ -9,8 +9,7 @@ import jax
 import jax.numpy as jnp
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._particles import ParticleSpec, particle_terms
-from numpyro_pvi._validation import check_int
+from numpyro_pvi._core import ParticleSpec, check_int, particle_terms
 from numpyro_pvi.particles import LOG_LIK, WHOLE_DATA, expected_log_q, log_joint
 
 __all__ = ["StratifiedELBO"]

@@ -180,7 +180,7 @@ def run_particles(
     **options,
 ):
     """``particle_terms`` with its spec given as keywords (tests only)."""
-    from numpyro_pvi._particles import ParticleSpec, particle_terms
+    from numpyro_pvi._core import ParticleSpec, particle_terms
 
     if vectorize_particles_fn is not None:
         options["vectorize"] = vectorize_particles_fn

@@ -29,9 +29,7 @@ from numpyro.infer.importance import _psis_khat
 from scipy.stats import norm
 
 from numpyro_pvi import PredictiveELBO, predictive_score
-from numpyro_pvi._held_out import log_sum_estimate
-from numpyro_pvi._psis import psis_smooth
-from numpyro_pvi._svi_scan import svi_scan
+from numpyro_pvi._core import log_sum_estimate, psis_smooth, svi_scan
 from numpyro_pvi.guides import AutoFlow, AutoGaussianMixture
 from numpyro_pvi.selection import cross_validate, mask_observations
 

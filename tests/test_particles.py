@@ -296,7 +296,7 @@ def test_particle_reductions_match_jax_reductions(m):
 
 
 def test_spec_protocol_and_iid_terms():
-    from numpyro_pvi._particles import ParticleSpec
+    from numpyro_pvi._core import ParticleSpec
     from numpyro_pvi.guides import AutoGaussianMixture
     from numpyro_pvi.particles import StratifiedGuide, require_iid
 

@@ -29,8 +29,7 @@ from numpyro.infer.autoguide import (
 from scipy import stats
 
 from numpyro_pvi import SNISForwardKL, SoftCVIELBO
-from numpyro_pvi._contrastive import fixed_draw_terms
-from numpyro_pvi._tracing import guide_log_density, guide_sample_values
+from numpyro_pvi._core import fixed_draw_terms, guide_log_density, guide_sample_values
 
 # float64 reaches ~1e-13; float32 rounding of log p - log q (|log p| ~ 30)
 # leaves ~1e-5 relative noise in the labels.

@@ -26,18 +26,6 @@ import xarray as xr
 
 from numpyro_pvi.diagnostics._loo_core import approximate_loo_pointwise
 
-__all__ = [
-    "ADAPTER",
-    "ARVIZ_MAJOR",
-    "Container",
-    "ContainerAdapter",
-    "DataTreeAdapter",
-    "InferenceDataAdapter",
-    "dataset",
-    "get_group",
-    "has_group",
-]
-
 #: The installed ArviZ's major version (0 or 1).
 ARVIZ_MAJOR = int(az.__version__.split(".")[0])
 

@@ -19,15 +19,6 @@ from numpyro.infer.autoguide import AutoGuide
 
 from numpyro_pvi.diagnostics._containers import ADAPTER
 
-__all__ = [
-    "component_labels",
-    "draws_dataset",
-    "guide_name",
-    "objective_attrs",
-    "root_attrs",
-    "site_dims",
-]
-
 
 def guide_name(guide: Callable) -> str:
     """The class name of an autoguide, or the name of a guide function."""

@@ -15,8 +15,6 @@ from collections.abc import Callable
 import numpy as np
 from scipy.special import logsumexp
 
-__all__ = ["approximate_loo_pointwise"]
-
 
 def approximate_loo_pointwise(
     log_lik: np.ndarray,

@@ -14,8 +14,6 @@ import xarray as xr
 from numpyro_pvi.diagnostics._rank_tests import OK
 from numpyro_pvi.diagnostics.uniformity import ecdf_band, rank_positions
 
-__all__ = ["band_level", "plot_rank_panels", "selected_components", "verdict_lines"]
-
 
 def verdict_lines(row: xr.Dataset) -> str:
     """The verdicts of one component: bias (symmetry), spread (dispersion)

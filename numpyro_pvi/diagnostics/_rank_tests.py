@@ -22,8 +22,6 @@ from numpyro_pvi.diagnostics.dispersion import TOO_NARROW, TOO_WIDE, dispersion_
 from numpyro_pvi.diagnostics.symmetry import adjust_p_values, symmetry_test
 from numpyro_pvi.diagnostics.uniformity import uniformity_test
 
-__all__ = ["OK", "rank_datasets"]
-
 OK = "ok"
 
 _DESCRIPTION = {

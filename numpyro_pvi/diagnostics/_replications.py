@@ -17,21 +17,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from numpyro.handlers import condition
 from numpyro.infer import SVI, Predictive
 
-from numpyro_pvi._svi_scan import svi_scan
-from numpyro_pvi._validation import check_int, check_real
+from numpyro_pvi._core import check_int, check_real, svi_scan
 from numpyro_pvi.diagnostics._idata import draws_dataset
-
-__all__ = [
-    "DRIFT_THRESHOLD",
-    "UNCONVERGED_WARNING",
-    "dispatcher",
-    "fit_replication",
-    "fit_stats",
-    "validate_options",
-    "loss_drift",
-    "replication_fn",
-    "run_replications",
-]
 
 #: Number of chunks the replications are split into when a progress bar is shown.
 _PROGRESS_CHUNKS = 10

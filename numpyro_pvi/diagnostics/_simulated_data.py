@@ -16,18 +16,12 @@ from numpyro.handlers import block, seed
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
-from numpyro_pvi._numpyro_private import resolve_observed_sites
-from numpyro_pvi._structure import latent_dependent_observations
-from numpyro_pvi._tracing import obs_mask_site
+from numpyro_pvi._core import (
+    latent_dependent_observations,
+    obs_mask_site,
+    resolve_observed_sites,
+)
 from numpyro_pvi.distributions import simulators_without_density
-
-__all__ = [
-    "data_injector",
-    "generated_data",
-    "resolve_sites",
-    "set_up_guide",
-    "unobserve",
-]
 
 
 class unobserve(Messenger):

@@ -10,10 +10,7 @@ from typing import Any
 import jax
 from numpyro.handlers import condition, seed, substitute, trace
 
-from numpyro_pvi._data_plate import observed_sites
-from numpyro_pvi._tracing import sum_log_density
-
-__all__ = ["LOG_LIKELIHOOD", "joint_log_likelihood", "resolve_quantities"]
+from numpyro_pvi._core import observed_sites, sum_log_density
 
 #: The name of the joint log-likelihood test quantity.
 LOG_LIKELIHOOD = "log_likelihood"

@@ -9,10 +9,17 @@ from typing import Any
 import jax
 import numpy as np
 
-from numpyro_pvi._data_plate import data_sites, observed_sites, plate_of
-from numpyro_pvi._draws import check_fitted_call, structured_draws
-from numpyro_pvi._particles import ParticleSpec
-from numpyro_pvi._validation import check_data_plate, check_int, check_loss_target
+from numpyro_pvi._core import (
+    ParticleSpec,
+    check_data_plate,
+    check_fitted_call,
+    check_int,
+    check_loss_target,
+    data_sites,
+    observed_sites,
+    plate_of,
+    structured_draws,
+)
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import (
     draws_dataset,

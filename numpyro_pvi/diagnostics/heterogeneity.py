@@ -27,16 +27,18 @@ import numpy as np
 import xarray as xr
 from numpyro.infer import Predictive
 
-from numpyro_pvi._data_plate import observed_sites
-from numpyro_pvi._draws import check_fitted_call, guide_draws
-from numpyro_pvi._particles import ParticleSpec
-from numpyro_pvi._structure import (
+from numpyro_pvi._core import (
+    ParticleSpec,
+    check_fitted_call,
     check_full_data,
+    check_int,
+    check_real,
     feasible_improper,
+    guide_draws,
     improper_latents,
+    observed_sites,
     replay_trace,
 )
-from numpyro_pvi._validation import check_int, check_real
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
 from numpyro_pvi.particles import LATENTS, WHOLE_DATA

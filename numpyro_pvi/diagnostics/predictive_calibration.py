@@ -27,9 +27,16 @@ import numpy as np
 from jax import random
 from numpyro.handlers import condition
 
-from numpyro_pvi._data_plate import DataPlate, data_sites, per_observation, plate_of
-from numpyro_pvi._particles import ParticleSpec, particle_terms
-from numpyro_pvi._structure import check_full_data, model_structure
+from numpyro_pvi._core import (
+    DataPlate,
+    ParticleSpec,
+    check_full_data,
+    data_sites,
+    model_structure,
+    particle_terms,
+    per_observation,
+    plate_of,
+)
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs
 from numpyro_pvi.diagnostics._rank_tests import rank_datasets

@@ -19,9 +19,14 @@ import xarray as xr
 from jax import random
 from scipy.special import logsumexp
 
-from numpyro_pvi._draws import check_fitted_call, guide_draws, structured_draws
-from numpyro_pvi._particles import ParticleSpec
-from numpyro_pvi._validation import check_int, check_loss_target
+from numpyro_pvi._core import (
+    ParticleSpec,
+    check_fitted_call,
+    check_int,
+    check_loss_target,
+    guide_draws,
+    structured_draws,
+)
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import (
     draws_dataset,

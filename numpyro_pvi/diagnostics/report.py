@@ -12,9 +12,13 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from numpyro_pvi._data_plate import data_sites, observed_sites, plate_of
-from numpyro_pvi._structure import replay_trace
-from numpyro_pvi._validation import check_loss_target
+from numpyro_pvi._core import (
+    check_loss_target,
+    data_sites,
+    observed_sites,
+    plate_of,
+    replay_trace,
+)
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
 from numpyro_pvi.diagnostics.export import (

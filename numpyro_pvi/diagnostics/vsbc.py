@@ -23,8 +23,7 @@ import numpy as np
 from jax import random
 from numpyro.infer import Predictive
 
-from numpyro_pvi._numpyro_private import validate_latent_sites
-from numpyro_pvi._structure import check_full_data, model_structure
+from numpyro_pvi._core import check_full_data, model_structure, validate_latent_sites
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import (
     component_labels,

@@ -13,9 +13,7 @@ import numpy as np
 from jax import random
 from numpyro.infer import SVI
 
-from numpyro_pvi._particles import ParticleSpec, particle_terms
-from numpyro_pvi._svi_scan import svi_scan
-from numpyro_pvi._validation import check_int
+from numpyro_pvi._core import ParticleSpec, check_int, particle_terms, svi_scan
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
 from numpyro_pvi.particles import LOG_LIK
 

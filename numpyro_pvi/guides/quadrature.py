@@ -13,8 +13,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
-from numpyro_pvi._numpyro_private import unpack_latent
-from numpyro_pvi._validation import check_int
+from numpyro_pvi._core import check_int, unpack_latent
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
 
 __all__ = ["linear_predictor_score"]

@@ -9,8 +9,6 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import erf
 
-__all__ = ["normal_abs_mean"]
-
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 

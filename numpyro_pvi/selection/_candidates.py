@@ -16,17 +16,6 @@ from numpyro_pvi.predictive import PredictiveELBO
 from numpyro_pvi.scores import Score
 from numpyro_pvi.stratified import StratifiedELBO
 
-__all__ = [
-    "DEFAULT_LAMS",
-    "VI_OBJECTIVES",
-    "Grid",
-    "default_candidates",
-    "grids",
-    "labelled",
-    "lam_coordinates",
-    "reference_label",
-]
-
 #: λ of the default candidates per regularizer: pure prediction (λ = 0), the
 #: prior regularizer up to λ = 1, the posterior one up to λ = 10 (near VI).
 DEFAULT_LAMS = {"prior": (0.0, 0.01, 0.1, 1.0), "posterior": (0.1, 1.0, 10.0)}

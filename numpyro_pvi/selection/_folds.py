@@ -15,8 +15,6 @@ import jax.numpy as jnp
 from jax import random
 from numpyro.primitives import Messenger
 
-__all__ = ["fold_ids", "mask_observations"]
-
 
 def fold_ids(rng_key: jax.Array, num_obs: int, num_folds: int) -> jax.Array:
     """``(num_obs,)`` fold of each observation: a random permutation dealt

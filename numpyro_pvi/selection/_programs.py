@@ -17,32 +17,20 @@ from jax import lax
 from numpyro.handlers import seed, substitute, trace
 from numpyro.infer import SVI
 
-from numpyro_pvi._data_plate import DataPlate
-from numpyro_pvi._draws import (
+from numpyro_pvi._core import (
     CONCRETE_VALUE_ERRORS,
+    DataPlate,
+    ParticleSpec,
+    Pointwise,
+    feasible_improper,
     guide_draws,
     join_arrays,
     split_arrays,
 )
-from numpyro_pvi._held_out import Pointwise
-from numpyro_pvi._particles import ParticleSpec
-from numpyro_pvi._structure import feasible_improper
 from numpyro_pvi.evaluation import PointwiseEstimate
 from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._candidates import Grid
 from numpyro_pvi.selection._folds import mask_observations
-
-__all__ = [
-    "GridProgram",
-    "ModelData",
-    "compile_all",
-    "lower_grid",
-    "lower_scores",
-    "model_data",
-    "pointwise_scorer",
-    "run_grid",
-    "split_scores",
-]
 
 #: Blocks of steps per fit: the progress bar's updates; the last block's
 #: mean loss is reported.

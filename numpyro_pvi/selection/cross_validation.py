@@ -15,12 +15,17 @@ from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._data_plate import DataPlate, plate_of
-from numpyro_pvi._held_out import Pointwise
-from numpyro_pvi._moment_matching import moment_matcher
-from numpyro_pvi._psis import good_k
-from numpyro_pvi._structure import replay_trace
-from numpyro_pvi._validation import check_bool, check_data_plate, check_int
+from numpyro_pvi._core import (
+    DataPlate,
+    Pointwise,
+    check_bool,
+    check_data_plate,
+    check_int,
+    good_k,
+    moment_matcher,
+    plate_of,
+    replay_trace,
+)
 from numpyro_pvi.evaluation import match_unreliable
 from numpyro_pvi.scores import LogScore, Score, get_score
 from numpyro_pvi.selection._candidates import (

@@ -18,7 +18,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PACmELBO, PredictiveELBO, diagnostics, predictive_score
-from numpyro_pvi._draws import _cached_program
+from numpyro_pvi._core import cached_program_count
 from numpyro_pvi.diagnostics.vsbc import loss_drift
 from tests.arviz_generation import elpd, group
 
@@ -169,8 +169,8 @@ def test_predictive_score_compiles_once_per_shape(fit):
         scores = predictive_score(random.PRNGKey(i), params, model, guide, *data)
         if i == 0:
             assert scores.adapted[3]
-            size = _cached_program._cache_size()
-    assert _cached_program._cache_size() == size
+            size = cached_program_count()
+    assert cached_program_count() == size
 
 
 # -- small things ------------------------------------------------------------
@@ -298,6 +298,6 @@ def test_chunked_draws_compile_once(fit):
     guide, params = fit
     psis_args = (params, model, guide, X, Y)
     diagnostics.psis(random.PRNGKey(0), *psis_args, num_draws=64, chunk_size=16)
-    size = _cached_program._cache_size()
+    size = cached_program_count()
     diagnostics.psis(random.PRNGKey(1), *psis_args, num_draws=64, chunk_size=16)
-    assert _cached_program._cache_size() == size
+    assert cached_program_count() == size

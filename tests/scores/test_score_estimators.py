@@ -23,10 +23,9 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 from test_scores import SIGMA, _crps_normal, normal_guide, normal_model
 
-import numpyro_pvi._pmf as pmf
 import numpyro_pvi.scores.quadratic as quadratic
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._pmf import support_log_pmf, support_pmf
+from numpyro_pvi._core import pmf, support_log_pmf, support_pmf
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.particles import ParticleTerms
 from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore

@@ -13,7 +13,7 @@ from numpyro.infer.autoguide import AutoNormal
 from numpyro.infer.util import log_density
 
 from numpyro_pvi import PredictiveELBO, StratifiedELBO, predictive_score
-from numpyro_pvi._svi_scan import svi_scan
+from numpyro_pvi._core import svi_scan
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.scores import get_score
 from numpyro_pvi.selection import (
@@ -216,7 +216,7 @@ def test_subsampled_plate():
 
 
 def numpyro_plate(model, y):
-    from numpyro_pvi._data_plate import plate_of
+    from numpyro_pvi._core import plate_of
 
     tr = numpyro.handlers.trace(numpyro.handlers.seed(model, 0)).get_trace(y)
     return plate_of(tr, None)

@@ -39,14 +39,6 @@ from numpyro.distributions import (
 )
 from numpyro.distributions.util import clamp_probs
 
-__all__ = [
-    "ONE_PASS",
-    "PROBS_ONE_PASS",
-    "UNROLLED_SUPPORT",
-    "support_log_pmf",
-    "support_pmf",
-]
-
 #: Supports of at most this many values are handled one value at a time
 #: (fused far better than one broadcast ``log_prob`` or one stacked array).
 UNROLLED_SUPPORT = 16

@@ -7,8 +7,6 @@ from typing import Any
 import jax
 from numpyro.infer import SVI
 
-__all__ = ["svi_scan"]
-
 
 def svi_scan(
     svi: SVI,

@@ -60,11 +60,16 @@ from numpyro.distributions import biject_to
 from numpyro.handlers import seed, substitute, trace
 from scipy.special import logsumexp
 
-from numpyro_pvi._data_plate import data_sites, observed_sites, plate_of, site_log_lik
-from numpyro_pvi._draws import compiled
-from numpyro_pvi._particles import ParticleSpec, particle_terms
-from numpyro_pvi._psis import log_mean_estimate, psis_smooth
-from numpyro_pvi._tracing import (
+from numpyro_pvi._core.data_plate import (
+    data_sites,
+    observed_sites,
+    plate_of,
+    site_log_lik,
+)
+from numpyro_pvi._core.draws import compiled
+from numpyro_pvi._core.particles import ParticleSpec, particle_terms
+from numpyro_pvi._core.psis import log_mean_estimate, psis_smooth
+from numpyro_pvi._core.tracing import (
     guide_latent_log_density,
     is_sample_draw,
     obs_mask_latents,

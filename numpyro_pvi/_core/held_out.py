@@ -10,9 +10,9 @@ weights have a heavy tail: the estimate is far below the truth, and no
 spread of the draws shows it. :func:`pointwise_estimate` returns with it the
 Pareto k̂ of the weights (Vehtari et al. 2024; k̂ ≥ ``good_k``: not to be
 trusted) and the standard error from the Pareto-smoothed weights
-(:func:`~numpyro_pvi._psis.log_mean_estimate`). The observations whose k̂ is
+(:func:`~numpyro_pvi._core.psis.log_mean_estimate`). The observations whose k̂ is
 too large are re-estimated by moment matching
-(:mod:`numpyro_pvi._moment_matching`).
+(:mod:`numpyro_pvi._core.moment_matching`).
 
 **Other scores** (CRPS, energy, quadratic, user scores) are unbiased or
 smooth functions of means over the draws; their standard error is that of
@@ -32,7 +32,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._psis import psis_smooth
+from numpyro_pvi._core.psis import psis_smooth
 from numpyro_pvi.particles import ParticleTerms, observation_scores
 from numpyro_pvi.scores import LogScore, Score
 

@@ -22,20 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from numpyro_pvi._particles import ParticleSpec, particle_terms
-from numpyro_pvi._structure import check_full_data, replay_trace
-from numpyro_pvi._validation import check_int
+from numpyro_pvi._core.particles import ParticleSpec, particle_terms
+from numpyro_pvi._core.structure import check_full_data, replay_trace
+from numpyro_pvi._core.validation import check_int
 from numpyro_pvi.particles import ParticleTerms
-
-__all__ = [
-    "CONCRETE_VALUE_ERRORS",
-    "check_finite_params",
-    "check_fitted_call",
-    "guide_draws",
-    "join_arrays",
-    "split_arrays",
-    "structured_draws",
-]
 
 
 def check_fitted_call(
@@ -131,7 +121,7 @@ def guide_draws(
     """The particle terms of ``spec.num_particles`` draws of a fitted guide,
     without gradient.
 
-    One jit-compiled call of :func:`numpyro_pvi._particles.particle_terms`,
+    One jit-compiled call of :func:`numpyro_pvi._core.particles.particle_terms`,
     vectorised with ``vmap``, or over chunks of ``chunk_size`` draws (a
     ``lax.map`` of ``vmap``) to bound memory. The compiled program is cached
     per model, guide and static arguments: array arguments of the model are
@@ -233,6 +223,12 @@ def compiled(fn: Callable, args: tuple, kwargs: dict, **static: Any) -> Callable
     return call
 
 
+def cached_program_count() -> int:
+    """How many programs :func:`compiled` holds compiled (for tests: a new
+    call with arrays of the same shapes compiles none)."""
+    return _cached_program._cache_size()
+
+
 @functools.partial(jax.jit, static_argnames=("fn", "structure", "options"))
 def _cached_program(
     rng_key: jax.Array,
@@ -279,7 +275,7 @@ def structured_draws(
     chunk_size: int | None = None,
 ) -> tuple[ParticleTerms, dict[str, Any]]:
     """:func:`guide_draws` and the model's static structure (the trace of
-    :func:`~numpyro_pvi._structure.replay_trace`), the data checked complete:
+    :func:`~numpyro_pvi._core.structure.replay_trace`), the data checked complete:
     what every diagnostic on a fitted guide starts from."""
     draw_key, trace_key = jax.random.split(rng_key)
     tr = replay_trace(trace_key, param_map, model, guide, args, kwargs)

@@ -34,8 +34,6 @@ import jax.numpy as jnp
 from jax import lax, random
 from jax.lax import stop_gradient
 
-__all__ = ["RejectionStats", "rejection_score_function"]
-
 
 class RejectionStats(NamedTuple):
     """How the rejection estimator of one step went.

@@ -16,15 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = [
-    "check_bool",
-    "check_loss_target",
-    "check_data_plate",
-    "check_int",
-    "check_real",
-    "check_real_or_array",
-]
-
 
 def check_int(value: Any, name: str, where: str, *, minimum: int) -> int:
     """An ``int`` (or NumPy integer) of at least ``minimum``.

@@ -5,9 +5,9 @@ model against each of them and returns a
 :class:`~numpyro_pvi.particles.ParticleTerms`; a :class:`ParticleSpec` says
 what the caller needs. Its stages live in one module each:
 
-- :mod:`numpyro_pvi._tracing`: one particle, a guide trace and the model
+- :mod:`numpyro_pvi._core.tracing`: one particle, a guide trace and the model
   replayed on it;
-- :mod:`numpyro_pvi._data_plate`: the data plate and each observed site's
+- :mod:`numpyro_pvi._core.data_plate`: the data plate and each observed site's
   per-observation arrays;
 - :mod:`numpyro_pvi.particles`: the terms, their weights and the reductions
   over particles that scores use.
@@ -32,7 +32,7 @@ from jax import random
 from jax.lax import stop_gradient
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._data_plate import (
+from numpyro_pvi._core.data_plate import (
     DataPlate,
     data_sites,
     normal_loc_scale,
@@ -47,7 +47,7 @@ from numpyro_pvi._data_plate import (
     site_log_pmf,
     site_pmf,
 )
-from numpyro_pvi._tracing import (
+from numpyro_pvi._core.tracing import (
     guide_latent_log_density,
     guide_log_density,
     guide_sample_values,
@@ -73,8 +73,6 @@ from numpyro_pvi.particles import (
     ParticleTerms,
     StratifiedGuide,
 )
-
-__all__ = ["ParticleSpec", "particle_terms"]
 
 
 def _vmap(fn: Callable, xs: Any) -> Any:

@@ -20,23 +20,8 @@ from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.util import is_identically_one
 from numpyro.util import check_model_guide_match
 
-from numpyro_pvi._numpyro_private import without_rsample_stop_gradient
+from numpyro_pvi._core.numpyro_private import without_rsample_stop_gradient
 from numpyro_pvi.particles import StratifiedGuide
-
-__all__ = [
-    "guide_latent_log_density",
-    "guide_log_density",
-    "guide_sample_values",
-    "is_sample_draw",
-    "latent_sites",
-    "obs_mask_latents",
-    "obs_mask_site",
-    "require_reparam_guide",
-    "seed_plates",
-    "site_log_prob",
-    "sum_log_density",
-    "trace_particle",
-]
 
 
 def site_log_prob(site: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
@@ -72,7 +57,7 @@ def obs_mask_site(name: str, tr: Mapping[str, dict[str, Any]]) -> str | None:
     ``{name}`` that interleaves them; the latent's entries at observed
     positions are used nowhere and have no density in the model. Reads
     names and site types only, so it works on the static structure of
-    :func:`~numpyro_pvi._structure.replay_trace` too.
+    :func:`~numpyro_pvi._core.structure.replay_trace` too.
     """
     suffix = "_unobserved"
     site = tr.get(name, {})

@@ -40,29 +40,9 @@ from numpyro.distributions import (
     Normal,
 )
 
-from numpyro_pvi._pmf import support_log_pmf, support_pmf
-from numpyro_pvi._tracing import site_log_prob
+from numpyro_pvi._core.pmf import support_log_pmf, support_pmf
+from numpyro_pvi._core.tracing import site_log_prob
 from numpyro_pvi.particles import WHOLE_DATA
-
-__all__ = [
-    "DataPlate",
-    "data_sites",
-    "find_data_plate",
-    "normal_loc_scale",
-    "observation_mask",
-    "observation_weight",
-    "observed_sites",
-    "observed_support",
-    "observed_values",
-    "per_observation",
-    "plate_axis_first",
-    "plate_of",
-    "site_log_lik",
-    "site_log_pmf",
-    "site_pmf",
-    "simulated_values",
-    "working_scores",
-]
 
 
 def observed_sites(tr: dict[str, Any]) -> list[dict[str, Any]]:
@@ -593,8 +573,8 @@ def _point_mass(
 def _site_support(
     site: dict[str, Any], plate: DataPlate, pmf_fn: Callable, masked: tuple
 ) -> list[jax.Array] | jax.Array:
-    """``pmf_fn`` (:func:`~numpyro_pvi._pmf.support_log_pmf` or
-    :func:`~numpyro_pvi._pmf.support_pmf`) of the site over its support: a
+    """``pmf_fn`` (:func:`~numpyro_pvi._core.pmf.support_log_pmf` or
+    :func:`~numpyro_pvi._core.pmf.support_pmf`) of the site over its support: a
     list of ``K`` ``(b, c)`` arrays for short supports, else ``(K, b, c)``;
     a masked component is a point mass, ``masked = (first, rest)``."""
     base, support, rows = _enumerable(site, plate)
@@ -703,8 +683,8 @@ def site_log_pmf(
     """``(K, b, c)`` the log pmf over the finite support of every scalar
     component of each observation (shorter supports padded with ``-inf``),
     in one pass from the likelihood's parameters where
-    :func:`~numpyro_pvi._pmf.support_log_pmf` can. For supports of at most
-    :data:`~numpyro_pvi._pmf.UNROLLED_SUPPORT` values, a tuple of ``K``
+    :func:`~numpyro_pvi._core.pmf.support_log_pmf` can. For supports of at most
+    :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` values, a tuple of ``K``
     ``(b, c)`` arrays instead, which the particle machinery stacks after the
     particle axis: stacked per particle, the support axis lands outside the
     particle axis in memory and XLA transposes the whole array."""
@@ -718,7 +698,7 @@ def site_pmf(
 ) -> tuple[jax.Array, ...] | jax.Array:
     """The pmf over the finite support, as probabilities (padding ``0``),
     laid out like :func:`site_log_pmf`; see
-    :func:`~numpyro_pvi._pmf.support_pmf`."""
+    :func:`~numpyro_pvi._core.pmf.support_pmf`."""
     return _pad_support(
         [_site_support(s, plate, support_pmf, (1.0, 0.0)) for s in observed], 0.0
     )

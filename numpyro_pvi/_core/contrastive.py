@@ -27,11 +27,9 @@ from numpyro.infer.autoguide import (
 )
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._numpyro_private import guide_parts
-from numpyro_pvi._particles import ParticleSpec, particle_terms
+from numpyro_pvi._core.numpyro_private import guide_parts
+from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi.particles import LOG_LIK, LOG_Q_FIXED, WHOLE_DATA, log_joint
-
-__all__ = ["DENSITY_GUIDES", "FixedDraws", "check_density_guide", "fixed_draw_terms"]
 
 #: The guides whose log density can be evaluated at given points.
 DENSITY_GUIDES = (

@@ -22,17 +22,6 @@ from numpyro.infer.autoguide import AutoGuide
 
 from numpyro_pvi.distributions import simulators_without_density
 
-__all__ = [
-    "IMPROPER",
-    "check_full_data",
-    "feasible_improper",
-    "improper_latents",
-    "latent_dependent_observations",
-    "model_structure",
-    "replay_trace",
-    "single_draw_outcome",
-]
-
 
 def replay_trace(
     rng_key: jax.Array,

@@ -1,0 +1,131 @@
+"""The private core: the machinery the public objectives, diagnostics,
+selection and guides are built on, behind this one door.
+
+Code outside ``numpyro_pvi._core`` imports the core from here only
+(``from numpyro_pvi._core import particle_terms``); the modules inside
+import one another directly. Nothing here is public API: names move or
+change without deprecation.
+
+- :mod:`~numpyro_pvi._core.particles`: the particle machinery
+  (:func:`particle_terms`), one trace of guide and model per particle,
+  shared by training and diagnostics; :mod:`~numpyro_pvi._core.tracing` and
+  :mod:`~numpyro_pvi._core.data_plate` beneath it.
+- :mod:`~numpyro_pvi._core.draws`: compiled draws from a fitted guide
+  (:func:`guide_draws`), the one way diagnostics draw.
+- :mod:`~numpyro_pvi._core.held_out`, :mod:`~numpyro_pvi._core.psis`,
+  :mod:`~numpyro_pvi._core.moment_matching`: held-out estimates, Pareto
+  smoothing in JAX, moment matching of far observations.
+- :mod:`~numpyro_pvi._core.structure`, :mod:`~numpyro_pvi._core.validation`:
+  the model's structure, argument checks with their messages.
+- :mod:`~numpyro_pvi._core.numpyro_private`: NumPyro's private names.
+"""
+
+from numpyro_pvi._core import pmf
+from numpyro_pvi._core.contrastive import fixed_draw_terms
+from numpyro_pvi._core.data_plate import (
+    DataPlate,
+    data_sites,
+    find_data_plate,
+    observed_sites,
+    per_observation,
+    plate_of,
+)
+from numpyro_pvi._core.draws import (
+    CONCRETE_VALUE_ERRORS,
+    cached_program_count,
+    check_fitted_call,
+    guide_draws,
+    join_arrays,
+    split_arrays,
+    structured_draws,
+)
+from numpyro_pvi._core.held_out import Pointwise, log_sum_estimate, pointwise_estimate
+from numpyro_pvi._core.moment_matching import moment_matcher
+from numpyro_pvi._core.numpyro_private import (
+    resolve_observed_sites,
+    unpack_latent,
+    validate_latent_sites,
+)
+from numpyro_pvi._core.particles import ParticleSpec, particle_terms
+from numpyro_pvi._core.pmf import support_log_pmf, support_pmf
+from numpyro_pvi._core.psis import good_k, psis_smooth
+from numpyro_pvi._core.rejection import RejectionStats, rejection_score_function
+from numpyro_pvi._core.structure import (
+    check_full_data,
+    feasible_improper,
+    improper_latents,
+    latent_dependent_observations,
+    model_structure,
+    replay_trace,
+    single_draw_outcome,
+)
+from numpyro_pvi._core.svi_scan import svi_scan
+from numpyro_pvi._core.tracing import (
+    guide_log_density,
+    guide_sample_values,
+    latent_sites,
+    obs_mask_site,
+    seed_plates,
+    sum_log_density,
+)
+from numpyro_pvi._core.validation import (
+    check_bool,
+    check_data_plate,
+    check_int,
+    check_loss_target,
+    check_real,
+    check_real_or_array,
+)
+
+__all__ = [
+    "CONCRETE_VALUE_ERRORS",
+    "DataPlate",
+    "ParticleSpec",
+    "Pointwise",
+    "RejectionStats",
+    "cached_program_count",
+    "check_bool",
+    "check_data_plate",
+    "check_fitted_call",
+    "check_full_data",
+    "check_int",
+    "check_loss_target",
+    "check_real",
+    "check_real_or_array",
+    "data_sites",
+    "feasible_improper",
+    "find_data_plate",
+    "fixed_draw_terms",
+    "guide_draws",
+    "guide_log_density",
+    "guide_sample_values",
+    "improper_latents",
+    "join_arrays",
+    "latent_dependent_observations",
+    "latent_sites",
+    "log_sum_estimate",
+    "model_structure",
+    "moment_matcher",
+    "obs_mask_site",
+    "observed_sites",
+    "particle_terms",
+    "per_observation",
+    "plate_of",
+    "pmf",
+    "pointwise_estimate",
+    "psis_smooth",
+    "good_k",
+    "rejection_score_function",
+    "replay_trace",
+    "resolve_observed_sites",
+    "seed_plates",
+    "single_draw_outcome",
+    "split_arrays",
+    "structured_draws",
+    "sum_log_density",
+    "support_log_pmf",
+    "support_pmf",
+    "svi_scan",
+    "unpack_latent",
+    "validate_latent_sites",
+]
