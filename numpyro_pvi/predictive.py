@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +11,6 @@ import jax
 import jax.numpy as jnp
 from jax import random
 from jax.lax import stop_gradient
-from numpyro.infer.autoguide import AutoDelta, AutoLaplaceApproximation
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._core import (
@@ -26,6 +24,7 @@ from numpyro_pvi._core import (
     particle_terms,
     rejection_score_function,
     seed_plates,
+    warn_point_mass,
 )
 from numpyro_pvi.particles import (
     GUIDE_DRAWS,
@@ -44,23 +43,6 @@ __all__ = ["PredictiveELBO"]
 
 _REGULARIZERS = ("prior", "posterior", None)
 _ESTIMATORS = ("reparam", "rejection")
-#: Guides that are point masses while they are fitted.
-_POINT_MASS_GUIDES = (AutoDelta, AutoLaplaceApproximation)
-
-
-def warn_point_mass(guide: Callable, objective: str) -> None:
-    """Warn that a predictive objective with a point-mass guide fits the
-    likelihood: the predictive of a point mass is the likelihood itself."""
-    if isinstance(guide, _POINT_MASS_GUIDES):
-        warnings.warn(
-            f"{objective} with {type(guide).__name__}: the posterior predictive of "
-            "a point mass is the likelihood at that point, so the predictive "
-            "score is the log-likelihood (or its score) of a point estimate and "
-            "nothing is learned about uncertainty. Use a guide with a spread "
-            "(AutoNormal, AutoMultivariateNormal, ...) for predictive VI.",
-            UserWarning,
-            stacklevel=4,
-        )
 
 
 class PredictiveELBO(ELBO):

@@ -75,6 +75,7 @@ from numpyro_pvi._core.validation import (
     check_loss_target,
     check_real,
     check_real_or_array,
+    warn_point_mass,
 )
 
 __all__ = [
@@ -128,4 +129,5 @@ __all__ = [
     "svi_scan",
     "unpack_latent",
     "validate_latent_sites",
+    "warn_point_mass",
 ]

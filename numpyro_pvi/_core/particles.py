@@ -35,15 +35,17 @@ from numpyro.infer.elbo import ELBO
 from numpyro_pvi._core.data_plate import (
     DataPlate,
     data_sites,
-    normal_loc_scale,
-    observation_mask,
     observation_weight,
     observed_sites,
+    plate_of,
+    site_log_lik,
+)
+from numpyro_pvi._core.site_values import (
+    normal_loc_scale,
+    observation_mask,
     observed_support,
     observed_values,
-    plate_of,
     simulated_values,
-    site_log_lik,
     site_log_pmf,
     site_pmf,
 )

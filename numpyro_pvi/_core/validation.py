@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 import numbers
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.infer.autoguide import AutoDelta, AutoLaplaceApproximation
 
 
 def check_int(value: Any, name: str, where: str, *, minimum: int) -> int:
@@ -150,3 +153,22 @@ def check_loss_target(loss: Any, where: str) -> bool | None:
         "loss.targets_posterior = True (variational inference of the posterior) "
         "or False (a predictive or other criterion)."
     )
+
+
+#: Guides that are point masses while they are fitted.
+_POINT_MASS_GUIDES = (AutoDelta, AutoLaplaceApproximation)
+
+
+def warn_point_mass(guide: Callable, objective: str) -> None:
+    """Warn that a predictive objective with a point-mass guide fits the
+    likelihood: the predictive of a point mass is the likelihood itself."""
+    if isinstance(guide, _POINT_MASS_GUIDES):
+        warnings.warn(
+            f"{objective} with {type(guide).__name__}: the posterior predictive of "
+            "a point mass is the likelihood at that point, so the predictive "
+            "score is the log-likelihood (or its score) of a point estimate and "
+            "nothing is learned about uncertainty. Use a guide with a spread "
+            "(AutoNormal, AutoMultivariateNormal, ...) for predictive VI.",
+            UserWarning,
+            stacklevel=4,
+        )

@@ -3,7 +3,6 @@ r"""K-fold cross-validation of candidate objectives over the data plate."""
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,20 +21,22 @@ from numpyro_pvi._core import (
     check_data_plate,
     check_int,
     good_k,
-    moment_matcher,
     plate_of,
     replay_trace,
 )
-from numpyro_pvi.evaluation import match_unreliable
-from numpyro_pvi.scores import LogScore, Score, get_score
+from numpyro_pvi.scores import Score, get_score
 from numpyro_pvi.selection._candidates import (
     default_candidates,
     grids,
     labelled,
-    lam_coordinates,
     reference_label,
 )
 from numpyro_pvi.selection._folds import fold_ids
+from numpyro_pvi.selection._held_out_scores import (
+    reliable_scores,
+    scores_dataset,
+    warn_unreliable,
+)
 from numpyro_pvi.selection._programs import (
     ModelData,
     compile_all,
@@ -314,7 +315,7 @@ def cross_validate(
                 jax.tree.map(lambda x, g=g, k=k: x[g, k], fitted)
                 for k in range(num_folds)
             ]
-            held_out[label] = _reliable(
+            held_out[label] = reliable_scores(
                 estimates,
                 score,
                 num_draws,
@@ -327,7 +328,7 @@ def cross_validate(
                 random.fold_in(score_key, 1),
             )
             final_loss[label] = losses[g]
-    dataset = _dataset(candidates, held_out, final_loss, rows, reference)
+    dataset = scores_dataset(candidates, held_out, final_loss, rows, reference)
     dataset.attrs.update(
         score=score.name,
         num_folds=num_folds,
@@ -335,7 +336,7 @@ def cross_validate(
         good_k=good_k(num_draws),
         num_draws=num_draws,
     )
-    _warn_unreliable(dataset, plate.name)
+    warn_unreliable(dataset, plate.name)
     if not np.isfinite(dataset["mean"]).any():
         raise FloatingPointError(
             "cross_validate: every candidate's held-out score is NaN or "
@@ -388,129 +389,3 @@ def _data_plate(
             "needs an observation."
         )
     return plate
-
-
-def _reliable(
-    estimates: Pointwise,
-    score: Score,
-    num_draws: int,
-    folds: np.ndarray,
-    fold_params: list[Any],
-    model: Callable,
-    guide: Callable,
-    plate: DataPlate,
-    data: ModelData,
-    rng_key: jax.Array,
-) -> tuple[Pointwise, np.ndarray]:
-    """One candidate's held-out estimates with those of k̂ ≥ ``good_k``
-    re-estimated by moment matching under the fit that held them out, and
-    which were."""
-    adapted = np.zeros(estimates.score.shape, bool)
-    if not isinstance(score, LogScore) or plate.subsample_size < plate.size:
-        return estimates, adapted
-    threshold = good_k(num_draws)
-    for k, params in enumerate(fold_params):
-        in_fold = folds == k
-        sub = Pointwise(
-            *(
-                np.where(in_fold, x, np.nan if x.dtype.kind == "f" else False)
-                for x in estimates
-            )
-        )
-        matched, fold_adapted = match_unreliable(
-            sub,
-            threshold,
-            lambda params=params: moment_matcher(
-                rng_key,
-                params,
-                model,
-                guide,
-                data.args,
-                data.kwargs,
-                num_draws=num_draws,
-                plate=plate.selector,
-            ),
-        )
-        estimates = Pointwise(
-            *(np.where(in_fold, m, e) for m, e in zip(matched, estimates, strict=True))
-        )
-        adapted |= fold_adapted
-    return estimates, adapted
-
-
-def _warn_unreliable(dataset: xr.Dataset, plate: str | None) -> None:
-    """Warn of the held-out estimates that stay unreliable, naming them."""
-    k = dataset["pareto_k"].values
-    bad = np.argwhere(~(k < dataset.attrs["good_k"]) & ~np.isnan(k))
-    if bad.size == 0:
-        return
-    labels = dataset.candidate.values
-    shown = ", ".join(
-        f"{labels[c]!r} at {plate or 'observation'}[{i}] (k̂ {k[c, i]:.2f})"
-        for c, i in bad[:10]
-    ) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
-    warnings.warn(
-        f"cross_validate: {len(bad)} held-out score(s) are unreliable Monte Carlo "
-        f"estimates (k̂ ≥ good_k = {dataset.attrs['good_k']:.2f} after moment "
-        f"matching): {shown}. These observations lie far in the tail of the "
-        "fits' predictives; their scores are likely too low. Increase num_draws.",
-        UserWarning,
-        stacklevel=3,
-    )
-
-
-def _dataset(
-    candidates: dict[str, ELBO],
-    held_out: dict[str, tuple[Pointwise, np.ndarray]],
-    final_loss: dict[str, np.ndarray],
-    folds: np.ndarray,
-    reference: str | None,
-) -> xr.Dataset:
-    """The scores as an ``xarray.Dataset`` (see :class:`CrossValidation`).
-
-    Observations that masks remove entirely are left out of every mean and
-    standard error (``observed`` is ``False`` there)."""
-    labels = list(candidates)
-    pointwise = np.stack([held_out[c][0].score for c in labels])  # (C, N)
-    observed = held_out[labels[0]][0].observed
-    n_obs, k = int(observed.sum()), int(folds.max()) + 1
-    kept = pointwise[:, observed]
-    in_fold = (folds[None, :] == np.arange(k)[:, None]) & observed  # (K, N)
-    fold_score = (np.where(observed, pointwise, 0.0) @ in_fold.T) / in_fold.sum(1)
-    regs, lams = lam_coordinates(candidates)
-    data_vars = {
-        "pointwise": (("candidate", "observation"), pointwise),
-        "pointwise_se": (
-            ("candidate", "observation"),
-            np.stack([held_out[c][0].se for c in labels]),
-        ),
-        "pareto_k": (
-            ("candidate", "observation"),
-            np.stack([held_out[c][0].pareto_k for c in labels]),
-        ),
-        "adapted": (
-            ("candidate", "observation"),
-            np.stack([held_out[c][1] for c in labels]),
-        ),
-        "fold_score": (("candidate", "fold"), fold_score),
-        "mean": ("candidate", kept.mean(1)),
-        "se": ("candidate", kept.std(1, ddof=1) / np.sqrt(n_obs)),
-        "final_loss": (
-            ("candidate", "fold"),
-            np.stack([final_loss[c] for c in labels]),
-        ),
-    }
-    if reference is not None:
-        diff = kept - held_out[reference][0].score[observed]
-        data_vars["diff"] = ("candidate", diff.mean(1))
-        data_vars["diff_se"] = ("candidate", diff.std(1, ddof=1) / np.sqrt(n_obs))
-    coords = {
-        "candidate": labels,
-        "fold": np.arange(k),
-        "observation": np.arange(pointwise.shape[1]),
-        "regularizer": ("candidate", regs),
-        "lam": ("candidate", np.asarray(lams)),
-        "fold_of": ("observation", folds),
-        "observed": ("observation", observed),
-    }
-    return xr.Dataset(data_vars, coords=coords, attrs={"reference": reference or ""})
