@@ -18,9 +18,9 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.elbo import ELBO
 
 from benchmarks.harness import BenchmarkResult, DataSplit, decaying_adam
-from numpyro_pvi import predictive_score
+from numpyro_pvi import FitRecipe, predictive_score
 from numpyro_pvi._core import svi_scan
-from numpyro_pvi.selection import cross_validate
+from numpyro_pvi.selection import cross_validate, default_candidates
 
 __all__ = ["RULES", "format_paired", "run_cv_benchmark"]
 
@@ -108,11 +108,21 @@ def run_cv_benchmark(
             for score in cv_scores:
                 start = time.perf_counter()
                 cv = cross_validate(
-                    fit_keys[s], model, guide, optim, num_steps, score=score,
-                    num_particles=num_particles, num_draws=num_draws,
-                    num_folds=num_folds, rule="best", progress_bar=False,
+                    fit_keys[s],
+                    model,
+                    guide,
+                    optim,
+                    fit=FitRecipe(
+                        num_steps=num_steps, num_draws=num_draws, progress_bar=False
+                    ),
+                    candidates=default_candidates(
+                        guide, score, num_particles=num_particles
+                    ),
+                    score=score,
+                    num_folds=num_folds,
+                    rule="best",
                     **split.train,
-                )  # fmt: skip
+                )
                 seconds = time.perf_counter() - start
                 for rule in RULES:
                     label = cv.select(rule)

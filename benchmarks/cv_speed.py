@@ -33,10 +33,9 @@ from numpyro.infer.autoguide import AutoNormal
 
 from benchmarks.harness import decaying_adam
 from benchmarks.posteriordb import _default_data_dir, paper_models
-from numpyro_pvi import predictive_score
-from numpyro_pvi.selection import cross_validate, mask_observations
-from numpyro_pvi.selection._candidates import default_candidates
-from numpyro_pvi.selection._folds import fold_ids
+from numpyro_pvi import FitRecipe, predictive_score
+from numpyro_pvi._core import fold_ids
+from numpyro_pvi.selection import cross_validate, default_candidates, mask_observations
 
 __all__ = ["main"]
 
@@ -47,7 +46,7 @@ def _one_by_one(model, data, num_steps, lr, num_particles, *, progress_bar):
     n = len(data["y"] if "y" in data else data["C"])
     folds = np.asarray(fold_ids(random.PRNGKey(0), n, 5))
     total = 0.0
-    for loss in default_candidates("log", num_particles, guide).values():
+    for loss in default_candidates(guide, "log", num_particles=num_particles).values():
         for k in range(5):
             masked = mask_observations(model, keep=folds != k, data_plate="obs")
             svi = SVI(masked, guide, decaying_adam(lr, num_steps), loss=loss)
@@ -63,9 +62,14 @@ def _one_by_one(model, data, num_steps, lr, num_particles, *, progress_bar):
 
 def _library(model, data, num_steps, lr, num_particles):
     cv = cross_validate(
-        random.PRNGKey(0), model, AutoNormal(model), decaying_adam(lr, num_steps),
-        num_steps, num_particles=num_particles, progress_bar=False, **data,
-    )  # fmt: skip
+        random.PRNGKey(0),
+        model,
+        AutoNormal(model),
+        decaying_adam(lr, num_steps),
+        fit=FitRecipe(num_steps=num_steps, progress_bar=False),
+        candidates=default_candidates(AutoNormal(model), num_particles=num_particles),
+        **data,
+    )
     return float(cv.scores["mean"].sum())
 
 

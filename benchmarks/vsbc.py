@@ -38,6 +38,7 @@ def _worker(args: argparse.Namespace) -> dict:
     from numpyro.infer import Trace_ELBO
     from numpyro.infer.autoguide import AutoNormal
 
+    from numpyro_pvi import Replications
     from numpyro_pvi.diagnostics._replications import dispatcher
     from numpyro_pvi.diagnostics.vsbc import _setup
 
@@ -52,19 +53,16 @@ def _worker(args: argparse.Namespace) -> dict:
 
     one, inputs, *_ = _setup(
         jax.random.PRNGKey(0),
-        eight_schools,
-        AutoNormal(eight_schools),
-        optax.adam(0.05),
-        Trace_ELBO(),
+        (eight_schools, AutoNormal(eight_schools), optax.adam(0.05), Trace_ELBO()),
         (sigma,),
         {},
-        num_simulations=args.replications,
-        num_svi_steps=args.steps,
-        num_draws=args.draws,
-        observed_sites=["y"],
-        simulated_data_to_args=None,
-        test_quantities=None,
-        log_likelihood=False,  # the parameters only, as the recorded timings
+        Replications(
+            num_simulations=args.replications,
+            num_svi_steps=args.steps,
+            num_draws=args.draws,
+        ),
+        ["y"],
+        {"log_likelihood": None},  # the parameters only, as the recorded timings
     )
     devices = jax.local_device_count()
     methods = ["vectorized", "sharded"]

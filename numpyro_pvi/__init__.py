@@ -9,6 +9,7 @@ from numpyro_pvi import guides, scores, selection
 from numpyro_pvi.evaluation import predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
+from numpyro_pvi.recipes import FitRecipe, Replications
 from numpyro_pvi.sharding import shard_data
 from numpyro_pvi.snis import SNISForwardKL
 from numpyro_pvi.softcvi import SoftCVIELBO
@@ -17,8 +18,10 @@ from numpyro_pvi.stratified import StratifiedELBO
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "FitRecipe",
     "PACmELBO",
     "PredictiveELBO",
+    "Replications",
     "SNISForwardKL",
     "SoftCVIELBO",
     "StratifiedELBO",

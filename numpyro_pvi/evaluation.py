@@ -18,6 +18,7 @@ from numpyro_pvi._core import (
     check_fitted_call,
     check_full_data,
     check_int,
+    deprecation,
     find_data_plate,
     good_k,
     guide_draws,
@@ -99,6 +100,7 @@ class PredictiveScore:
         return len(self.score)
 
 
+@deprecation.accepts_old_calls(deprecation.fitted)
 def predictive_score(
     rng_key: jax.Array,
     params: dict[str, jax.Array],
@@ -174,9 +176,7 @@ def predictive_score(
        *Implicitly adaptive importance sampling*. Statistics and Computing 31.
     """
     where = "predictive_score"
-    params, model, guide = check_fitted_call(
-        where, params, model, guide, legacy_order=True
-    )
+    params, model, guide = check_fitted_call(where, params, model, guide)
     score = get_score(score)
     num_draws = check_int(num_draws, "num_draws", where, minimum=score.min_particles)
     data_plate = check_data_plate(data_plate, where)
@@ -221,7 +221,11 @@ def predictive_score(
 
 
 def match_unreliable(
-    pointwise: Pointwise, threshold: float, matcher: Callable[[], Any]
+    pointwise: Pointwise,
+    threshold: float,
+    matcher: Callable[[], Any],
+    *,
+    stacklevel: int = 4,
 ) -> tuple[Pointwise, np.ndarray]:
     """Re-estimate the observations with k̂ ≥ ``threshold`` by moment
     matching (``matcher()`` builds the matcher once, when one is needed),
@@ -245,7 +249,7 @@ def match_unreliable(
             f"Moment matching is not available for this guide ({built}); the "
             "estimates keep their k̂.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
         return pointwise, adapted
     for i, matched in zip(flagged, built.match(flagged, threshold), strict=True):
@@ -276,5 +280,5 @@ def warn_unreliable(result: PredictiveScore, plate: str | None, where: str) -> N
         f"{result.num_draws} draws see too little of it; their estimates are "
         "likely too low. Increase num_draws, or read them as outliers of this fit.",
         UserWarning,
-        stacklevel=3,
+        stacklevel=4,  # the user's call: warn_unreliable, predictive_score, shim
     )

@@ -22,12 +22,15 @@ an unweighted fast path chosen when the program is traced.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 
 __all__ = [
+    "FIELDS",
     "GUIDE_DRAWS",
     "LATENTS",
     "LOG_LIK",
@@ -73,21 +76,43 @@ OBS_WEIGHT = "weight"
 GUIDE_DRAWS = "guide_draws"
 #: The observed values as the model computes them, ``observed``.
 OBSERVED = "observed"
-#: Every quantity that can be requested.
-REQUESTS = frozenset(
+#: What each request fills in :class:`ParticleTerms`, beside the fields
+#: every call fills (``log_prior``, ``log_q``, the weights ``log_w`` and
+#: ``particle_weight``, ``num_strata``, ``mask``, ``entropy`` for a guide
+#: that supplies it). The extractors that fill them are keyed by the same
+#: requests, beside this table (``numpyro_pvi/_core/particles.py``); a
+#: field no request fills is ``None``.
+#:
+#: ================  ===========================================
+#: request           fields
+#: ================  ===========================================
+#: ``log_lik``       ``log_lik``, ``log_lik_scaled``
+#: ``y_sim``         ``y_sim``, ``y_obs``
+#: ``y_loc_scale``   ``y_loc``, ``y_scale``, ``y_obs``
+#: ``log_pmf``       ``log_pmf``, ``obs_support``
+#: ``pmf``           ``pmf``, ``obs_support``
+#: ``log_q_fixed``   ``log_q_fixed``
+#: ``latents``       ``latents``
+#: ``weight``        ``weight``
+#: ``guide_draws``   ``guide_draws``
+#: ``observed``      ``observed``
+#: ================  ===========================================
+FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
-        LOG_LIK,
-        Y_SIM,
-        Y_LOC_SCALE,
-        LOG_PMF,
-        PMF,
-        LOG_Q_FIXED,
-        LATENTS,
-        OBS_WEIGHT,
-        GUIDE_DRAWS,
-        OBSERVED,
+        LOG_LIK: ("log_lik", "log_lik_scaled"),
+        Y_SIM: ("y_sim", "y_obs"),
+        Y_LOC_SCALE: ("y_loc", "y_scale", "y_obs"),
+        LOG_PMF: ("log_pmf", "obs_support"),
+        PMF: ("pmf", "obs_support"),
+        LOG_Q_FIXED: ("log_q_fixed",),
+        LATENTS: ("latents",),
+        OBS_WEIGHT: ("weight",),
+        GUIDE_DRAWS: ("guide_draws",),
+        OBSERVED: ("observed",),
     }
 )
+#: Every quantity that can be requested.
+REQUESTS = frozenset(FIELDS)
 
 #: ``data_plate=WHOLE_DATA`` treats all observed sites as one observation,
 #: without looking for a data plate (objectives that need only the total
@@ -117,8 +142,6 @@ class ParticleTerms(NamedTuple):
         over the guide (sums to one). Always present.
     :ivar num_strata: the number of strata (a Python integer; 1 for i.i.d.
         draws).
-    :ivar subsample_scale: scalar ``N / b`` of the data plate (1 without
-        subsampling).
     :ivar log_lik: ``(M, b)`` log-likelihood of each observation (unscaled):
         what a predictive score of the observation is computed from.
     :ivar log_lik_scaled: ``(M, b)`` the same with each observed site's own
@@ -171,7 +194,6 @@ class ParticleTerms(NamedTuple):
     log_w: jax.Array
     particle_weight: jax.Array
     num_strata: int
-    subsample_scale: jax.Array
     log_lik: jax.Array | None = None
     log_lik_scaled: jax.Array | None = None
     weight: jax.Array | None = None

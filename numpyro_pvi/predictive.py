@@ -24,6 +24,7 @@ from numpyro_pvi._core import (
     particle_terms,
     rejection_score_function,
     seed_plates,
+    split_particle_key,
     warn_point_mass,
 )
 from numpyro_pvi.particles import (
@@ -399,9 +400,9 @@ class PredictiveELBO(ELBO):
         """The loss and, for the rejection estimator, its statistics."""
         warn_point_mass(guide, self._objective_name())
         particle_key, accept_key = random.split(rng_key)
-        # the plate key particle_terms derives from particle_key, kept for
-        # the further rounds of the rejection estimator (same subsample)
-        plate_key = random.split(particle_key)[0]
+        # the plate key of particle_terms' key protocol, kept for the
+        # further rounds of the rejection estimator (same subsample)
+        plate_key, _ = split_particle_key(particle_key)
         terms = self.particle_terms(
             particle_key, param_map, model, guide, *args, plate_key=plate_key, **kwargs
         )

@@ -27,6 +27,7 @@ from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
 import numpyro_pvi
+from numpyro_pvi import Replications
 from numpyro_pvi.sharding import shard_data
 
 N, D = 64, 3
@@ -158,13 +159,15 @@ def vsbc_dispatch() -> dict:
             optax.adam(0.05),
             Trace_ELBO(),
             10,
-            num_simulations=10,
-            num_svi_steps=60,
-            num_draws=200,
+            replications=Replications(
+                num_simulations=10,
+                num_svi_steps=60,
+                num_draws=200,
+                chain_method=method,
+                chunk_size=chunk,
+                progress_bar=False,
+            ),
             observed_sites=["y"],
-            chain_method=method,
-            chunk_size=chunk,
-            progress_bar=False,
         )
         out[name] = {v: idata.vsbc[v].values.ravel().tolist() for v in ("mu", "log_s")}
         out[name]["loss"] = idata.vsbc_fit_stats["loss"].values.ravel().tolist()
@@ -187,12 +190,14 @@ def calibration_dispatch() -> dict:
             optax.adam(0.05),
             Trace_ELBO(),
             10,
+            replications=Replications(
+                num_simulations=10,
+                num_svi_steps=60,
+                num_draws=200,
+                chain_method=method,
+                progress_bar=False,
+            ),
             observed_sites=["y"],
-            num_simulations=10,
-            num_svi_steps=60,
-            num_draws=200,
-            chain_method=method,
-            progress_bar=False,
         )
         pit = get_group(result, "calibration_pit")["pit"].values.ravel().tolist()
         loss = get_group(result, "calibration_fit_stats")["loss"].values.ravel()

@@ -28,7 +28,7 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.importance import _psis_khat
 from scipy.stats import norm
 
-from numpyro_pvi import PredictiveELBO, predictive_score
+from numpyro_pvi import FitRecipe, PredictiveELBO, predictive_score
 from numpyro_pvi._core import log_sum_estimate, psis_smooth, svi_scan
 from numpyro_pvi.guides import AutoFlow, AutoGaussianMixture
 from numpyro_pvi.selection import cross_validate, mask_observations
@@ -250,9 +250,14 @@ def test_cross_validation_with_an_outlier_matches_the_exact_scores_of_its_fits()
     guide = AutoNormal(normal_model)
     key, steps = random.PRNGKey(1), 1500
     cv = cross_validate(
-        key, normal_model, guide, optax.adam(0.05), steps, y,
-        candidates=candidates, progress_bar=False,
-    )  # fmt: skip
+        key,
+        normal_model,
+        guide,
+        optax.adam(0.05),
+        y,
+        fit=FitRecipe(num_steps=steps, progress_bar=False),
+        candidates=candidates,
+    )
     _, fit_key, _ = random.split(key, 3)
     exact = {}
     for label, loss in candidates.items():

@@ -25,8 +25,10 @@ from numpyro.infer.autoguide import AutoDiagonalNormal, AutoNormal
 from scipy.stats import norm
 
 from numpyro_pvi import (
+    FitRecipe,
     PACmELBO,
     PredictiveELBO,
+    Replications,
     SNISForwardKL,
     SoftCVIELBO,
     StratifiedELBO,
@@ -361,13 +363,11 @@ def test_predictive_score_and_cross_validation_leave_masked_observations_out():
         masked_model,
         auto,
         optax.adam(0.05),
-        200,
         y,
         keep,
+        fit=FitRecipe(num_steps=200, num_draws=200, progress_bar=False),
         candidates=[Trace_ELBO(), PredictiveELBO("log", lam=1.0)],
         num_folds=3,
-        num_draws=200,
-        progress_bar=False,
     )
     observed = cv.scores["observed"].values
     np.testing.assert_array_equal(observed, np.asarray(keep))
@@ -497,9 +497,9 @@ def test_obs_mask_diagnostics_run_and_procedures_that_simulate_refuse(imputing_f
                 optim,
                 Trace_ELBO(),
                 *args,
-                num_simulations=4,
-                num_svi_steps=5,
-                progress_bar=False,
+                replications=Replications(
+                    num_simulations=4, num_svi_steps=5, progress_bar=False
+                ),
             )
 
 
@@ -526,7 +526,7 @@ def test_predictive_calibration_refuses_masked_observations():
             Trace_ELBO(),
             Y,
             KEEP,
-            num_simulations=4,
-            num_svi_steps=5,
-            progress_bar=False,
+            replications=Replications(
+                num_simulations=4, num_svi_steps=5, progress_bar=False
+            ),
         )

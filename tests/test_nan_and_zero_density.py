@@ -221,7 +221,7 @@ def test_softcvi_fit_that_goes_nan_shows_nan_losses():
             random.PRNGKey(0), p, nan_model, g, jnp.ones(3), show=False
         ),
         lambda p, g: diagnostics.heterogeneity(
-            random.PRNGKey(0), p, p, nan_model, g, g, jnp.ones(3)
+            random.PRNGKey(0), p, nan_model, g, jnp.ones(3), reference_params=p
         ),
     ],
     ids=["predictive_score", "psis", "to_inference_data", "report", "heterogeneity"],

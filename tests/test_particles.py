@@ -11,12 +11,14 @@ from jax import random
 from numpyro.infer.autoguide import AutoDelta, AutoNormal
 
 from numpyro_pvi.particles import (
+    FIELDS,
     LOG_LIK,
     LOG_PMF,
     LOG_Q_FIXED,
     OBS_WEIGHT,
     PMF,
     Y_SIM,
+    ParticleTerms,
     log_mean_exp,
     particle_logsumexp,
     particle_sum,
@@ -129,7 +131,8 @@ def test_subsampling_local_latents_and_weights():
     )
     assert terms.log_lik.shape == (3, 4)
     np.testing.assert_allclose(terms.weight, 2.5 * jnp.ones(4))
-    np.testing.assert_allclose(terms.subsample_scale, 2.5)
+    # the subsample scale N / b enters the scaled log-likelihood
+    np.testing.assert_allclose(terms.log_lik_scaled, 2.5 * terms.log_lik, rtol=1e-6)
     assert terms.log_prior.shape == terms.log_q.shape == (3,)
     assert jnp.all(jnp.isfinite(terms.log_lik))
 
@@ -323,3 +326,33 @@ def test_spec_protocol_and_iid_terms():
     require_iid(t, "test")  # does not raise
     with pytest.raises(NotImplementedError, match="2 strata"):
         require_iid(t._replace(num_strata=2), "test")
+
+
+# -- the request table: each request fills exactly its fields ---------------
+
+
+def _normal_model(y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+
+def _bernoulli_model(y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=theta), obs=y)
+
+
+@pytest.mark.parametrize("request_name", sorted(FIELDS))
+def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
+    """``particles.FIELDS`` is the protocol: a request fills its fields and
+    no other optional field (``mask`` and ``entropy`` are every call's)."""
+    finite = request_name in (LOG_PMF, PMF)
+    model = _bernoulli_model if finite else _normal_model
+    y = jnp.array([0.0, 1.0, 1.0, 0.0])
+    terms = _terms(
+        model, AutoNormal(model), y, num_particles=2, requests=(request_name,)
+    )
+    optional = set(ParticleTerms._field_defaults) - {"mask", "entropy"}
+    filled = {f for f in optional if getattr(terms, f) is not None}
+    assert filled == set(FIELDS[request_name])

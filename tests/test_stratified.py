@@ -14,7 +14,7 @@ from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoDelta, AutoNormal
 
-from numpyro_pvi import StratifiedELBO, diagnostics
+from numpyro_pvi import Replications, StratifiedELBO, diagnostics
 from numpyro_pvi.guides import AutoGaussianMixture
 
 pytestmark = pytest.mark.xdist_group("stratified")
@@ -103,11 +103,10 @@ def test_vsbc_with_trace_elbo_and_a_mixture_guide_stops_with_a_clear_error():
             AutoGaussianMixture(model, 2),
             optax.adam(0.01),
             Trace_ELBO(),
-            num_simulations=2,
-            num_svi_steps=2,
-            num_draws=5,
+            replications=Replications(
+                num_simulations=2, num_svi_steps=2, num_draws=5, progress_bar=False
+            ),
             observed_sites=["y"],
-            progress_bar=False,
         )
 
 

@@ -17,15 +17,19 @@ change without deprecation.
   smoothing in JAX, moment matching of far observations.
 - :mod:`~numpyro_pvi._core.structure`, :mod:`~numpyro_pvi._core.validation`:
   the model's structure, argument checks with their messages.
+- :mod:`~numpyro_pvi._core.recipes`, :mod:`~numpyro_pvi._core.deprecation`:
+  the option values of the procedures that fit, and the one shim that
+  translates the call shapes of earlier versions.
 - :mod:`~numpyro_pvi._core.numpyro_private`: NumPyro's private names.
 """
 
-from numpyro_pvi._core import pmf
+from numpyro_pvi._core import deprecation, pmf
 from numpyro_pvi._core.contrastive import fixed_draw_terms
 from numpyro_pvi._core.data_plate import (
     DataPlate,
     data_sites,
     find_data_plate,
+    joint_log_likelihood,
     observed_sites,
     per_observation,
     plate_of,
@@ -39,16 +43,31 @@ from numpyro_pvi._core.draws import (
     split_arrays,
     structured_draws,
 )
+from numpyro_pvi._core.folds import fold_ids
 from numpyro_pvi._core.held_out import Pointwise, log_sum_estimate, pointwise_estimate
+from numpyro_pvi._core.loo import approximate_loo_pointwise
 from numpyro_pvi._core.moment_matching import moment_matcher
+
+# first: the scores (imported by held_out below) import it through this door
+from numpyro_pvi._core.normal import normal_abs_mean  # noqa: I001
 from numpyro_pvi._core.numpyro_private import (
     resolve_observed_sites,
     unpack_latent,
     validate_latent_sites,
 )
-from numpyro_pvi._core.particles import ParticleSpec, particle_terms
+from numpyro_pvi._core.particles import (
+    ParticleSpec,
+    particle_terms,
+    split_particle_key,
+)
 from numpyro_pvi._core.pmf import support_log_pmf, support_pmf
 from numpyro_pvi._core.psis import good_k, psis_smooth
+from numpyro_pvi._core.recipes import (
+    CHAIN_METHODS,
+    FitRecipe,
+    Replications,
+    check_recipe,
+)
 from numpyro_pvi._core.rejection import RejectionStats, rejection_score_function
 from numpyro_pvi._core.structure import (
     check_full_data,
@@ -79,6 +98,15 @@ from numpyro_pvi._core.validation import (
 )
 
 __all__ = [
+    "normal_abs_mean",
+    "approximate_loo_pointwise",
+    "fold_ids",
+    "joint_log_likelihood",
+    "CHAIN_METHODS",
+    "FitRecipe",
+    "Replications",
+    "check_recipe",
+    "deprecation",
     "CONCRETE_VALUE_ERRORS",
     "DataPlate",
     "ParticleSpec",
@@ -117,6 +145,7 @@ __all__ = [
     "psis_smooth",
     "good_k",
     "rejection_score_function",
+    "split_particle_key",
     "replay_trace",
     "resolve_observed_sites",
     "seed_plates",

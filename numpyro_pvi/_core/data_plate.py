@@ -11,13 +11,15 @@ other values (simulated draws, the pmf over a finite support) are in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.handlers import condition, seed, substitute, trace
 
-from numpyro_pvi._core.tracing import site_log_prob
+from numpyro_pvi._core.tracing import site_log_prob, sum_log_density
 from numpyro_pvi.particles import WHOLE_DATA
 
 
@@ -278,3 +280,23 @@ def observation_weight(observed: list[dict[str, Any]], plate: DataPlate) -> jax.
             "per site). The ELBO, PSIS and to_inference_data accept such models."
         )
     return jnp.asarray(values[:, 0])
+
+
+def joint_log_likelihood(
+    model: Callable, inject: Callable[[dict], tuple[tuple, dict]]
+) -> Callable[[dict, dict], jax.Array]:
+    r"""``f(θ, y) = log p(y | θ)``: every observed site's log density at the
+    data set ``y`` given the latent values ``θ``, with the handler scales the
+    model applies (the likelihood part of :func:`numpyro.infer.util.log_density`).
+
+    :param model: the model.
+    :param inject: ``y -> (args, kwargs)`` that passes a data set to it.
+    """
+
+    def log_lik(theta: dict, data: dict) -> jax.Array:
+        args, kwargs = inject(data)
+        conditioned = substitute(condition(model, data), data=theta)
+        tr = trace(seed(conditioned, rng_seed=0)).get_trace(*args, **kwargs)
+        return sum_log_density(observed_sites(tr))
+
+    return log_lik

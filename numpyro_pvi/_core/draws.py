@@ -6,7 +6,7 @@ memory, and optionally reduces the draws inside the program (e.g. to
 per-observation scores). The compiled program is cached: a second call with
 the same model, guide and options, and arrays of the same shapes, does not
 compile again. :func:`check_fitted_call` checks the argument order shared by
-every function that takes a fitted guide, ``(rng_key, param_map, model,
+every function that takes a fitted guide, ``(rng_key, params, model,
 guide, *args)`` as in :func:`numpyro.infer.psis_diagnostic`.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,37 +28,21 @@ from numpyro_pvi.particles import ParticleTerms
 
 
 def check_fitted_call(
-    function: str,
-    param_map: Any,
-    model: Any,
-    guide: Any,
-    *,
-    legacy_order: bool = False,
+    function: str, params: Any, model: Any, guide: Any
 ) -> tuple[dict[str, jax.Array], Callable, Callable]:
-    """Check ``(param_map, model, guide)`` of a call on a fitted guide.
+    """Check ``(params, model, guide)`` of a call on a fitted guide.
 
     :param function: the function's name, for the messages.
-    :param param_map: should be the fitted parameters (a mapping).
+    :param params: should be the fitted parameters (a mapping).
     :param model: should be the model (callable).
     :param guide: should be the guide (callable).
-    :param legacy_order: accept the order ``(model, guide, params)`` of
-        earlier releases, with a ``FutureWarning``.
-    :return: ``(param_map, model, guide)`` in that order.
+    :return: ``(params, model, guide)`` in that order.
     """
-    if legacy_order and callable(param_map) and isinstance(guide, Mapping):
-        warnings.warn(
-            f"{function}(rng_key, model, guide, params, ...) is deprecated and will "
-            f"be removed in the next release: call {function}(rng_key, params, "
-            "model, guide, ...), the order of numpyro.infer.psis_diagnostic.",
-            FutureWarning,
-            stacklevel=3,
-        )
-        param_map, model, guide = guide, param_map, model
     problems = []
-    if not isinstance(param_map, Mapping):
+    if not isinstance(params, Mapping):
         problems.append(
-            f"param_map (2nd) must be the dict of fitted parameters, e.g. "
-            f"svi_result.params, got {_describe(param_map)}"
+            f"params (2nd) must be the dict of fitted parameters, e.g. "
+            f"svi_result.params, got {_describe(params)}"
         )
     if not callable(model):
         problems.append(f"model (3rd) must be the model, got {_describe(model)}")
@@ -67,12 +50,12 @@ def check_fitted_call(
         problems.append(f"guide (4th) must be the guide, got {_describe(guide)}")
     if problems:
         raise TypeError(
-            f"{function} takes (rng_key, param_map, model, guide, *args, **kwargs): "
+            f"{function} takes (rng_key, params, model, guide, *args, **kwargs): "
             + "; ".join(problems)
             + "."
         )
-    check_finite_params(function, param_map)
-    return dict(param_map), model, guide
+    check_finite_params(function, params)
+    return dict(params), model, guide
 
 
 def check_finite_params(function: str, param_map: Mapping[str, Any]) -> None:

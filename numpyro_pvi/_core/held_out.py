@@ -27,14 +27,16 @@ importance-sampling estimate).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from numpyro_pvi._core.psis import psis_smooth
 from numpyro_pvi.particles import ParticleTerms, observation_scores
-from numpyro_pvi.scores import LogScore, Score
+
+if TYPE_CHECKING:  # the scores import the core: no import cycle at run time
+    from numpyro_pvi.scores import Score
 
 #: Batches of the batch-means standard error.
 NUM_BATCHES = 20
@@ -146,6 +148,8 @@ def pointwise_estimate(score: Score, terms: ParticleTerms) -> Pointwise:
     """
     b = terms.log_w.shape[1]
     observed = jnp.ones(b, bool) if terms.mask is None else terms.mask
+    from numpyro_pvi.scores import LogScore  # the scores import the core
+
     if isinstance(score, LogScore):
         log_contrib = terms.log_lik + terms.log_w  # (S, b)
         estimate, se, k = jax.vmap(

@@ -162,12 +162,13 @@ def particle_terms(
     :param kwargs: keyword arguments of model and guide.
     :param spec: what to draw and compute.
     :param plate_key: the key subsampled plates draw their indices from;
-        by default derived from ``rng_key``. Calls with the same
-        ``plate_key`` see the same subsample (further rounds of draws).
+        by default the first of :func:`split_particle_key` of ``rng_key``.
+        Calls with the same ``plate_key`` see the same subsample (further
+        rounds of draws).
     :return: the terms, with a leading particle axis of ``num_particles``
         (``K * num_particles`` for ``K`` strata).
     """
-    default_plate_key, rng_key = random.split(rng_key)
+    default_plate_key, rng_key = split_particle_key(rng_key)
     plate_key = default_plate_key if plate_key is None else plate_key
     strata = guide if spec.stratified and isinstance(guide, StratifiedGuide) else None
     num_strata = 1 if strata is None else strata.num_strata
@@ -194,9 +195,6 @@ def particle_terms(
         log_w=log_w,
         particle_weight=particle_weight,
         num_strata=num_strata,
-        subsample_scale=jnp.asarray(
-            shared.plate.size / max(shared.plate.subsample_size, 1)
-        ),
         weight=shared.weight,
         mask=shared.mask,
         y_obs=shared.y_obs,
@@ -318,7 +316,6 @@ class _ParticleTracer:
         keys = _particle_keys(key)
         with jax.named_scope("trace"):
             guide_trace, model_trace = self.traces(keys, component)
-        sim_key, rerun_key = keys[2], keys[3]
         # observed sites outside the data plate are terms of the joint
         # density (a prior written as an observed site): with the prior
         observed, density_terms = data_sites(observed_sites(model_trace), plate)
@@ -329,47 +326,90 @@ class _ParticleTracer:
                 + sum_log_density(density_terms),
                 "log_q": guide_latent_log_density(guide_trace, masks),
             }
-        if LOG_LIK in requests:
-            with jax.named_scope(LOG_LIK):
-                zeros = jnp.zeros((plate.subsample_size,))
-                pairs = [site_log_lik(s, plate) for s in observed]
-                out["log_lik"] = sum((u for u, _ in pairs), start=zeros)
-                out["log_lik_scaled"] = sum((c for _, c in pairs), start=zeros)
-        if Y_SIM in requests:
-            with jax.named_scope(Y_SIM):
-                reparam = self.spec.require_reparam
-                out["y_sim"] = simulated_values(observed, plate, sim_key, reparam)
-        if Y_LOC_SCALE in requests:
-            with jax.named_scope(Y_LOC_SCALE):
-                out["y_loc"], out["y_scale"] = normal_loc_scale(observed, plate)
-        if LOG_PMF in requests:
-            with jax.named_scope(LOG_PMF):
-                out["log_pmf"] = site_log_pmf(observed, plate)
-        if PMF in requests:
-            with jax.named_scope(PMF):
-                out["pmf"] = site_pmf(observed, plate)
-        if LOG_Q_FIXED in requests or GUIDE_DRAWS in requests:
-            fixed = guide_sample_values(self.guide, guide_trace)
-            if GUIDE_DRAWS in requests:
-                out["guide_draws"] = fixed
-            if LOG_Q_FIXED in requests:
-                out["log_q_fixed"] = guide_log_density(
-                    self.guide,
-                    self.param_map,
-                    fixed,
-                    rerun_key,
-                    self.args,
-                    self.kwargs,
-                    masks,
-                )
-        if LATENTS in requests:
-            out["latents"] = {s["name"]: s["value"] for s in latent_sites(model_trace)}
+        particle = _Particle(
+            self, plate, observed, guide_trace, model_trace, keys, masks
+        )
+        for request in sorted(requests & _PER_PARTICLE.keys()):
+            with jax.named_scope(request):
+                out.update(_PER_PARTICLE[request](particle))
         return out
+
+
+def split_particle_key(rng_key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The key protocol of :func:`particle_terms`: ``rng_key`` splits into
+    the plate key (subsampled plates' indices, shared by every particle) and
+    the draws key, which splits into one key per particle, each of which
+    splits into four (:func:`_particle_keys`). A caller that needs the same
+    subsample in a further call passes the plate key as ``plate_key``."""
+    plate_key, draws_key = random.split(rng_key)
+    return plate_key, draws_key
 
 
 def _particle_keys(key: jax.Array) -> jax.Array:
     """The keys of one particle's model, guide, simulations and guide re-run."""
     return random.split(key, 4)
+
+
+@dataclass(frozen=True)
+class _Particle:
+    """One particle's traces, what the extractors read."""
+
+    tracer: _ParticleTracer
+    plate: DataPlate
+    observed: list[dict[str, Any]]  # the observed sites of the data plate
+    guide_trace: dict[str, Any]
+    model_trace: dict[str, Any]
+    keys: jax.Array  # _particle_keys
+    masks: Any  # obs_mask latents
+
+    def guide_values(self) -> dict[str, jax.Array]:
+        return guide_sample_values(self.tracer.guide, self.guide_trace)
+
+
+def _log_lik(p: _Particle) -> dict[str, jax.Array]:
+    zeros = jnp.zeros((p.plate.subsample_size,))
+    pairs = [site_log_lik(s, p.plate) for s in p.observed]
+    return {
+        "log_lik": sum((u for u, _ in pairs), start=zeros),
+        "log_lik_scaled": sum((c for _, c in pairs), start=zeros),
+    }
+
+
+def _y_sim(p: _Particle) -> dict[str, jax.Array]:
+    reparam = p.tracer.spec.require_reparam
+    return {"y_sim": simulated_values(p.observed, p.plate, p.keys[2], reparam)}
+
+
+def _y_loc_scale(p: _Particle) -> dict[str, jax.Array]:
+    y_loc, y_scale = normal_loc_scale(p.observed, p.plate)
+    return {"y_loc": y_loc, "y_scale": y_scale}
+
+
+def _log_q_fixed(p: _Particle) -> dict[str, jax.Array]:
+    t = p.tracer
+    fixed = p.guide_values()
+    log_q = guide_log_density(
+        t.guide, t.param_map, fixed, p.keys[3], t.args, t.kwargs, p.masks
+    )
+    return {"log_q_fixed": log_q}
+
+
+#: The per-particle extractors, keyed by request: what each fills is
+#: :data:`~numpyro_pvi.particles.FIELDS` (``y_obs``, ``obs_support``,
+#: ``weight`` and ``observed`` do not depend on the particle: read once, in
+#: :meth:`_ParticleTracer.shared`).
+_PER_PARTICLE: dict[str, Callable[[_Particle], dict[str, Any]]] = {
+    LOG_LIK: _log_lik,
+    Y_SIM: _y_sim,
+    Y_LOC_SCALE: _y_loc_scale,
+    LOG_PMF: lambda p: {"log_pmf": site_log_pmf(p.observed, p.plate)},
+    PMF: lambda p: {"pmf": site_pmf(p.observed, p.plate)},
+    LOG_Q_FIXED: _log_q_fixed,
+    GUIDE_DRAWS: lambda p: {"guide_draws": p.guide_values()},
+    LATENTS: lambda p: {
+        "latents": {s["name"]: s["value"] for s in latent_sites(p.model_trace)}
+    },
+}
 
 
 def _weights(

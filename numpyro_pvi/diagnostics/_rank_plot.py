@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from numpyro_pvi.diagnostics._rank_tests import OK
+from numpyro_pvi.diagnostics.rank_tests import OK, band_level
 from numpyro_pvi.diagnostics.uniformity import ecdf_band, rank_positions
 
 
@@ -46,18 +46,6 @@ def selected_components(
         )
     selected = np.isin(tests["variable"].values, list(var_names))
     return list(var_names), [str(lab) for lab in tests["component"].values[selected]]
-
-
-def band_level(row: xr.Dataset) -> float:
-    """The simultaneous coverage of the band drawn for one component: the
-    ECDF leaves it exactly when the corrected uniformity p-value is below
-    ``alpha`` (the level ``1 - alpha`` scaled by the correction's factor
-    for this component)."""
-    alpha = float(row.attrs.get("alpha", 0.05))
-    raw = float(row["p_value_uniformity_unadjusted"])
-    adjusted = float(row["p_value_uniformity"])
-    factor = adjusted / raw if raw > 0 and adjusted > 0 else 1.0
-    return 1.0 - alpha / max(factor, 1.0)
 
 
 def plot_rank_panels(

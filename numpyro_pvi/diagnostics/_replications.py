@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from numpyro.handlers import condition
 from numpyro.infer import SVI, Predictive
 
-from numpyro_pvi._core import check_int, check_real, svi_scan
+from numpyro_pvi._core import Replications, check_real, svi_scan
 from numpyro_pvi.diagnostics._idata import draws_dataset
 
 #: Number of chunks the replications are split into when a progress bar is shown.
@@ -171,17 +171,10 @@ def dispatcher(one: Callable, chain_method: str | Callable) -> Callable:
 
 
 def run_replications(
-    one: Callable,
-    inputs: Any,
-    num: int,
-    chain_method: str | Callable,
-    chunk_size: int | None,
-    progress_bar: bool,
-    *,
-    desc: str = "VSBC",
+    one: Callable, inputs: Any, replications: Replications, *, desc: str = "VSBC"
 ) -> Any:
-    """Map ``one`` over the leading axis of ``inputs`` in equal, padded chunks
-    (``desc`` labels the progress bar).
+    """Map ``one`` over the leading axis of ``inputs`` in equal, padded chunks,
+    as ``replications`` says (``desc`` labels the progress bar).
 
     The replication count is padded (by repeating the last replication) to a
     whole number of chunks, each a multiple of the device count when sharded,
@@ -191,6 +184,8 @@ def run_replications(
     """
     from tqdm.auto import tqdm
 
+    num, chain_method = replications.num_simulations, replications.chain_method
+    chunk_size, progress_bar = replications.chunk_size, replications.progress_bar
     num_devices = jax.local_device_count() if chain_method == "sharded" else 1
     if chunk_size is None:
         chunk_size = math.ceil(num / _PROGRESS_CHUNKS) if progress_bar else num
@@ -239,8 +234,8 @@ def fit_stats(
             f"converged after {attrs['num_svi_steps']} SVI steps (loss still "
             f"falling by more than {DRIFT_THRESHOLD:g} standard errors over the "
             f"last tenth of the steps, loss_drift of the {group} group): their "
-            "ranks measure an unfinished fit, not the method. Increase num_svi_steps "
-            "or the step size.",
+            "ranks measure an unfinished fit, not the method. Increase "
+            "Replications(num_svi_steps=...) or the step size.",
             UserWarning,
             stacklevel=stacklevel,
         )
@@ -259,31 +254,11 @@ def fit_stats(
     )
 
 
-_CHAIN_METHODS = ("sequential", "vectorized", "sharded")
 _CORRECTIONS = ("holm", "bh", None)
 
 
-def validate_options(
-    function: str,
-    num_simulations: int,
-    num_svi_steps: int,
-    num_draws: int,
-    chain_method: Any,
-    correction: Any,
-    alpha: float,
-    chunk_size: int | None,
-) -> None:
-    for arg, value, low in (
-        ("num_simulations", num_simulations, 2),
-        ("num_svi_steps", num_svi_steps, 1),
-        ("num_draws", num_draws, 1),
-    ):
-        check_int(value, arg, function, minimum=low)
-    if not callable(chain_method) and chain_method not in _CHAIN_METHODS:
-        raise ValueError(
-            f"{function}: chain_method must be one of {_CHAIN_METHODS} or a callable "
-            f"such as jax.vmap, got {chain_method!r}."
-        )
+def check_verdict(function: str, correction: Any, alpha: Any) -> None:
+    """Refuse a multiplicity correction or a level the tests do not know."""
     if correction not in _CORRECTIONS:
         raise ValueError(
             f"{function}: correction must be 'holm', 'bh' or None, got {correction!r}."
@@ -291,5 +266,3 @@ def validate_options(
     check_real(
         alpha, "alpha", function, low=0.0, high=1.0, low_open=True, high_open=True
     )
-    if chunk_size is not None:
-        check_int(chunk_size, "chunk_size", function, minimum=1)

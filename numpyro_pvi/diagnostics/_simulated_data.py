@@ -53,13 +53,14 @@ def data_injector(
     """
     if simulated_data_to_args is not None:
         if not callable(simulated_data_to_args):
-            raise TypeError("`simulated_data_to_args` must be callable.")
+            raise TypeError("Replications: simulated_data_to_args must be callable.")
 
         def inject_custom(data: dict) -> tuple[tuple, dict]:
             out = simulated_data_to_args(data, *args, **kwargs)
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise ValueError(
-                    "`simulated_data_to_args` must return a pair (args, kwargs)."
+                    "Replications: simulated_data_to_args must return a pair "
+                    "(args, kwargs)."
                 )
             return tuple(out[0]), dict(out[1])
 
@@ -161,12 +162,13 @@ def resolve_sites(
     ]
     if improper and prior_draws:
         instead = (
-            "pass data_generator=... (data sets from a process of your own: no "
-            "prior draws are needed)"
+            "pass replications=Replications(data_generator=...) (data sets from "
+            "a process of your own: no prior draws are needed)"
             if function == "predictive_calibration"
             else "VSBC compares fits with the prior's draws, so give it a proper "
             "prior, or check the predictive calibration of the fits with "
-            "predictive_calibration(..., data_generator=...), which needs none"
+            "predictive_calibration(..., replications=Replications("
+            "data_generator=...)), which needs none"
         )
         raise ValueError(
             f"{function}: the latent site '{improper[0]}' has an improper prior "

@@ -8,6 +8,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import xarray as xr
 
 from numpyro_pvi._core import (
     ParticleSpec,
@@ -16,10 +17,12 @@ from numpyro_pvi._core import (
     check_int,
     check_loss_target,
     data_sites,
+    deprecation,
     observed_sites,
     plate_of,
     structured_draws,
 )
+from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import (
     draws_dataset,
@@ -27,7 +30,13 @@ from numpyro_pvi.diagnostics._idata import (
     root_attrs,
     site_dims,
 )
-from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED, log_joint
+from numpyro_pvi.particles import (
+    LATENTS,
+    LOG_LIK,
+    OBSERVED,
+    ParticleTerms,
+    log_joint,
+)
 
 __all__ = [
     "NOT_POSTERIOR_LOG_LIKELIHOOD",
@@ -55,9 +64,10 @@ PSIS_LOO_NOTE = (
 )
 
 
+@deprecation.accepts_old_calls(deprecation.fitted)
 def to_inference_data(
     rng_key: jax.Array,
-    param_map: dict[str, jax.Array],
+    params: dict[str, jax.Array],
     model: Callable,
     guide: Callable,
     *args: Any,
@@ -120,7 +130,7 @@ def to_inference_data(
     applied), and the ``lp``/``log_q`` of the approximation correction.
 
     :param rng_key: random key.
-    :param param_map: the fitted parameters (e.g. ``svi_result.params``).
+    :param params: the fitted parameters (e.g. ``svi_result.params``).
     :param model: the NumPyro model.
     :param guide: the fitted guide.
     :param args: positional arguments of model and guide.
@@ -144,26 +154,40 @@ def to_inference_data(
        Andersen, Jonasson, Vehtari (ICML 2019).
     """
     where = "to_inference_data"
-    param_map, model, guide = check_fitted_call(where, param_map, model, guide)
+    params, model, guide = check_fitted_call(where, params, model, guide)
     num_draws = check_int(num_draws, "num_draws", where, minimum=1)
     data_plate = check_data_plate(data_plate, where)
     targets = check_loss_target(loss, where)
-    terms, tr = structured_draws(
-        rng_key,
-        param_map,
-        model,
-        guide,
-        args,
-        kwargs,
-        ParticleSpec(
-            num_draws,
-            (LOG_LIK, LATENTS, OBSERVED),
-            data_plate,
-            objective="to_inference_data",
-            stratified=False,
-        ),
-        chunk_size=chunk_size,
+    spec = ParticleSpec(
+        num_draws,
+        (LOG_LIK, LATENTS, OBSERVED),
+        data_plate,
+        objective="to_inference_data",
+        stratified=False,
     )
+    terms, tr = structured_draws(
+        rng_key, params, model, guide, args, kwargs, spec, chunk_size=chunk_size
+    )
+    attrs = root_attrs(
+        guide,
+        diagnostic="to_inference_data",
+        psis_loo=PSIS_LOO_NOTE,
+        **objective_attrs(loss, targets),
+    )
+    return ADAPTER.build(export_groups(terms, tr, data_plate, targets), attrs)
+
+
+def export_groups(
+    terms: ParticleTerms,
+    tr: dict[str, Any],
+    data_plate: str | int | None,
+    targets: bool | None,
+) -> dict[str, xr.Dataset]:
+    """The groups of :func:`to_inference_data` from draws ``terms`` (with
+    ``log_lik``, ``latents`` and ``observed``, at ``data_plate``) and the
+    model's structure ``tr``: ``posterior``, the pointwise log-likelihood
+    (``log_likelihood``, or :data:`NOT_POSTERIOR_LOG_LIKELIHOOD` when
+    ``targets`` is false), ``sample_stats`` and ``observed_data``."""
     plate = plate_of(tr, data_plate)
     dims = site_dims(tr)
     # the observations' sites (observed sites outside the data plate are
@@ -171,16 +195,10 @@ def to_inference_data(
     observed = [site["name"] for site in data_sites(observed_sites(tr), plate)[0]]
     obs_dim = plate.name if plate.name is not None else "observation"
     log_lik_name = "__".join(observed)
-    attrs = root_attrs(
-        guide,
-        diagnostic="to_inference_data",
-        psis_loo=PSIS_LOO_NOTE,
-        **objective_attrs(loss, targets),
-    )
     log_lik_group = (
         NOT_POSTERIOR_LOG_LIKELIHOOD if targets is False else "log_likelihood"
     )
-    groups = {
+    return {
         "posterior": draws_dataset(
             terms.latents, dims={name: dims[name] for name in terms.latents}
         ),
@@ -200,7 +218,6 @@ def to_inference_data(
             sample_dims=(),
         ),
     }
-    return ADAPTER.build(groups, attrs)
 
 
 def approximate_loo(
@@ -248,6 +265,6 @@ def approximate_loo(
             f"approximate_loo: sample_stats lacks {sorted(missing)}; pass the "
             "result of numpyro_pvi.diagnostics.to_inference_data."
         )
-    return ADAPTER.approximate_loo(
+    return NUMERICS.approximate_loo(
         data, stats["lp"], stats["log_q"], pointwise=pointwise, var_name=var_name
     )

@@ -18,9 +18,8 @@ prior sd, are reported as ``"not identified"``, never as heterogeneous.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -33,6 +32,7 @@ from numpyro_pvi._core import (
     check_full_data,
     check_int,
     check_real,
+    deprecation,
     feasible_improper,
     guide_draws,
     improper_latents,
@@ -40,10 +40,17 @@ from numpyro_pvi._core import (
     replay_trace,
 )
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
-from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
+from numpyro_pvi.diagnostics._idata import component_labels, guide_name, root_attrs
 from numpyro_pvi.particles import LATENTS, WHOLE_DATA
 
-__all__ = ["HETEROGENEOUS", "NOT_IDENTIFIED", "heterogeneity", "plot_heterogeneity"]
+__all__ = [
+    "HETEROGENEOUS",
+    "NOT_IDENTIFIED",
+    "HeterogeneityArrays",
+    "heterogeneity",
+    "heterogeneity_arrays",
+    "plot_heterogeneity",
+]
 
 HETEROGENEOUS = "heterogeneous"
 NOT_IDENTIFIED = "not identified"
@@ -70,12 +77,8 @@ def _component_sd(latents: dict[str, jax.Array]) -> tuple[list[str], np.ndarray]
     for name in sorted(latents):
         values = np.asarray(latents[name], dtype=float)
         shape = values.shape[1:]
-        flat = values.reshape(values.shape[0], -1)
-        if shape:
-            labels += [f"{name}[{', '.join(map(str, i))}]" for i in np.ndindex(*shape)]
-        else:
-            labels.append(name)
-        columns.append(flat)
+        labels += component_labels(name, shape)
+        columns.append(values.reshape(values.shape[0], -1))
     return labels, np.concatenate(columns, axis=1)
 
 
@@ -122,14 +125,15 @@ def _readings(
     )
 
 
+@deprecation.accepts_old_calls(deprecation.heterogeneity)
 def heterogeneity(
     rng_key: jax.Array,
-    pvi_params: dict[str, jax.Array],
-    vi_params: dict[str, jax.Array],
+    params: dict[str, jax.Array],
     model: Callable,
-    pvi_guide: Callable,
-    vi_guide: Callable,
+    guide: Callable,
     *args: Any,
+    reference_params: dict[str, jax.Array],
+    reference_guide: Callable | None = None,
     num_draws: int = 2000,
     threshold: float = 5.0,
     **kwargs: Any,
@@ -149,22 +153,29 @@ def heterogeneity(
     nor for a component whose PVI sd is at least half its prior sd (the
     spread is the prior's: ``"not identified"``, not flagged).
 
-    The arguments follow the order of every function on a fitted guide
-    (``rng_key, params, model, guide``), for two fits: ``(rng_key,
-    pvi_params, vi_params, model, pvi_guide, vi_guide, *args)``. The order
-    ``(rng_key, model, pvi_guide, pvi_params, vi_guide, vi_params, ...)`` of
-    earlier releases still works, with a ``FutureWarning``, until the next
-    release.
+    The arguments are those of every function on a fitted guide,
+    ``(rng_key, params, model, guide, *args)``, for the PVI fit; the VI fit
+    it is compared with is the reference. The orders ``(rng_key, pvi_params,
+    vi_params, model, pvi_guide, vi_guide, ...)`` and ``(rng_key, model,
+    pvi_guide, pvi_params, vi_guide, vi_params, ...)`` of earlier versions
+    still work, with a ``FutureWarning``, until the next release.
+
+    **Example**::
+
+        >>> data = heterogeneity(key, pvi_result.params, model, guide, x, y,
+        ...                      reference_params=vi_result.params)
+        >>> plot_heterogeneity(data)
 
     :param rng_key: random key.
-    :param pvi_params: the parameters fitted with a predictive objective
+    :param params: the parameters fitted with a predictive objective
         (e.g. :class:`~numpyro_pvi.PredictiveELBO`).
-    :param vi_params: the parameters fitted with the ELBO (e.g.
-        :class:`~numpyro.infer.Trace_ELBO`).
     :param model: the NumPyro model both guides were fitted to.
-    :param pvi_guide: the guide of ``pvi_params``.
-    :param vi_guide: the guide of ``vi_params``.
+    :param guide: the guide of ``params``.
     :param args: positional arguments of model and guides.
+    :param reference_params: the parameters fitted with the ELBO (e.g.
+        :class:`~numpyro.infer.Trace_ELBO`).
+    :param reference_guide: the guide of ``reference_params``; ``guide``
+        when ``None``.
     :param num_draws: draws per guide (at least 2).
     :param threshold: sd ratio above which a component is flagged (> 1). The
         ratio of a varying parameter grows like :math:`\sqrt{n}`; that of a
@@ -185,105 +196,151 @@ def heterogeneity(
     1. *Predictive variational inference: Learn the predictively optimal
        posterior distribution*, Jinlin Lai, Yuling Yao (2024).
     """
-    if callable(pvi_params) and isinstance(model, Mapping):
-        warnings.warn(
-            "heterogeneity(rng_key, model, pvi_guide, pvi_params, vi_guide, "
-            "vi_params, ...) is deprecated and will be removed in the next "
-            "release: call heterogeneity(rng_key, pvi_params, vi_params, model, "
-            "pvi_guide, vi_guide, ...).",
-            FutureWarning,
-            stacklevel=2,
-        )
-        model, pvi_guide, pvi_params, vi_guide, vi_params = (
-            pvi_params,
-            vi_params,
-            model,
-            pvi_guide,
-            vi_guide,
-        )
-    pvi_params, model, pvi_guide = check_fitted_call(
-        "heterogeneity (PVI fit)", pvi_params, model, pvi_guide
+    reference_guide = guide if reference_guide is None else reference_guide
+    params, model, guide = check_fitted_call(
+        "heterogeneity (PVI fit)", params, model, guide
     )
-    vi_params, model, vi_guide = check_fitted_call(
-        "heterogeneity (VI fit)", vi_params, model, vi_guide
+    reference_params, model, reference_guide = check_fitted_call(
+        "heterogeneity (VI fit: reference_params, reference_guide)",
+        reference_params,
+        model,
+        reference_guide,
     )
     num_draws = check_int(num_draws, "num_draws", "heterogeneity", minimum=2)
     threshold = check_real(
         threshold, "threshold", "heterogeneity", low=1.0, low_open=True
     )
+    arrays = heterogeneity_arrays(
+        rng_key,
+        (params, guide),
+        (reference_params, reference_guide),
+        model,
+        args,
+        kwargs,
+        num_draws=num_draws,
+        threshold=threshold,
+    )
+    group = heterogeneity_group(arrays, threshold, num_draws)
+    group.attrs.update(
+        pvi_guide=guide_name(guide), vi_guide=guide_name(reference_guide)
+    )
+    attrs = root_attrs(guide, diagnostic="heterogeneity")
+    return ADAPTER.build({"heterogeneity": group}, attrs)
+
+
+class HeterogeneityArrays(NamedTuple):
+    """The numbers of :func:`heterogeneity`, one entry per scalar latent
+    component (``labels``); ``binary`` names the observed sites when every
+    one is a single binary or categorical outcome (nothing is identified),
+    and is empty otherwise."""
+
+    labels: list[str]
+    pvi_mean: np.ndarray
+    vi_mean: np.ndarray
+    pvi_sd: np.ndarray
+    vi_sd: np.ndarray
+    prior_sd: np.ndarray
+    ratio: np.ndarray
+    reading: np.ndarray
+    binary: list[str]
+
+
+def _draw_stats(
+    key: jax.Array,
+    fit: tuple[dict, Callable],
+    model: Callable,
+    args: tuple,
+    kwargs: dict,
+    num_draws: int,
+) -> tuple[list[str], list[str], np.ndarray, np.ndarray, list[dict]]:
+    """Labels, site names, means and sds of the latent components under one
+    fitted guide, and the observed sites of the model traced with it."""
+    params, guide = fit
+    # the structure is traced abstractly: the key draws nothing
+    tr = replay_trace(key, params, model, guide, args, kwargs)
+    check_full_data(tr, "heterogeneity")
+    spec = ParticleSpec(
+        num_draws,
+        (LATENTS,),
+        WHOLE_DATA,  # only the latents are needed
+        objective="heterogeneity",
+        require_observed=False,
+        stratified=False,
+    )
+    terms = guide_draws(key, params, model, guide, args, kwargs, spec)
+    labels, flat = _component_sd(terms.latents)
+    mean, sd = flat.mean(axis=0), flat.std(axis=0, ddof=1)
+    return labels, sorted(terms.latents), mean, sd, observed_sites(tr)
+
+
+def heterogeneity_arrays(
+    rng_key: jax.Array,
+    fit: tuple[dict, Callable],
+    reference: tuple[dict, Callable],
+    model: Callable,
+    args: tuple,
+    kwargs: dict,
+    *,
+    num_draws: int,
+    threshold: float,
+) -> HeterogeneityArrays:
+    """The array core of :func:`heterogeneity`: ``fit`` and ``reference``
+    are ``(params, guide)`` of the PVI and the VI fit."""
     pvi_key, vi_key, prior_key = jax.random.split(rng_key, 3)
-    stats = {}
-    for tag, key, guide, params in (
-        ("pvi", pvi_key, pvi_guide, pvi_params),
-        ("vi", vi_key, vi_guide, vi_params),
-    ):
-        # the structure is traced abstractly: the key draws nothing
-        tr = replay_trace(key, params, model, guide, args, kwargs)
-        check_full_data(tr, "heterogeneity")
-        terms = guide_draws(
-            key,
-            params,
-            model,
-            guide,
-            args,
-            kwargs,
-            ParticleSpec(
-                num_draws,
-                (LATENTS,),
-                WHOLE_DATA,  # only the latents are needed
-                objective="heterogeneity",
-                require_observed=False,
-                stratified=False,
-            ),
-        )
-        labels, flat = _component_sd(terms.latents)
-        names = sorted(terms.latents)
-        stats[tag] = (labels, flat.mean(axis=0), flat.std(axis=0, ddof=1))
-    labels = stats["vi"][0]
-    if stats["pvi"][0] != labels:
+    labels_pvi, _, pvi_mean, pvi_sd, _ = _draw_stats(
+        pvi_key, fit, model, args, kwargs, num_draws
+    )
+    labels, names, vi_mean, vi_sd, observed = _draw_stats(
+        vi_key, reference, model, args, kwargs, num_draws
+    )
+    if labels_pvi != labels:
         raise ValueError(
             "heterogeneity: the two guides give different latent components "
-            f"({stats['pvi'][0]} vs {labels}); fit both to the same model."
+            f"({labels_pvi} vs {labels}); fit both to the same model."
         )
     prior_sd = _prior_sd(prior_key, model, args, kwargs, num_draws, names)
-    ratio = _ratio(stats["pvi"][2], stats["vi"][2])
-    observed = observed_sites(tr)  # the model's sites, as traced with either fit
+    ratio = _ratio(pvi_sd, vi_sd)
     binary = [site["name"] for site in observed if site["fn"].single_draw]
-    binary_only = len(binary) == len(observed)
+    binary = binary if len(binary) == len(observed) else []
     reading = _readings(
-        ratio, _ratio(stats["pvi"][2], prior_sd), threshold, binary_only=binary_only
+        ratio, _ratio(pvi_sd, prior_sd), threshold, binary_only=bool(binary)
     )
+    return HeterogeneityArrays(
+        labels, pvi_mean, vi_mean, pvi_sd, vi_sd, prior_sd, ratio, reading, binary
+    )
+
+
+def heterogeneity_group(
+    arrays: HeterogeneityArrays, threshold: float, num_draws: int
+) -> xr.Dataset:
+    """The ``heterogeneity`` group over dim ``parameter``."""
     identification = (
-        BINARY_OUTCOME.format(sites=", ".join(binary))
-        if binary_only
+        BINARY_OUTCOME.format(sites=", ".join(arrays.binary))
+        if arrays.binary
         else PRIOR_DOMINATED.format(fraction=PRIOR_FRACTION)
     )
     dim = ("parameter",)
-    group = xr.Dataset(
+    return xr.Dataset(
         {
-            "vi_mean": (dim, stats["vi"][1]),
-            "pvi_mean": (dim, stats["pvi"][1]),
-            "vi_sd": (dim, stats["vi"][2]),
-            "pvi_sd": (dim, stats["pvi"][2]),
-            "prior_sd": (dim, prior_sd),
-            "ratio": (dim, ratio),
-            "reading": (dim, reading),
-            "flagged": (dim, reading == HETEROGENEOUS),
+            "vi_mean": (dim, arrays.vi_mean),
+            "pvi_mean": (dim, arrays.pvi_mean),
+            "vi_sd": (dim, arrays.vi_sd),
+            "pvi_sd": (dim, arrays.pvi_sd),
+            "prior_sd": (dim, arrays.prior_sd),
+            "ratio": (dim, arrays.ratio),
+            "reading": (dim, arrays.reading),
+            "flagged": (dim, arrays.reading == HETEROGENEOUS),
         },
-        coords={"parameter": labels},
+        coords={"parameter": arrays.labels},
         attrs={
             "threshold": float(threshold),
             "prior_fraction": PRIOR_FRACTION,
-            "identified": int(not binary_only),
+            "identified": int(not arrays.binary),
             "identification": identification,
             "num_draws": num_draws,
-            "pvi_guide": guide_name(pvi_guide),
-            "vi_guide": guide_name(vi_guide),
             "reference": "Lai & Yao (2024), section 2.5",
         },
     )
-    attrs = root_attrs(pvi_guide, diagnostic="heterogeneity")
-    return ADAPTER.build({"heterogeneity": group}, attrs)
 
 
 def plot_heterogeneity(data: Container, *, ax: Any = None) -> Any:

@@ -19,32 +19,32 @@ narrow / too wide) and ``p_value_uniformity``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax import random
-from numpyro.handlers import condition
 
 from numpyro_pvi._core import (
-    DataPlate,
-    ParticleSpec,
+    Replications,
     check_full_data,
-    data_sites,
+    check_recipe,
+    deprecation,
     model_structure,
-    particle_terms,
-    per_observation,
     plate_of,
 )
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs
-from numpyro_pvi.diagnostics._rank_tests import rank_datasets
+from numpyro_pvi.diagnostics._pit import (
+    in_plate,
+    pit_columns,
+    pit_ranks,
+    pit_replication,
+)
 from numpyro_pvi.diagnostics._replications import (
-    fit_replication,
+    check_verdict,
     fit_stats,
     run_replications,
-    validate_options,
 )
 from numpyro_pvi.diagnostics._simulated_data import (
     data_injector,
@@ -52,126 +52,19 @@ from numpyro_pvi.diagnostics._simulated_data import (
     resolve_sites,
     set_up_guide,
 )
-from numpyro_pvi.particles import Y_SIM
-from numpyro_pvi.selection import mask_observations
+from numpyro_pvi.diagnostics.rank_tests import rank_datasets
 
-__all__ = ["pit_ranks", "predictive_calibration"]
+__all__ = [
+    "CalibrationArrays",
+    "calibration_arrays",
+    "pit_ranks",
+    "predictive_calibration",
+]
 
 _WHERE = "predictive_calibration"
 
 
-def pit_ranks(
-    rng_key: jax.Array,
-    params: dict[str, jax.Array],
-    model: Callable,
-    guide: Callable,
-    args: tuple,
-    kwargs: dict,
-    *,
-    index: jax.Array,
-    plate: DataPlate,
-    num_draws: int,
-) -> jax.Array:
-    r"""Randomised PIT ranks of observation ``index`` of the data plate.
-
-    With :math:`\tilde y_l \sim p(\tilde y \mid \theta_l)`,
-    :math:`\theta_l \sim q` (:math:`l = 1..L`), the rank of the observed
-    :math:`y` is :math:`\#\{\tilde y_l < y\} + U`, :math:`U` uniform on
-    :math:`0, \dots, \#\{\tilde y_l = y\}`: discrete uniform on
-    :math:`0..L` when :math:`y` is a draw from the same predictive, for
-    continuous and discrete outcomes alike. One rank per scalar component
-    of the observation (observed sites in trace order).
-
-    :return: ``(d,)`` integer ranks in ``0..num_draws``.
-
-    **References**
-
-    - Czado, C., Gneiting, T. & Held, L. (2009). *Predictive model
-      assessment for count data.* Biometrics (the randomised PIT).
-    """
-    key_draw, key_tie = random.split(rng_key)
-    spec = ParticleSpec(
-        num_draws,
-        frozenset({Y_SIM}),
-        plate.selector,
-        objective=_WHERE,
-        require_reparam=False,
-        stratified=False,
-    )
-    terms = particle_terms(key_draw, params, model, guide, args, kwargs, spec)
-    y_sim = jax.lax.stop_gradient(terms.y_sim[:, index])  # (L, d)
-    y_obs = terms.y_obs[index]
-    below = jnp.sum(y_sim < y_obs, axis=0)
-    ties = jnp.sum(y_sim == y_obs, axis=0)
-    return below + random.randint(key_tie, below.shape, 0, ties + 1)
-
-
-def _in_plate(model_trace: dict, observed: Sequence[str], plate: DataPlate) -> list:
-    """The observed sites of the data plate (the ones ranked)."""
-    sites = data_sites([model_trace[name] for name in observed], plate)[0]
-    return [site["name"] for site in sites]
-
-
-def _columns(model_trace: dict, observed: Sequence[str], plate: DataPlate) -> list:
-    """``(label, site)`` of every scalar component of one observation."""
-    out = []
-    for name in observed:
-        site = model_trace[name]
-        rows = per_observation(
-            np.zeros(np.shape(site["value"])), plate, site["fn"].event_dim, xp=np
-        )
-        width = rows.shape[1]
-        labels = [name] if width == 1 else [f"{name}[{i}]" for i in range(width)]
-        out += [(label, name) for label in labels]
-    return out
-
-
-def _replication(
-    model: Callable,
-    guide: Callable,
-    optim: Any,
-    loss: Any,
-    inject: Callable,
-    plate: DataPlate,
-    num_svi_steps: int,
-    num_draws: int,
-) -> Callable:
-    """``(key, data, index) -> (ranks, final loss, tail loss, drift)``: fit
-    to the data without observation ``index``, rank that observation."""
-
-    def one(inputs: tuple) -> tuple:
-        key, data, index = inputs
-        key_svi, key_pit = random.split(key)
-        args, kwargs = inject(data)
-        keep = jnp.ones(plate.size).at[index].set(0.0)
-        conditioned = condition(model, data)
-        masked = mask_observations(conditioned, keep=keep, data_plate=plate.selector)
-        params, fit = fit_replication(
-            key_svi,
-            masked,
-            guide,
-            optim,
-            loss,
-            args,
-            kwargs,
-            num_svi_steps=num_svi_steps,
-        )
-        ranks = pit_ranks(
-            key_pit,
-            params,
-            conditioned,
-            guide,
-            args,
-            kwargs,
-            index=index,
-            plate=plate,
-            num_draws=num_draws,
-        )
-        return (ranks, *fit)
-
-    return one
-
-
+@deprecation.accepts_old_calls(deprecation.replicated)
 def predictive_calibration(
     rng_key: jax.Array,
     model: Callable,
@@ -179,24 +72,17 @@ def predictive_calibration(
     optim: Any,
     loss: Any,
     *args: Any,
-    num_simulations: int = 100,
-    num_svi_steps: int = 1000,
-    data_generator: Callable | None = None,
-    num_draws: int = 1000,
+    replications: Replications | None = None,
     data_plate: str | int | None = None,
     observed_sites: Sequence[str] | None = None,
-    chain_method: str | Callable = "vectorized",
     correction: str | None = "holm",
     alpha: float = 0.05,
-    progress_bar: bool = True,
-    chunk_size: int | None = None,
-    simulated_data_to_args: Callable | None = None,
     **kwargs: Any,
 ) -> Container:
     r"""Calibration of a method's posterior predictive on held-out data.
 
-    For each of ``num_simulations`` data sets :math:`y` from the
-    data-generating process: pick one observation :math:`j` of the data
+    For each of ``replications.num_simulations`` data sets :math:`y` from
+    the data-generating process: pick one observation :math:`j` of the data
     plate at random, fit a fresh guide with ``num_svi_steps`` steps of
     ``loss`` to :math:`y_{-j}` (the observation masked out of every observed
     site, as :func:`~numpyro_pvi.selection.mask_observations` does), and
@@ -211,7 +97,8 @@ def predictive_calibration(
 
     The data sets come from the model's prior predictive (the Bayesian
     posterior predictive is then calibrated by construction, so any flag is
-    the approximation's or the objective's) or from ``data_generator`` — a
+    the approximation's or the objective's) or from
+    ``replications.data_generator`` — a
     function ``rng_key -> {observed site: value}`` called once per data set
     outside ``jit`` (it may use NumPy), e.g. a distribution the model does
     not contain, which makes the misspecified case: there PVI's predictive
@@ -222,32 +109,41 @@ def predictive_calibration(
     observation's local latent (if any) keeps only its prior term in the
     fit: it is predicted as a new group would be.
 
+    The call shape is that of every procedure that fits, NumPyro's
+    :func:`~numpyro.infer.calibration.vsbc_diagnostic`'s; how the data sets
+    are simulated, fitted and read travels in ``replications``. The loose
+    keywords of earlier versions (``num_simulations=``, ``num_svi_steps=``,
+    ``data_generator=``, ...) still work, with a ``FutureWarning``, until the
+    next release.
+
+    **Example**::
+
+        >>> result = predictive_calibration(
+        ...     key, model, AutoNormal(model), optax.adam(1e-2),
+        ...     PredictiveELBO("crps"), x, y,
+        ...     replications=Replications(num_simulations=200, num_svi_steps=500))
+        >>> plot_predictive_calibration(result)
+
     :param rng_key: PRNG key.
-    :param model: NumPyro model; generative when ``data_generator`` is
-        ``None``.
+    :param model: NumPyro model; generative unless
+        ``replications.data_generator`` simulates the data.
     :param guide: guide for ``model``, refitted in every replication.
     :param optim: NumPyro optimizer or optax ``GradientTransformation``.
     :param loss: the objective, e.g. ``Trace_ELBO()`` or
         ``PredictiveELBO("log")``.
     :param args: positional arguments of the model and guide.
-    :param num_simulations: number of data sets (≥ 2).
-    :param num_svi_steps: SVI steps per fit.
-    :param data_generator: ``rng_key -> dict`` of observed values, shaped as
-        the model observes them; default the model's prior predictive.
-    :param num_draws: posterior-predictive draws ``L`` per rank.
+    :param replications: a :class:`~numpyro_pvi.recipes.Replications`: the
+        number of data sets (≥ 2), SVI steps per fit, posterior-predictive
+        draws ``L`` per rank, how the fits are dispatched, and optionally
+        the ``data_generator`` (``rng_key -> dict`` of observed values,
+        shaped as the model observes them; default the model's prior
+        predictive).
     :param data_plate: the plate (or negative batch dimension) that indexes
         observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param observed_sites: names of the observed sites; default those
         observed in a trace of ``model(*args, **kwargs)``.
-    :param chain_method: ``"sequential"``, ``"vectorized"``, ``"sharded"``
-        or a callable such as ``jax.vmap``, as in
-        :func:`~numpyro_pvi.diagnostics.vsbc`.
     :param correction: ``"holm"``, ``"bh"`` or ``None``.
     :param alpha: level of the verdicts.
-    :param progress_bar: show a progress bar over chunks of data sets.
-    :param chunk_size: data sets per compiled call.
-    :param simulated_data_to_args: optional ``f(data, *args, **kwargs) ->
-        (args, kwargs)`` passing a data set to model and guide.
     :param kwargs: keyword arguments of the model and guide.
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
         ArviZ ≥ 1.0, with data sets along ``draw``: ``calibration`` (per
@@ -271,18 +167,64 @@ def predictive_calibration(
     - Lai, J. & Yao, Y. (2024). *Predictive variational inference: learn the
       predictively optimal posterior distribution.*
     """
-    validate_options(
-        _WHERE,
-        num_simulations,
-        num_svi_steps,
-        num_draws,
-        chain_method,
-        correction,
-        alpha,
-        chunk_size,
+    replications = check_recipe(replications, Replications, "replications", _WHERE)
+    check_verdict(_WHERE, correction, alpha)
+    arrays = calibration_arrays(
+        rng_key,
+        (model, guide, optim, loss),
+        args,
+        kwargs,
+        replications=replications,
+        data_plate=data_plate,
+        observed_sites=observed_sites,
     )
-    key_trace, key_data, key_index, key_warmup, key_fit = random.split(rng_key, 5)
-    model_trace = model_structure(model, key_trace, args, kwargs)
+    generator = replications.data_generator
+    options = dict(
+        num_svi_steps=replications.num_svi_steps,
+        chain_method=getattr(
+            replications.chain_method, "__name__", str(replications.chain_method)
+        ),
+        data_generator="prior predictive"
+        if generator is None
+        else getattr(generator, "__name__", type(generator).__name__),
+    )
+    return _result(
+        arrays,
+        guide=guide,
+        loss=loss,
+        num_draws=replications.num_draws,
+        options=options,
+        correction=correction,
+        alpha=alpha,
+    )
+
+
+class CalibrationArrays(NamedTuple):
+    """The numbers of :func:`predictive_calibration`: ``ranks`` ``(S, C)``
+    of the held-out observation of each data set per scalar component
+    ``columns`` (``(label, site)``), the held-out index ``held_out``
+    ``(S,)``, and each fit's final loss, mean loss over its last tenth and
+    loss drift ``(S,)``."""
+
+    ranks: np.ndarray
+    held_out: np.ndarray
+    final_loss: np.ndarray
+    tail_loss: np.ndarray
+    drift: np.ndarray
+    columns: list[tuple[str, str]]
+
+
+def _observed_trace(
+    model: Callable,
+    key: jax.Array,
+    args: tuple,
+    kwargs: dict,
+    observed_sites: Sequence[str] | None,
+    prior_draws: bool,
+) -> tuple[dict, list[str]]:
+    """The model's abstract trace with the named sites observed, and their
+    names; refuses masked observed sites."""
+    model_trace = model_structure(model, key, args, kwargs)
     check_full_data(model_trace, _WHERE)
     observed, _ = resolve_sites(
         model_trace,
@@ -291,7 +233,7 @@ def predictive_calibration(
         model=model,
         args=args,
         kwargs=kwargs,
-        prior_draws=data_generator is None,
+        prior_draws=prior_draws,
     )
     masked = [name for name in observed if model_trace[name]["fn"].masked]
     if masked:
@@ -307,6 +249,27 @@ def predictive_calibration(
         name: {**site, "is_observed": True} if name in observed else site
         for name, site in model_trace.items()
     }
+    return model_trace, observed
+
+
+def calibration_arrays(
+    rng_key: jax.Array,
+    procedure: tuple[Callable, Callable, Any, Any],
+    args: tuple,
+    kwargs: dict,
+    *,
+    replications: Replications,
+    data_plate: str | int | None,
+    observed_sites: Sequence[str] | None,
+) -> CalibrationArrays:
+    """The array core of :func:`predictive_calibration`: ``procedure`` is
+    ``(model, guide, optim, loss)``."""
+    model, guide, optim, loss = procedure
+    r = replications
+    key_trace, key_data, key_index, key_warmup, key_fit = random.split(rng_key, 5)
+    model_trace, observed = _observed_trace(
+        model, key_trace, args, kwargs, observed_sites, r.data_generator is None
+    )
     plate = plate_of(model_trace, data_plate)
     if plate.name is None:
         raise ValueError(
@@ -314,58 +277,35 @@ def predictive_calibration(
             "so none can be held out; observe the data as an array (in a "
             "numpyro.plate, or along a batch dimension)."
         )
-    inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
+    inject = data_injector(model, observed, args, kwargs, r.simulated_data_to_args)
     data = generated_data(
         key_data,
-        num_simulations,
+        r.num_simulations,
         model,
         observed,
         model_trace,
-        data_generator,
+        r.data_generator,
         args,
         kwargs,
         function=_WHERE,
     )
-    index = random.randint(key_index, (num_simulations,), 0, plate.size)
+    index = random.randint(key_index, (r.num_simulations,), 0, plate.size)
     set_up_guide(guide, key_warmup, inject, data)
-    one = _replication(
-        model, guide, optim, loss, inject, plate, num_svi_steps, num_draws
+    one = pit_replication(
+        model, guide, optim, loss, inject, plate, r.num_svi_steps, r.num_draws
     )
-    keys = random.split(key_fit, num_simulations)
-    ranks, final_loss, tail_loss, drift = run_replications(
-        one,
-        (keys, data, index),
-        num_simulations,
-        chain_method,
-        chunk_size,
-        progress_bar,
-        desc="predictive calibration",
+    keys = random.split(key_fit, r.num_simulations)
+    ranks, *fits = run_replications(
+        one, (keys, data, index), r, desc="predictive calibration"
     )
-    return _result(
-        np.asarray(ranks),
-        np.asarray(index),
-        (final_loss, tail_loss, drift),
-        _columns(model_trace, _in_plate(model_trace, observed, plate), plate),
-        guide=guide,
-        loss=loss,
-        num_draws=num_draws,
-        options=dict(
-            num_svi_steps=num_svi_steps,
-            chain_method=getattr(chain_method, "__name__", str(chain_method)),
-            data_generator="prior predictive"
-            if data_generator is None
-            else getattr(data_generator, "__name__", type(data_generator).__name__),
-        ),
-        correction=correction,
-        alpha=alpha,
+    columns = pit_columns(model_trace, in_plate(model_trace, observed, plate), plate)
+    return CalibrationArrays(
+        np.asarray(ranks), np.asarray(index), *map(np.asarray, fits), columns
     )
 
 
 def _result(
-    ranks: np.ndarray,
-    index: np.ndarray,
-    fits: tuple,
-    columns: list,
+    arrays: CalibrationArrays,
     *,
     guide: Callable,
     loss: Any,
@@ -375,6 +315,8 @@ def _result(
     alpha: float,
 ) -> Container:
     """The ArviZ container of :func:`predictive_calibration`."""
+    ranks, index, columns = arrays.ranks, arrays.held_out, arrays.columns
+    fits = (arrays.final_loss, arrays.tail_loss, arrays.drift)
     labels = [label for label, _ in columns]
     component = {
         "component": labels,
@@ -391,7 +333,7 @@ def _result(
         attrs={"num_draws": num_draws, "quantity": "(rank + 1/2) / (L + 1)"},
     ).assign_coords(component=labels)
     fit_ds = fit_stats(
-        *fits, options, function=_WHERE, group="calibration_fit_stats", stacklevel=4
+        *fits, options, function=_WHERE, group="calibration_fit_stats", stacklevel=5
     )
     tests.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
     groups = {

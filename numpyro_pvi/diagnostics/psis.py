@@ -7,7 +7,6 @@ ArviZ can summarise, plot and save.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -24,9 +23,11 @@ from numpyro_pvi._core import (
     check_fitted_call,
     check_int,
     check_loss_target,
+    deprecation,
     guide_draws,
     structured_draws,
 )
+from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import (
     draws_dataset,
@@ -34,9 +35,15 @@ from numpyro_pvi.diagnostics._idata import (
     root_attrs,
     site_dims,
 )
-from numpyro_pvi.particles import LATENTS, LOG_LIK, WHOLE_DATA, log_joint
+from numpyro_pvi.particles import (
+    LATENTS,
+    LOG_LIK,
+    WHOLE_DATA,
+    ParticleTerms,
+    log_joint,
+)
 
-__all__ = ["pareto_smooth", "psis"]
+__all__ = ["PsisArrays", "pareto_smooth", "psis", "psis_arrays", "psis_groups"]
 
 #: k̂ above which importance sampling is unreliable at any sample size.
 K_THRESHOLD = 0.7
@@ -137,7 +144,7 @@ def pareto_smooth(
         )
     if constant_rtol is None:
         constant_rtol = math.sqrt(np.finfo(np.float64).eps)
-    tail_length = ADAPTER.tail_length(num)
+    tail_length = NUMERICS.tail_length(num)
     good_k = min(1 - 1 / math.log10(num), K_THRESHOLD)
     finite = lr[np.isfinite(lr)]
     if finite.size == 0:
@@ -176,7 +183,7 @@ def pareto_smooth(
         # generations; arviz-stats refuses): k̂ = inf, raw normalised weights
         log_weight, k = lr - logsumexp(lr), math.inf
     else:
-        log_weight, k = ADAPTER.psislw(lr)
+        log_weight, k = NUMERICS.psislw(lr)
         # a failed fit: NaN from arviz-stats (e.g. 25 draws), inf from 0.2x
         k = math.inf if math.isnan(k) else float(k)
     ess_is = float(np.exp(-logsumexp(2 * log_weight)))
@@ -186,9 +193,10 @@ def pareto_smooth(
     )
 
 
+@deprecation.accepts_old_calls(deprecation.fitted)
 def psis(
     rng_key: jax.Array,
-    param_map: dict[str, jax.Array],
+    params: dict[str, jax.Array],
     model: Callable,
     guide: Callable,
     *args: Any,
@@ -238,7 +246,7 @@ def psis(
       k̂ = −inf with ``ess_is = S``).
 
     :param rng_key: random key.
-    :param param_map: the fitted parameters (e.g. ``svi_result.params``).
+    :param params: the fitted parameters (e.g. ``svi_result.params``).
     :param model: the NumPyro model.
     :param guide: the fitted guide.
     :param args: positional arguments of model and guide.
@@ -260,7 +268,7 @@ def psis(
     2. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
        Gabry (JMLR 2024).
     """
-    param_map, model, guide = check_fitted_call("psis", param_map, model, guide)
+    params, model, guide = check_fitted_call("psis", params, model, guide)
     num_draws = check_int(num_draws, "num_draws", "psis", minimum=2)
     max_draws = check_int(max_draws, "max_draws", "psis", minimum=2)
     targets = check_loss_target(loss, "psis")
@@ -272,39 +280,81 @@ def psis(
         require_observed=False,
         stratified=False,
     )
-    # log p(θ, y) is the joint density: every site with its own scale
-    terms, tr = structured_draws(
-        rng_key, param_map, model, guide, args, kwargs, spec, chunk_size=chunk_size
+    fit = (rng_key, params, model, guide, args, kwargs)
+    terms, tr = structured_draws(*fit, spec, chunk_size=chunk_size)
+    arrays = psis_arrays(fit, terms, max_draws=max_draws, chunk_size=chunk_size)
+    return ADAPTER.build(
+        psis_groups(arrays, site_dims(tr), loss, targets),
+        root_attrs(guide, diagnostic="psis", **objective_attrs(loss, targets)),
     )
-    lp = log_joint(terms)
-    log_ratio = np.asarray(lp - terms.log_q, np.float64)
-    more = dataclasses.replace(spec, requests=frozenset({LOG_LIK}))
+
+
+class PsisArrays(NamedTuple):
+    """The numbers of :func:`psis`, over the ``S`` stored draws: ``latents``
+    (site → ``(S, ...)``), ``lp`` (:math:`\\log p(\theta, y)`), ``log_q``,
+    ``log_ratio``, ``log_weight`` (smoothed, normalised), and the Pareto
+    ``smoothing`` fitted to ``num_ratio_draws`` log ratios (the stored
+    draws' and those drawn to settle k̂)."""
+
+    latents: dict[str, np.ndarray]
+    lp: np.ndarray
+    log_q: np.ndarray
+    log_ratio: np.ndarray
+    log_weight: np.ndarray
+    smoothing: ParetoSmoothing
+    num_ratio_draws: int
+
+
+def psis_arrays(
+    fit: tuple,
+    terms: ParticleTerms,
+    *,
+    max_draws: int,
+    chunk_size: int | None = None,
+) -> PsisArrays:
+    """The array core of :func:`psis`, from the stored draws ``terms`` (with
+    ``log_lik`` and ``latents``, at any data plate: the log joint density is
+    the same) of ``fit = (rng_key, params, model, guide, args, kwargs)``;
+    more log ratios are drawn with keys folded from ``rng_key`` while k̂ is
+    not settled."""
+    rng_key, *rest = fit
+    lp = np.asarray(log_joint(terms))  # every site with its own scale
+    log_q = np.asarray(terms.log_q)
+    log_ratio = np.asarray(lp - log_q, np.float64)
+    more = ParticleSpec(
+        log_ratio.size,
+        (LOG_LIK,),
+        WHOLE_DATA,
+        objective="psis",
+        require_observed=False,
+        stratified=False,
+    )
     smooth, total = _stable_smoothing(
         log_ratio,
         max_draws,
-        lambda i: _more_log_ratios(
-            random.fold_in(rng_key, i),
-            param_map,
-            model,
-            guide,
-            args,
-            kwargs,
-            more,
-            chunk_size,
-        ),
+        lambda i: _more_log_ratios(random.fold_in(rng_key, i), *rest, more, chunk_size),
     )
-    log_weight = smooth.log_weight[:num_draws]
+    log_weight = smooth.log_weight[: log_ratio.size]
     log_weight = log_weight - logsumexp(log_weight)
-    dims = site_dims(tr)
+    latents = {name: np.asarray(v) for name, v in terms.latents.items()}
+    return PsisArrays(latents, lp, log_q, log_ratio, log_weight, smooth, total)
+
+
+def psis_groups(
+    arrays: PsisArrays, dims: dict[str, list[str]], loss: Any, targets: bool | None
+) -> dict[str, xr.Dataset]:
+    """The groups ``posterior``, ``sample_stats`` and ``psis`` of
+    :func:`psis`; ``dims`` names the latent sites' dims."""
+    smooth = arrays.smoothing
     posterior = draws_dataset(
-        terms.latents, dims={name: dims[name] for name in terms.latents}
+        arrays.latents, dims={name: dims[name] for name in arrays.latents}
     )
     sample_stats = draws_dataset(
         {
-            "lp": lp,
-            "log_q": terms.log_q,
-            "log_ratio": log_ratio,
-            "log_weight": log_weight,
+            "lp": arrays.lp,
+            "log_q": arrays.log_q,
+            "log_ratio": arrays.log_ratio,
+            "log_weight": arrays.log_weight,
         }
     )
     group = xr.Dataset(
@@ -312,27 +362,24 @@ def psis(
             "pareto_k": smooth.pareto_k,
             "pareto_k_se": smooth.pareto_k_se,
             "good_k": smooth.good_k,
-            "ess_is": _ess(log_weight, smooth.note),
+            "ess_is": _ess(arrays.log_weight, smooth.note),
             "min_ss": smooth.min_ss,
             "tail_length": smooth.tail_length,
             "num_zero_density": smooth.num_zero_density,
-            "num_ratio_draws": total,
+            "num_ratio_draws": arrays.num_ratio_draws,
         },
         attrs={
             "method": "Pareto smoothed importance sampling (ArviZ psislw)",
             "reference": "Yao et al. (2018); Vehtari et al. (2024)",
             "good_k": smooth.good_k,
-            "num_draws": num_draws,
+            "num_draws": arrays.log_ratio.size,
             "note": smooth.note,
             "k_threshold": K_THRESHOLD,
             "k_reliable": K_RELIABLE,
             **objective_attrs(loss, targets),
         },
     )
-    return ADAPTER.build(
-        {"posterior": posterior, "sample_stats": sample_stats, "psis": group},
-        root_attrs(guide, diagnostic="psis", **objective_attrs(loss, targets)),
-    )
+    return {"posterior": posterior, "sample_stats": sample_stats, "psis": group}
 
 
 def _ess(log_weight: np.ndarray, note: str) -> float:

@@ -13,7 +13,7 @@ import xarray as xr
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics.psis import CONSTANT_WEIGHTS, K_RELIABLE
 
-__all__ = ["psis_summary", "verdict"]
+__all__ = ["psis_summary", "summary_table", "verdict"]
 
 #: ``z`` of a two-sided 95% interval.
 _Z95 = 1.96
@@ -141,6 +141,14 @@ def psis_summary(idata: Container) -> pd.DataFrame:
     group = dataset(idata, "psis", "psis_summary", "psis")
     sample_stats = ADAPTER.dataset(idata, "sample_stats")
     posterior = ADAPTER.dataset(idata, "posterior")
+    return summary_table(posterior, sample_stats, group)
+
+
+def summary_table(
+    posterior: xr.Dataset, sample_stats: xr.Dataset, group: xr.Dataset
+) -> pd.DataFrame:
+    """:func:`psis_summary` from the groups of a :func:`psis` result (or of
+    :func:`~numpyro_pvi.diagnostics.psis.psis_groups`)."""
     weight = np.exp(np.asarray(sample_stats["log_weight"].values).reshape(-1))
     weight = weight / weight.sum()
     rows, labels = [], []

@@ -13,21 +13,28 @@ import pandas as pd
 import xarray as xr
 
 from numpyro_pvi._core import (
+    ParticleSpec,
+    check_data_plate,
+    check_fitted_call,
+    check_int,
     check_loss_target,
     data_sites,
+    deprecation,
     observed_sites,
     plate_of,
-    replay_trace,
+    structured_draws,
 )
+from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
-from numpyro_pvi.diagnostics._idata import guide_name, root_attrs
+from numpyro_pvi.diagnostics._idata import guide_name, root_attrs, site_dims
 from numpyro_pvi.diagnostics.export import (
     PSIS_LOO_NOTE,
     approximate_loo,
-    to_inference_data,
+    export_groups,
 )
-from numpyro_pvi.diagnostics.psis import K_THRESHOLD, psis
-from numpyro_pvi.diagnostics.psis_summary import psis_summary
+from numpyro_pvi.diagnostics.psis import K_THRESHOLD, psis_arrays, psis_groups
+from numpyro_pvi.diagnostics.psis_summary import summary_table
+from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED
 
 __all__ = ["report"]
 
@@ -35,6 +42,8 @@ __all__ = ["report"]
 _WORST = 3
 #: Sample sizes above this are reported as not reachable (k̂ ≥ 0.83).
 _MAX_SAMPLE_SIZE = 1e6
+#: Log ratios drawn at most to settle k̂ (as :func:`psis`'s default).
+_MAX_RATIO_DRAWS = 64_000
 #: Components shown in the text's summary table (largest PSIS shift first).
 _SUMMARY_ROWS = 8
 
@@ -56,6 +65,7 @@ def _loss_name(loss: Any) -> str:
     return "the objective" if loss is None else type(loss).__name__
 
 
+@deprecation.accepts_old_calls(deprecation.fitted)
 def report(
     rng_key: jax.Array,
     params: dict[str, jax.Array],
@@ -70,9 +80,10 @@ def report(
 ) -> Container:
     r"""Whether a fit worked, in one ArviZ container and a short text.
 
-    From ``num_draws`` draws of the fitted guide (the same draws, with the
-    same ``rng_key``, as :func:`~numpyro_pvi.diagnostics.psis` and
-    :func:`~numpyro_pvi.diagnostics.to_inference_data` give):
+    From one set of ``num_draws`` draws of the fitted guide (the draws
+    :func:`~numpyro_pvi.diagnostics.psis` and
+    :func:`~numpyro_pvi.diagnostics.to_inference_data` give with the same
+    ``rng_key``), in one container:
 
     - **PSIS k̂** with Yao et al.'s verdict and its reason — for a fit made
       with an objective that does not target the Bayesian posterior
@@ -115,27 +126,37 @@ def report(
        *Bayesian leave-one-out cross-validation for large data.* ICML.
     """
     targets = check_loss_target(loss, "report")
-    smoothed = psis(
-        rng_key, params, model, guide, *args, loss=loss, num_draws=num_draws, **kwargs
+    params, model, guide = check_fitted_call("report", params, model, guide)
+    num_draws = check_int(num_draws, "num_draws", "report", minimum=2)
+    data_plate = check_data_plate(data_plate, "report")
+    spec = ParticleSpec(
+        num_draws,
+        (LOG_LIK, LATENTS, OBSERVED),
+        data_plate,
+        objective="report",
+        stratified=False,
     )
-    exported = to_inference_data(
-        rng_key,
-        params,
-        model,
-        guide,
-        *args,
-        num_draws=num_draws,
-        data_plate=data_plate,
-        **kwargs,
-    )
-    loo = ADAPTER.elpd_fields(approximate_loo(exported, pointwise=True))
-    summary = psis_summary(smoothed)
-    tr = replay_trace(rng_key, params, model, guide, args, kwargs)
+    fit = (rng_key, params, model, guide, args, kwargs)
+    terms, tr = structured_draws(*fit, spec)  # the one draw
+    arrays = psis_arrays(fit, terms, max_draws=_MAX_RATIO_DRAWS)
+    groups = {
+        **export_groups(terms, tr, data_plate, None),
+        **psis_groups(arrays, site_dims(tr), loss, targets),
+    }
+    summary = summary_table(groups["posterior"], groups["sample_stats"], groups["psis"])
     observed = data_sites(observed_sites(tr), plate_of(tr, data_plate))[0]
     binary = bool(observed) and all(s["fn"].single_draw for s in observed)
-    psis_group = ADAPTER.dataset(smoothed, "psis")
+    attrs = root_attrs(
+        guide,
+        loss=_loss_name(loss),
+        diagnostic="report",
+        verdict=summary.attrs["verdict"],
+        psis_loo=PSIS_LOO_NOTE,
+    )
+    result = ADAPTER.build(groups, attrs)  # the one container
+    loo = NUMERICS.elpd_fields(approximate_loo(result, pointwise=True))
     text = _text(
-        psis_group,
+        groups["psis"],
         summary,
         loo,
         header=f"{guide_name(guide)} fitted with {_loss_name(loss)}, {num_draws} draws",
@@ -146,27 +167,11 @@ def report(
     )
     if show:
         print(text)
-    groups = {
-        name: ADAPTER.dataset(smoothed, name)
-        for name in ("posterior", "sample_stats", "psis")
+    extra = {
+        "loo": _loo_group(loo),
+        "psis_summary": xr.Dataset.from_dataframe(summary.rename_axis("parameter")),
     }
-    groups.update(
-        {
-            name: ADAPTER.dataset(exported, name)
-            for name in ("log_likelihood", "observed_data")
-        },
-        loo=_loo_group(loo),
-        psis_summary=xr.Dataset.from_dataframe(summary.rename_axis("parameter")),
-    )
-    attrs = root_attrs(
-        guide,
-        loss=_loss_name(loss),
-        diagnostic="report",
-        report=text,
-        verdict=summary.attrs["verdict"],
-        psis_loo=PSIS_LOO_NOTE,
-    )
-    return ADAPTER.build(groups, attrs)
+    return ADAPTER.add_groups(result, extra, {"report": text})
 
 
 def _loo_group(loo: dict[str, Any]) -> xr.Dataset:

@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import xarray as xr
 from jax import random
 from numpyro.infer import Predictive
 
-from numpyro_pvi._core import check_full_data, model_structure, validate_latent_sites
+from numpyro_pvi._core import (
+    Replications,
+    check_full_data,
+    check_recipe,
+    deprecation,
+    model_structure,
+    validate_latent_sites,
+)
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import (
     component_labels,
@@ -31,13 +39,12 @@ from numpyro_pvi.diagnostics._idata import (
     root_attrs,
     site_dims,
 )
-from numpyro_pvi.diagnostics._rank_tests import rank_datasets
 from numpyro_pvi.diagnostics._replications import (
+    check_verdict,
     fit_stats,
     loss_drift,
     replication_fn,
     run_replications,
-    validate_options,
 )
 from numpyro_pvi.diagnostics._simulated_data import (
     data_injector,
@@ -46,27 +53,27 @@ from numpyro_pvi.diagnostics._simulated_data import (
     unobserve,
 )
 from numpyro_pvi.diagnostics._test_quantities import resolve_quantities
+from numpyro_pvi.diagnostics.rank_tests import rank_datasets
 from numpyro_pvi.diagnostics.vsbc_plot import plot_vsbc
 
-__all__ = ["loss_drift", "plot_vsbc", "vsbc"]
+__all__ = [
+    "VSBCArrays",
+    "loss_drift",
+    "plot_vsbc",
+    "vsbc",
+    "vsbc_arrays",
+    "vsbc_groups",
+]
 
 
 def _setup(
     rng_key: jax.Array,
-    model: Callable,
-    guide: Callable,
-    optim: Any,
-    loss: Any,
+    procedure: tuple[Callable, Callable, Any, Any],
     args: tuple,
     kwargs: dict,
-    *,
-    num_simulations: int,
-    num_svi_steps: int,
-    num_draws: int,
+    replications: Replications,
     observed_sites: Sequence[str] | None,
-    simulated_data_to_args: Callable | None,
-    test_quantities: Mapping[str, Callable] | None,
-    log_likelihood: bool,
+    test_quantities: Mapping[str, Callable | None] | None,
 ) -> tuple[Callable, tuple, dict, list[str], dict[str, np.ndarray]]:
     """Sites, prior predictive draws and the function of one replication.
 
@@ -74,6 +81,8 @@ def _setup(
         model trace, the latent site names and the test quantities at the
         true values (``f(θ*, y)`` per replication).
     """
+    model, guide, optim, loss = procedure
+    r = replications
     key_trace, key_prior, key_warmup, key_fit = random.split(rng_key, 4)
     model_trace = model_structure(model, key_trace, args, kwargs)
     check_full_data(model_trace, "vsbc")
@@ -86,28 +95,24 @@ def _setup(
         kwargs=kwargs,
     )
     validate_latent_sites(model_trace, latent_names)
-    inject = data_injector(model, observed, args, kwargs, simulated_data_to_args)
+    inject = data_injector(model, observed, args, kwargs, r.simulated_data_to_args)
     quantities = resolve_quantities(
         test_quantities,
-        log_likelihood=log_likelihood,
         latent_names=latent_names,
         model=model,
         inject=inject,
         function="vsbc",
     )
-
     prior_predictive = Predictive(
         unobserve(model, observed),
-        num_samples=num_simulations,
+        num_samples=r.num_simulations,
         return_sites=list(observed) + list(latent_names),
         parallel=True,
     )
     sims = jax.jit(lambda key: prior_predictive(key, *args, **kwargs))(key_prior)
     data = {n: sims[n] for n in observed}
     theta = {n: sims[n] for n in latent_names}
-
     set_up_guide(guide, key_warmup, inject, data)
-
     one = replication_fn(
         model,
         guide,
@@ -115,11 +120,11 @@ def _setup(
         loss,
         inject,
         latent_names,
-        num_svi_steps,
-        num_draws,
+        r.num_svi_steps,
+        r.num_draws,
         quantities,
     )
-    keys = random.split(key_fit, num_simulations)
+    keys = random.split(key_fit, r.num_simulations)
     true_values = {
         name: _at_true_values(name, f, theta, data) for name, f in quantities.items()
     }
@@ -139,6 +144,7 @@ def _at_true_values(name: str, f: Callable, theta: dict, data: dict) -> np.ndarr
         ) from err
 
 
+@deprecation.accepts_old_calls(deprecation.vsbc)
 def vsbc(
     rng_key: jax.Array,
     model: Callable,
@@ -146,26 +152,19 @@ def vsbc(
     optim: Any,
     loss: Any,
     *args: Any,
-    num_simulations: int = 100,
-    num_svi_steps: int = 1000,
-    num_draws: int = 1000,
+    replications: Replications | None = None,
     observed_sites: Sequence[str] | None = None,
-    chain_method: str | Callable = "vectorized",
+    test_quantities: Mapping[str, Callable | None] | None = None,
     correction: str | None = "holm",
-    progress_bar: bool = True,
     alpha: float = 0.05,
-    chunk_size: int | None = None,
-    simulated_data_to_args: Callable | None = None,
-    test_quantities: Mapping[str, Callable] | None = None,
-    log_likelihood: bool = True,
     **kwargs: Any,
 ) -> Container:
     r"""Variational simulation-based calibration (Yao et al. 2018, Algorithm 2).
 
-    For each of ``num_simulations`` replications: draw :math:`θ^*` and
-    :math:`y` from the prior predictive, fit a fresh guide to :math:`y` with
-    ``num_svi_steps`` SVI steps of ``loss`` (any NumPyro ELBO, the objectives
-    of this package included), and estimate
+    For each of ``replications.num_simulations`` replications: draw
+    :math:`θ^*` and :math:`y` from the prior predictive, fit a fresh guide to
+    :math:`y` with ``num_svi_steps`` SVI steps of ``loss`` (any NumPyro
+    ELBO, the objectives of this package included), and estimate
 
     .. math::
 
@@ -201,17 +200,19 @@ def vsbc(
     set are calibrated the same way, :math:`p = \Pr_q(f(\theta, y) <
     f(\theta^*, y))`: ``test_quantities`` maps names to such functions
     (``theta`` and ``data`` are dicts site → value; write them with
-    ``jax.numpy``), and with ``log_likelihood=True`` the joint
-    log-likelihood :math:`\log p(y \mid \theta)` is one of them, named
-    ``"log_likelihood"``: it sees the joint posterior, where a guide can be
-    off in directions no marginal shows (Modrák et al. 2023).
+    ``jax.numpy``), and the joint log-likelihood
+    :math:`\log p(y \mid \theta)` is one of them, named
+    ``"log_likelihood"``, unless ``test_quantities`` maps that name to
+    ``None``: it sees the joint posterior, where a guide can be off in
+    directions no marginal shows (Modrák et al. 2023).
 
     The model must be generative: observed sites are sampled from the prior
     predictive whatever data the model is called with (only their shapes are
     used), and each fit conditions on the simulated values. An observed site
     whose name is an argument of the model also receives its simulated value
     through that argument, so guides that read the data see the simulated
-    data; for data passed in another way use ``simulated_data_to_args``.
+    data; for data passed in another way use
+    ``replications.simulated_data_to_args``.
     Only continuous latent sites are supported.
 
     Every replication starts from the same initial guide parameters (those of
@@ -219,11 +220,19 @@ def vsbc(
     not depend on ``chain_method`` or on the chunking (up to floating-point
     reassociation between batch sizes).
 
+    The call shape is NumPyro's
+    :func:`~numpyro.infer.calibration.vsbc_diagnostic`'s; how the data sets
+    are simulated, fitted and read travels in ``replications``. The loose
+    keywords of earlier versions (``num_simulations=``, ``num_svi_steps=``,
+    ``chain_method=``, ``log_likelihood=``, ...) still work, with a
+    ``FutureWarning``, until the next release.
+
     **Example**::
 
         >>> idata = vsbc(random.PRNGKey(0), model, AutoNormal(model),
         ...              optax.adam(1e-2), Trace_ELBO(), x, y,
-        ...              num_simulations=200, num_svi_steps=2000)
+        ...              replications=Replications(num_simulations=200,
+        ...                                        num_svi_steps=2000))
         >>> idata.vsbc_symmetry.to_dataframe()
         >>> plot_vsbc(idata)
 
@@ -235,31 +244,19 @@ def vsbc(
     :param optim: NumPyro optimizer or optax ``GradientTransformation``.
     :param loss: the objective, e.g. ``Trace_ELBO()`` or ``PACmELBO()``.
     :param args: positional arguments of the model and guide.
-    :param num_simulations: number of replications (≥ 2).
-    :param num_svi_steps: SVI steps per replication.
-    :param num_draws: guide draws per replication to estimate :math:`p`.
+    :param replications: a :class:`~numpyro_pvi.recipes.Replications`: the
+        number of replications (≥ 2), SVI steps per replication, guide draws
+        per replication to estimate :math:`p`, how the fits are dispatched
+        (``chain_method``, ``chunk_size``, ``progress_bar``) and
+        ``simulated_data_to_args``; default ``Replications()``.
     :param observed_sites: names of the observed sites; by default the sites
         observed in a trace of ``model(*args, **kwargs)``.
-    :param chain_method: ``"sequential"`` (``lax.map``, least memory),
-        ``"vectorized"`` (``vmap``), ``"sharded"`` (replications split over
-        all local devices with :mod:`jax.sharding`, ``vmap`` within each;
-        any number of replications) or a callable such as ``jax.vmap`` that
-        maps a function of one replication over a batch (the result is
-        jit-compiled).
     :param correction: ``"holm"`` (family-wise error), ``"bh"``
         (Benjamini–Hochberg false discovery rate) or ``None``.
-    :param progress_bar: show a progress bar over chunks of replications.
     :param alpha: level at which a corrected p-value flags a direction.
-    :param chunk_size: replications per compiled call; default all of them
-        without a progress bar, a tenth of them with one. Rounded up to a
-        multiple of the device count when sharded.
-    :param simulated_data_to_args: optional ``f(data, *args, **kwargs) ->
-        (args, kwargs)`` that passes the simulated data (a dict site →
-        value) to the model and guide, when they take it in a container.
     :param test_quantities: optional mapping name → ``f(theta, data)``
-        calibrated beside the parameters (see above).
-    :param log_likelihood: also calibrate the joint log-likelihood (test
-        quantity ``"log_likelihood"``).
+        calibrated beside the parameters (see above);
+        ``{"log_likelihood": None}`` leaves the joint log-likelihood out.
     :param kwargs: keyword arguments of the model and guide.
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` with
         the same groups on ArviZ ≥ 1.0, with replications along ``draw``
@@ -304,83 +301,138 @@ def vsbc(
     - Benjamini, Y. & Hochberg, Y. (1995). *Controlling the false discovery
       rate.* JRSS B.
     """
-    validate_options(
-        "vsbc",
-        num_simulations,
-        num_svi_steps,
-        num_draws,
-        chain_method,
-        correction,
-        alpha,
-        chunk_size,
-    )
-    one, inputs, model_trace, latent_names, true_values = _setup(
+    replications = check_recipe(replications, Replications, "replications", "vsbc")
+    if replications.data_generator is not None:
+        raise ValueError(
+            "vsbc: replications.data_generator is set, but VSBC ranks the prior's "
+            "own draws theta*, so its data sets come from the model's prior "
+            "predictive; leave data_generator out (it is for "
+            "predictive_calibration)."
+        )
+    check_verdict("vsbc", correction, alpha)
+    arrays = vsbc_arrays(
         rng_key,
-        model,
-        guide,
-        optim,
-        loss,
+        (model, guide, optim, loss),
         args,
         kwargs,
-        num_simulations=num_simulations,
-        num_svi_steps=num_svi_steps,
-        num_draws=num_draws,
+        replications=replications,
         observed_sites=observed_sites,
-        simulated_data_to_args=simulated_data_to_args,
         test_quantities=test_quantities,
-        log_likelihood=log_likelihood,
     )
-    theta = {**inputs[2], **true_values}
-    below, final_loss, tail_loss, drift = run_replications(
-        one,
-        inputs,
-        num_simulations,
-        chain_method,
-        chunk_size,
-        progress_bar,
+    groups = vsbc_groups(arrays, replications, correction=correction, alpha=alpha)
+    attrs = root_attrs(guide, loss=type(loss).__name__, diagnostic="vsbc")
+    return ADAPTER.build(groups, attrs)
+
+
+class VSBCArrays(NamedTuple):
+    """The numbers of :func:`vsbc`, per replication (leading axis ``S``):
+    ``truth`` (:math:`θ^*` of each latent site, then each test quantity at
+    :math:`θ^*`), ``below`` (the count of guide draws below it, same keys
+    and shapes), each fit's ``final_loss``, ``tail_loss`` and ``drift``;
+    ``latent_names`` (the keys of ``truth`` that are latent sites) and
+    ``dims`` (their named dims)."""
+
+    truth: dict[str, np.ndarray]
+    below: dict[str, np.ndarray]
+    final_loss: np.ndarray
+    tail_loss: np.ndarray
+    drift: np.ndarray
+    latent_names: list[str]
+    dims: dict[str, list[str]]
+
+
+def vsbc_arrays(
+    rng_key: jax.Array,
+    procedure: tuple[Callable, Callable, Any, Any],
+    args: tuple,
+    kwargs: dict,
+    *,
+    replications: Replications,
+    observed_sites: Sequence[str] | None,
+    test_quantities: Mapping[str, Callable | None] | None,
+) -> VSBCArrays:
+    """The array core of :func:`vsbc`: ``procedure`` is ``(model, guide,
+    optim, loss)``."""
+    one, inputs, model_trace, latent_names, true_values = _setup(
+        rng_key,
+        procedure,
+        args,
+        kwargs,
+        replications,
+        observed_sites,
+        test_quantities,
+    )
+    below, final_loss, tail_loss, drift = run_replications(one, inputs, replications)
+    truth = {n: np.asarray(v) for n, v in {**inputs[2], **true_values}.items()}
+    dims = {n: d for n, d in site_dims(model_trace).items() if n in latent_names}
+    return VSBCArrays(
+        truth,
+        {n: np.asarray(v) for n, v in below.items()},
+        np.asarray(final_loss),
+        np.asarray(tail_loss),
+        np.asarray(drift),
+        list(latent_names),
+        dims,
     )
 
-    theta = {n: np.asarray(v) for n, v in theta.items()}
-    names = list(latent_names) + list(true_values)
-    shapes = {n: theta[n].shape[1:] for n in names}
-    dims = {n: d for n, d in site_dims(model_trace).items() if n in latent_names}
+
+def _components(arrays: VSBCArrays) -> tuple[dict, np.ndarray]:
+    """The ``component`` coords (label, variable, kind) and the ``(S, C)``
+    ranks of every scalar component of every site and test quantity."""
+    names = list(arrays.truth)
+    shapes = {n: arrays.truth[n].shape[1:] for n in names}
     labels = [lab for n in names for lab in component_labels(n, shapes[n])]
     variable = [n for n in names for _ in range(math.prod(shapes[n]))]
-    p = {n: below[n] / num_draws for n in names}
-    ranks = np.concatenate(
-        [below[n].reshape(num_simulations, -1) for n in names], axis=1
-    )
-    kind = ["parameter"] * sum(math.prod(shapes[n]) for n in latent_names)
-    kind += ["test quantity"] * (len(labels) - len(kind))
+    num_latent = sum(math.prod(shapes[n]) for n in arrays.latent_names)
+    kind = ["parameter"] * num_latent + ["test quantity"] * (len(labels) - num_latent)
+    num = arrays.final_loss.shape[0]
+    ranks = np.concatenate([arrays.below[n].reshape(num, -1) for n in names], axis=1)
     component = {
         "component": labels,
         "variable": ("component", variable),
         "kind": ("component", kind),
     }
+    return component, ranks
+
+
+def vsbc_groups(
+    arrays: VSBCArrays,
+    replications: Replications,
+    *,
+    correction: str | None,
+    alpha: float,
+) -> dict[str, xr.Dataset]:
+    """The groups of :func:`vsbc`'s container."""
+    num_draws = replications.num_draws
+    component, ranks = _components(arrays)
     sym_ds, hist_ds = rank_datasets(
         ranks, num_draws, component, correction=correction, alpha=alpha
     )
-
+    chain_method = replications.chain_method
     attrs = {
-        "num_svi_steps": num_svi_steps,
+        "num_svi_steps": replications.num_svi_steps,
         "num_draws": num_draws,
         "chain_method": getattr(chain_method, "__name__", str(chain_method)),
     }
-    prior_ds = draws_dataset(theta, dims=dims)
+    p = {n: v / num_draws for n, v in arrays.below.items()}
     vsbc_ds = draws_dataset(
-        p, dims=dims, attrs={**attrs, "quantity": "p = Pr_q(theta < theta*)"}
+        p, dims=arrays.dims, attrs={**attrs, "quantity": "p = Pr_q(theta < theta*)"}
     )
     fit_ds = fit_stats(
-        final_loss, tail_loss, drift, attrs, function="vsbc", group="vsbc_fit_stats"
+        arrays.final_loss,
+        arrays.tail_loss,
+        arrays.drift,
+        attrs,
+        function="vsbc",
+        group="vsbc_fit_stats",
+        stacklevel=5,  # the user's call: fit_stats, vsbc_groups, vsbc, shim
     )
     sym_ds.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
-    groups = {
-        "prior": prior_ds,
+    return {
+        "prior": draws_dataset(arrays.truth, dims=arrays.dims),
         "vsbc": vsbc_ds,
         "prior_sbc": vsbc_ds,
         "vsbc_symmetry": sym_ds,
         "vsbc_fit_stats": fit_ds,
         "vsbc_histogram": hist_ds,
     }
-    attrs = root_attrs(guide, loss=type(loss).__name__, diagnostic="vsbc")
-    return ADAPTER.build(groups, attrs)

@@ -13,7 +13,14 @@ import numpy as np
 from jax import random
 from numpyro.infer import SVI
 
-from numpyro_pvi._core import ParticleSpec, check_int, particle_terms, svi_scan
+from numpyro_pvi._core import (
+    ParticleSpec,
+    check_fitted_call,
+    check_int,
+    deprecation,
+    particle_terms,
+    svi_scan,
+)
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
 from numpyro_pvi.particles import LOG_LIK
 
@@ -66,11 +73,12 @@ def _strata_log_weights(
     return jax.nn.logsumexp(log_w + log_lik, axis=1)  # log ω_k p̂_k(y_i)
 
 
+@deprecation.accepts_old_calls(deprecation.fitted)
 def prune_components(
     rng_key: jax.Array,
+    params: dict[str, jax.Array],
     model: Callable,
     guide: AutoGaussianMixture,
-    params: dict[str, jax.Array],
     *args: Any,
     criterion: str = "auto",
     num_particles: int = 64,
@@ -90,10 +98,15 @@ def prune_components(
     observation). The surviving weights are renormalised (gating
     coefficients re-anchored so that :math:`\eta_1 = 0`).
 
+    The arguments are those of every function on a fitted guide (NumPyro's
+    :func:`~numpyro.infer.psis_diagnostic`); the order ``(rng_key, model,
+    guide, params, ...)`` of earlier versions still works, with a
+    ``FutureWarning``, until the next release.
+
     :param rng_key: random key (for the responsibilities).
+    :param params: the fitted parameters of ``guide``.
     :param model: the model.
     :param guide: a fitted :class:`AutoGaussianMixture`.
-    :param params: its parameters.
     :param args: model arguments (the training data).
     :param str criterion: ``"auto"``, ``"weight"`` or ``"responsibility"``.
     :param int num_particles: draws per component for :math:`\hat p_l`.
@@ -101,6 +114,7 @@ def prune_components(
     :return: ``(new_guide, new_params, kept)`` with ``kept`` the indices of
         the surviving components.
     """
+    params, model, guide = check_fitted_call("prune_components", params, model, guide)
     if criterion == "auto":
         criterion = "responsibility" if guide.gating_covariates is None else "weight"
     if criterion not in ("weight", "responsibility"):
@@ -155,14 +169,15 @@ def _subset_guide(
     return new_guide, new_params
 
 
+@deprecation.accepts_old_calls(deprecation.fit_gm_pvi)
 def fit_gm_pvi(
     rng_key: jax.Array,
     model: Callable,
     guide: AutoGaussianMixture,
     optim: Any,
     loss: Any,
-    num_steps: int,
     *args: Any,
+    num_steps: int,
     prune_every: int | None = None,
     criterion: str = "auto",
     num_prune_particles: int = 64,
@@ -177,13 +192,26 @@ def fit_gm_pvi(
     fit is always trained after its last pruning. Each block is one compiled
     ``lax.scan``.
 
+    The arguments are those of every procedure that fits, ``(rng_key, model,
+    guide, optim, loss, *args)`` (NumPyro's
+    :func:`~numpyro.infer.calibration.vsbc_diagnostic`), with ``num_steps``
+    by keyword as in :meth:`numpyro.infer.SVI.run`; ``num_steps`` as the
+    sixth positional argument, as in earlier versions, still works with a
+    ``FutureWarning`` until the next release.
+
+    **Example**::
+
+        >>> fit = fit_gm_pvi(key, model, AutoGaussianMixture(model, 4),
+        ...                  optax.adam(1e-2), PredictiveELBO("log"), x, y,
+        ...                  num_steps=3000, prune_every=500)
+
     :param rng_key: random key.
     :param model: the model.
     :param guide: an :class:`AutoGaussianMixture`.
     :param optim: an optimiser (``optax`` or ``numpyro.optim``).
     :param loss: the objective, e.g. ``PredictiveELBO(...)``.
-    :param int num_steps: total number of SVI steps.
     :param args: model arguments.
+    :param int num_steps: total number of SVI steps.
     :param prune_every: block length; ``None`` fits without pruning.
     :param str criterion: see :func:`prune_components`.
     :param int num_prune_particles: draws per component for the
@@ -218,9 +246,9 @@ def fit_gm_pvi(
         if prune_every is not None and i < len(blocks) - 1:
             new_guide, params, _ = prune_components(
                 prune_key,
+                params,
                 model,
                 guide,
-                params,
                 *args,
                 criterion=criterion,
                 num_particles=num_prune_particles,

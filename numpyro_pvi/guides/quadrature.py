@@ -13,7 +13,7 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
-from numpyro_pvi._core import check_int, unpack_latent
+from numpyro_pvi._core import check_int, deprecation, unpack_latent
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
 
 __all__ = ["linear_predictor_score"]
@@ -61,9 +61,10 @@ def _site_indices(guide: AutoGaussianMixture, site: str | None) -> np.ndarray:
     return np.asarray(latent[site], dtype=int).reshape(-1)
 
 
+@deprecation.accepts_old_calls(deprecation.params_first)
 def linear_predictor_score(
-    guide: AutoGaussianMixture,
     params: dict[str, jax.Array],
+    guide: AutoGaussianMixture,
     design: Any,
     y: Any,
     *,
@@ -95,8 +96,12 @@ def linear_predictor_score(
     :math:`\mathcal{N}(y_i; m_{ik}, \sigma^2 + s_{ik}^2)`. The result is
     differentiable in ``params``.
 
+    As on every fitted guide, the parameters come before the guide; the order
+    ``(guide, params, ...)`` of earlier versions still works, with a
+    ``FutureWarning``, until the next release.
+
+    :param params: the fitted parameters of ``guide``.
     :param guide: a fitted :class:`AutoGaussianMixture`.
-    :param params: its parameters.
     :param design: ``(n, p)`` rows :math:`x_i` of the linear predictor.
     :param y: ``(n,)`` observations.
     :param likelihood: ``"gaussian"`` (needs ``noise_scale``),

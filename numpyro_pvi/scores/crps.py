@@ -9,8 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from numpyro_pvi._core import normal_abs_mean
 from numpyro_pvi.particles import Y_LOC_SCALE, Y_SIM, ParticleTerms, particle_sum
-from numpyro_pvi.scores._normal import normal_abs_mean
 from numpyro_pvi.scores.base import Score, simulations, strata
 from numpyro_pvi.scores.pair_sums import (
     crps_fair,

@@ -24,11 +24,27 @@ VI_OBJECTIVES = (Trace_ELBO, TraceMeanField_ELBO, TraceGraph_ELBO, StratifiedELB
 
 
 def default_candidates(
-    score: str | Score, num_particles: int, guide: Callable
+    guide: Callable, score: str | Score = "log", *, num_particles: int = 32
 ) -> dict[str, ELBO]:
-    """PVI with the score over :data:`DEFAULT_LAMS`, and VI: ``Trace_ELBO``,
-    or :class:`~numpyro_pvi.StratifiedELBO` for a mixture guide (whose
-    weights ``Trace_ELBO`` cannot learn)."""
+    """The default candidates of :func:`~numpyro_pvi.selection.cross_validate`:
+    :class:`~numpyro_pvi.PredictiveELBO` with ``score`` over λ = 0, the prior
+    regularizer with λ ∈ {0.01, 0.1, 1} and the posterior regularizer with
+    λ ∈ {0.1, 1, 10}, and VI: ``Trace_ELBO``, or
+    :class:`~numpyro_pvi.StratifiedELBO` for a mixture guide (whose weights
+    ``Trace_ELBO`` cannot learn); each with ``num_particles`` particles.
+
+    **Example**::
+
+        >>> candidates = default_candidates(guide, "crps", num_particles=64)
+        >>> cv = cross_validate(key, model, guide, optim, x, y,
+        ...                     fit=FitRecipe(num_steps=2000),
+        ...                     candidates=candidates, score="crps")
+
+    :param guide: the guide the candidates will fit.
+    :param score: the score of the PVI candidates.
+    :param num_particles: particles of every candidate.
+    :return: label → objective.
+    """
     vi = StratifiedELBO if isinstance(guide, StratifiedGuide) else Trace_ELBO
     out: dict[str, ELBO] = {"VI": vi(num_particles=num_particles)}
     for reg, lams in DEFAULT_LAMS.items():

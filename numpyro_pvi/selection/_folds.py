@@ -1,36 +1,15 @@
-"""Folds of the data plate and the model that sees one fold's complement.
-
-:func:`fold_ids` assigns each observation of the data plate to one of ``K``
-folds; :func:`mask_observations` wraps a model so that only the kept
-observations enter any objective, with every other site unchanged.
-"""
+"""The model that sees one fold's complement: :func:`mask_observations`
+wraps a model so that only the kept observations enter any objective, with
+every other site unchanged (the folds themselves:
+:func:`numpyro_pvi._core.folds.fold_ids`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-import jax
 import jax.numpy as jnp
-from jax import random
 from numpyro.primitives import Messenger
-
-
-def fold_ids(rng_key: jax.Array, num_obs: int, num_folds: int) -> jax.Array:
-    """``(num_obs,)`` fold of each observation: a random permutation dealt
-    into ``num_folds`` folds in turn, so fold sizes differ by at most one and
-    every observation is in exactly one fold.
-
-    :param rng_key: key of the permutation.
-    :param int num_obs: number :math:`N` of observations.
-    :param int num_folds: number :math:`K \\le N` of folds.
-    """
-    order = random.permutation(rng_key, num_obs)
-    return (
-        jnp.zeros(num_obs, jnp.int32)
-        .at[order]
-        .set(jnp.arange(num_obs, dtype=jnp.int32) % num_folds)
-    )
 
 
 class mask_observations(Messenger):

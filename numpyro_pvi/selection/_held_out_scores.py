@@ -70,6 +70,7 @@ def reliable_scores(
                 num_draws=num_draws,
                 plate=plate.selector,
             ),
+            stacklevel=6,  # match_unreliable, here, _held_out, cross_validate, shim
         )
         estimates = Pointwise(
             *(np.where(in_fold, m, e) for m, e in zip(matched, estimates, strict=True))
@@ -86,16 +87,17 @@ def warn_unreliable(dataset: xr.Dataset, plate: str | None) -> None:
         return
     labels = dataset.candidate.values
     shown = ", ".join(
-        f"{labels[c]!r} at {plate or 'observation'}[{i}] (k̂ {k[c, i]:.2f})"
+        f"{str(labels[c])!r} at {plate or 'observation'}[{i}] (k̂ {k[c, i]:.2f})"
         for c, i in bad[:10]
     ) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
     warnings.warn(
         f"cross_validate: {len(bad)} held-out score(s) are unreliable Monte Carlo "
         f"estimates (k̂ ≥ good_k = {dataset.attrs['good_k']:.2f} after moment "
         f"matching): {shown}. These observations lie far in the tail of the "
-        "fits' predictives; their scores are likely too low. Increase num_draws.",
+        "fits' predictives; their scores are likely too low. Increase "
+        "FitRecipe(num_draws=...).",
         UserWarning,
-        stacklevel=3,
+        stacklevel=4,  # the user's call: warn_unreliable, cross_validate, shim
     )
 
 

@@ -3,6 +3,7 @@ r"""K-fold cross-validation of candidate objectives over the data plate."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,10 +17,12 @@ from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._core import (
     DataPlate,
+    FitRecipe,
     Pointwise,
-    check_bool,
-    check_data_plate,
     check_int,
+    check_recipe,
+    deprecation,
+    fold_ids,
     good_k,
     plate_of,
     replay_trace,
@@ -31,7 +34,6 @@ from numpyro_pvi.selection._candidates import (
     labelled,
     reference_label,
 )
-from numpyro_pvi.selection._folds import fold_ids
 from numpyro_pvi.selection._held_out_scores import (
     reliable_scores,
     scores_dataset,
@@ -112,7 +114,7 @@ class CrossValidation:
 
         :return: label -> ``ELPDData``, in the candidates' order.
         """
-        from numpyro_pvi.diagnostics._containers import ADAPTER
+        from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
 
         s = self.scores
         if s.attrs["score"] != "log":
@@ -128,7 +130,7 @@ class CrossValidation:
             values = s["pointwise"].sel(candidate=label).values[observed]
             elpd_i = xr.DataArray(values, dims=["observation"])
             se = np.sqrt(values.size) * values.std()
-            out[str(label)] = ADAPTER.kfold_elpd(
+            out[str(label)] = NUMERICS.kfold_elpd(
                 elpd_i,
                 se,
                 num_draws=int(s.attrs["num_draws"]),
@@ -151,21 +153,24 @@ class CrossValidation:
         return "\n".join(lines)
 
 
+_WHERE = "cross_validate"
+
+
+@deprecation.accepts_old_calls(
+    functools.partial(deprecation.cross_validate, default_candidates=default_candidates)
+)
 def cross_validate(
     rng_key: jax.Array,
     model: Callable,
     guide: Callable,
     optim: Any,
-    num_steps: int,
     *args: Any,
+    fit: FitRecipe,
     candidates: Mapping[str, ELBO] | Sequence[ELBO] | None = None,
     num_folds: int = 5,
     score: str | Score = "log",
     data_plate: str | int | None = None,
-    num_particles: int = 32,
-    num_draws: int = 1000,
     rule: str = "one_se",
-    progress_bar: bool = True,
     **kwargs: Any,
 ) -> CrossValidation:
     r"""Choose among objectives, e.g. the regularizer and λ of PVI, by K-fold
@@ -173,12 +178,12 @@ def cross_validate(
 
     The observations of the data plate are dealt at random into ``num_folds``
     folds (sizes differ by at most one). Every candidate objective is fitted
-    ``num_folds`` times with ``num_steps`` steps of ``optim``, each time
+    ``num_folds`` times with ``fit.num_steps`` steps of ``optim``, each time
     without one fold (:class:`mask_observations`: the fold's observations are
     masked out, so a fold-out observation's local latents are fitted by the
     prior side of the objective only, and predicted from the guide's factor
     for them), and the fold is scored with :func:`~numpyro_pvi.predictive_score`
-    (``num_draws`` draws of the fit). Every observation thus gets one held-out
+    (``fit.num_draws`` draws of the fit). Every observation thus gets one held-out
     score :math:`s_{ci}` per candidate :math:`c`; the CV estimate is
     :math:`\bar s_c = \frac1N\sum_i s_{ci}` with standard error
     :math:`\mathrm{sd}_i(s_{ci})/\sqrt N`, and the paired difference to VI,
@@ -190,7 +195,8 @@ def cross_validate(
     :class:`~numpyro_pvi.StratifiedELBO`, the VI of mixtures) and
     :class:`~numpyro_pvi.PredictiveELBO` with ``score``, λ = 0, the prior
     regularizer with λ ∈ {0.01, 0.1, 1} and the posterior regularizer with
-    λ ∈ {0.1, 1, 10} (tending to VI), each with ``num_particles`` particles.
+    λ ∈ {0.1, 1, 10} (tending to VI), each with 32 particles
+    (:func:`default_candidates` builds them with other particle counts).
 
     **Selection.** ``rule="one_se"`` (default) takes the candidate with the
     best mean unless VI is within one paired standard error of it, and then
@@ -201,20 +207,28 @@ def cross_validate(
     candidates' scores differ by less than their noise.
 
     **Cost.** Candidates that differ only in λ form one compiled program: a
-    ``vmap`` over λ (traced) and over the folds of ``num_steps`` SVI steps,
+    ``vmap`` over λ (traced) and over the folds of ``fit.num_steps`` steps,
     run in blocks with a progress bar; other candidates get one program
     each. All programs, and the one that scores every fit, are compiled at
     once on all cores. On a posteriordb regression (8 candidates, 5 folds,
     2000 steps) this is 3.9 times faster than the 40 fits done one
     ``SVI.run`` at a time (``benchmarks/RESULTS.md``).
 
+    The call shape is that of every procedure that fits, ``(rng_key, model,
+    guide, optim, *args)``; how each fit is run and read travels in
+    ``fit``. The shape ``(rng_key, model, guide, optim, num_steps, *args,
+    num_particles=, num_draws=, progress_bar=)`` of earlier versions still
+    works, with a ``FutureWarning``, until the next release.
+
     **Example**
 
     .. code-block:: python
 
+        from numpyro_pvi import FitRecipe
         from numpyro_pvi.selection import cross_validate
 
-        cv = cross_validate(key, model, guide, optax.adam(1e-2), 2000, x, y=y)
+        cv = cross_validate(key, model, guide, optax.adam(1e-2), x, y=y,
+                            fit=FitRecipe(num_steps=2000))
         print(cv)
         svi = SVI(model, guide, optax.adam(1e-2), loss=cv.best)
 
@@ -222,8 +236,10 @@ def cross_validate(
     :param model: the NumPyro model.
     :param guide: the guide (e.g. an autoguide of ``model``).
     :param optim: the optimizer, as for :class:`~numpyro.infer.SVI`.
-    :param int num_steps: SVI steps of each fit.
     :param args: model arguments (the full data).
+    :param fit: a :class:`~numpyro_pvi.recipes.FitRecipe`: SVI steps of each
+        fit, draws of each held-out score, progress bar (one per compiled
+        block).
     :param candidates: label -> loss, or a sequence of losses (labelled by
         objective and λ); ``None``: the default grid above.
     :param int num_folds: the number :math:`K \ge 2` of folds.
@@ -232,10 +248,7 @@ def cross_validate(
         PVI candidates.
     :param data_plate: the plate (or negative batch dimension) that indexes
         observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
-    :param int num_particles: particles of the default candidates.
-    :param int num_draws: draws of each held-out score.
     :param str rule: ``"one_se"`` or ``"best"``.
-    :param bool progress_bar: show a progress bar per compiled block.
     :param kwargs: model keyword arguments.
     :return: a :class:`CrossValidation`.
 
@@ -249,26 +262,11 @@ def cross_validate(
     3. Hastie, T., Tibshirani, R. & Friedman, J. (2009). *The Elements of
        Statistical Learning*, 2nd ed., §7.10 (the one-standard-error rule).
     """
-    where = "cross_validate"
-    num_steps = check_int(num_steps, "num_steps", where, minimum=1)
-    if isinstance(num_folds, int) and not isinstance(num_folds, bool) and num_folds < 2:
-        raise ValueError(
-            f"cross_validate: num_folds={num_folds}: cross-validation needs at "
-            "least 2 folds (each fit leaves one fold out)."
-        )
-    num_folds = check_int(num_folds, "num_folds", where, minimum=2)
-    score = get_score(score)
-    num_draws = check_int(num_draws, "num_draws", where, minimum=score.min_particles)
-    num_particles = check_int(
-        num_particles, "num_particles", where, minimum=score.min_particles
+    fit = check_recipe(fit, FitRecipe, "fit", _WHERE)
+    score, num_folds = _check_options(fit, num_folds, score, rule)
+    candidates = labelled(
+        default_candidates(guide, score) if candidates is None else candidates
     )
-    data_plate = check_data_plate(data_plate, where)
-    progress_bar = check_bool(progress_bar, "progress_bar", where)
-    if rule not in _RULES:
-        raise ValueError(f"cross_validate: rule must be one of {_RULES}, got {rule!r}.")
-    if candidates is None:
-        candidates = default_candidates(score, num_particles, guide)
-    candidates = labelled(candidates)
     reference = reference_label(candidates)
     if rule == "one_se" and reference is None:
         raise ValueError(
@@ -276,17 +274,73 @@ def cross_validate(
             "plain VI (Trace_ELBO, or StratifiedELBO for a mixture guide); add "
             "one, or pass rule='best'."
         )
-
     fold_key, fit_key, score_key = random.split(rng_key, 3)
     data = model_data(model, args, kwargs, fit_key)
     svi = SVI(model, guide, optim, loss=Trace_ELBO())
     params = svi.get_params(svi.init(fit_key, *args, **kwargs))
     plate = _data_plate(fit_key, params, model, guide, data, data_plate, num_folds)
-    folds = fold_ids(fold_key, plate.size, num_folds)
-    keeps = folds[None, :] != jnp.arange(num_folds)[:, None]  # (K, N)
-    scorer = pointwise_scorer(model, guide, plate, score, num_draws, data)
-    jax.eval_shape(scorer, score_key, params, data.dynamic)  # the score applies
+    folds = np.asarray(fold_ids(fold_key, plate.size, num_folds))
+    procedure = (model, guide, optim, plate, data, params)
+    held_out, final_loss = _held_out(
+        procedure, candidates, folds, score, fit, (fit_key, score_key)
+    )
+    dataset = scores_dataset(candidates, held_out, final_loss, folds, reference)
+    dataset.attrs.update(
+        score=score.name,
+        num_folds=num_folds,
+        rule=rule,
+        good_k=good_k(fit.num_draws),
+        num_draws=fit.num_draws,
+    )
+    warn_unreliable(dataset, plate.name)
+    if not np.isfinite(dataset["mean"]).any():
+        raise FloatingPointError(
+            "cross_validate: every candidate's held-out score is NaN or "
+            "infinite; check the fits' final_loss in the scores (a smaller step "
+            "size, or more particles)."
+        )
+    best = _select(dataset, rule, reference)
+    dataset.attrs["best"] = best
+    return CrossValidation(
+        dataset, candidates[best], best, candidates, folds, rule, reference
+    )
 
+
+def _check_options(
+    fit: FitRecipe, num_folds: Any, score: str | Score, rule: Any
+) -> tuple[Score, int]:
+    """The score, and the number of folds, checked."""
+    if isinstance(num_folds, int) and not isinstance(num_folds, bool) and num_folds < 2:
+        raise ValueError(
+            f"cross_validate: num_folds={num_folds}: cross-validation needs at "
+            "least 2 folds (each fit leaves one fold out)."
+        )
+    num_folds = check_int(num_folds, "num_folds", _WHERE, minimum=2)
+    score = get_score(score)
+    check_int(fit.num_draws, "fit.num_draws", _WHERE, minimum=score.min_particles)
+    if rule not in _RULES:
+        raise ValueError(f"cross_validate: rule must be one of {_RULES}, got {rule!r}.")
+    return score, num_folds
+
+
+def _held_out(
+    procedure: tuple,
+    candidates: dict[str, ELBO],
+    folds: np.ndarray,
+    score: Score,
+    fit: FitRecipe,
+    keys: tuple[jax.Array, jax.Array],
+) -> tuple[dict[str, Pointwise], dict[str, np.ndarray]]:
+    """Every candidate's held-out score of every observation, and the final
+    loss of its fits: one compiled program per λ grid, and one that scores
+    every fit, compiled at once. ``procedure`` is ``(model, guide, optim,
+    plate, data, init_params)``; ``folds`` the fold of every observation."""
+    model, guide, optim, plate, data, init_params = procedure
+    fit_key, score_key = keys
+    num_folds = len(np.unique(folds))
+    keeps = jnp.asarray(folds)[None, :] != jnp.arange(num_folds)[:, None]  # (K, N)
+    scorer = pointwise_scorer(model, guide, plate, score, fit.num_draws, data)
+    jax.eval_shape(scorer, score_key, init_params, data.dynamic)  # the score applies
     programs = [
         lower_grid(grid, model, guide, optim, plate, keeps, fit_key, data)
         for grid in grids(candidates)
@@ -301,13 +355,13 @@ def cross_validate(
         for p, i, r in zip(programs, compiled[0:-1:2], compiled[1:-1:2], strict=True)
     ]
     fits = [
-        (p.grid, *run_grid(p, num_steps=num_steps, progress_bar=progress_bar))
+        (p.grid, *run_grid(p, num_steps=fit.num_steps, progress_bar=fit.progress_bar))
         for p in programs
     ]
     params = [fitted for _, fitted, _ in fits]
     pointwise = split_scores(compiled[-1](score_key, params, data.dynamic), params)
     held_out, final_loss = {}, {}
-    rows, cols = np.asarray(folds), np.arange(plate.size)
+    rows, cols = folds, np.arange(plate.size)
     for (grid, fitted, losses), scores in zip(fits, pointwise, strict=True):
         for g, label in enumerate(grid.labels):  # scores: (G, K, N)
             estimates = Pointwise(*(x[g][rows, cols] for x in scores))
@@ -318,7 +372,7 @@ def cross_validate(
             held_out[label] = reliable_scores(
                 estimates,
                 score,
-                num_draws,
+                fit.num_draws,
                 rows,
                 fold_params,
                 model,
@@ -328,26 +382,7 @@ def cross_validate(
                 random.fold_in(score_key, 1),
             )
             final_loss[label] = losses[g]
-    dataset = scores_dataset(candidates, held_out, final_loss, rows, reference)
-    dataset.attrs.update(
-        score=score.name,
-        num_folds=num_folds,
-        rule=rule,
-        good_k=good_k(num_draws),
-        num_draws=num_draws,
-    )
-    warn_unreliable(dataset, plate.name)
-    if not np.isfinite(dataset["mean"]).any():
-        raise FloatingPointError(
-            "cross_validate: every candidate's held-out score is NaN or "
-            "infinite; check the fits' final_loss in the scores (a smaller step "
-            "size, or more particles)."
-        )
-    best = _select(dataset, rule, reference)
-    dataset.attrs["best"] = best
-    return CrossValidation(
-        dataset, candidates[best], best, candidates, rows, rule, reference
-    )
+    return held_out, final_loss
 
 
 def _select(dataset: xr.Dataset, rule: str, reference: str | None) -> str:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from numpyro_pvi.diagnostics._rank_tests import rank_datasets
 from numpyro_pvi.diagnostics.dispersion import dispersion_test, normal_scores
+from numpyro_pvi.diagnostics.rank_tests import rank_datasets
 from numpyro_pvi.diagnostics.symmetry import holm
 from numpyro_pvi.diagnostics.uniformity import (
     ecdf_band,

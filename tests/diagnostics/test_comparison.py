@@ -19,7 +19,7 @@ from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
-from numpyro_pvi import PACmELBO, PredictiveELBO, predictive_score
+from numpyro_pvi import FitRecipe, PACmELBO, PredictiveELBO, predictive_score
 from numpyro_pvi.diagnostics import (
     approximate_loo,
     pareto_smooth,
@@ -80,10 +80,15 @@ def test_az_compare_of_cross_validation_ranks_as_new_data_do(fits):
         for label, (guide, params, _) in fitted.items()
     }
     cv = cross_validate(
-        random.PRNGKey(3), location_model, AutoNormal(location_model),
-        optax.adam(0.05), 800, y, candidates=CANDIDATES, num_folds=4,
-        num_draws=256, progress_bar=False,
-    )  # fmt: skip
+        random.PRNGKey(3),
+        location_model,
+        AutoNormal(location_model),
+        optax.adam(0.05),
+        y,
+        fit=FitRecipe(num_steps=800, num_draws=256, progress_bar=False),
+        candidates=CANDIDATES,
+        num_folds=4,
+    )
     elpd = cv.to_elpd()
     table = az.compare(elpd)
     ranked = list(table.index)

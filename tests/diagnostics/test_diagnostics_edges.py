@@ -17,7 +17,13 @@ from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
-from numpyro_pvi import PACmELBO, PredictiveELBO, diagnostics, predictive_score
+from numpyro_pvi import (
+    PACmELBO,
+    PredictiveELBO,
+    Replications,
+    diagnostics,
+    predictive_score,
+)
 from numpyro_pvi._core import cached_program_count
 from numpyro_pvi.diagnostics.vsbc import loss_drift
 from tests.arviz_generation import elpd, group
@@ -59,7 +65,7 @@ def fit():
             random.PRNGKey(0), p, model, g, X, Y, 5
         ),
         lambda g, p: diagnostics.heterogeneity(
-            random.PRNGKey(0), p, p, model, g, g, X, Y, 5
+            random.PRNGKey(0), p, model, g, X, Y, 5, reference_params=p
         ),
         lambda g, p: diagnostics.vsbc(
             random.PRNGKey(0),
@@ -70,9 +76,9 @@ def fit():
             X,
             Y,
             5,
-            num_simulations=2,
-            num_svi_steps=2,
-            progress_bar=False,
+            replications=Replications(
+                num_simulations=2, num_svi_steps=2, progress_bar=False
+            ),
         ),
     ],
     ids=["predictive_score", "psis", "to_inference_data", "heterogeneity", "vsbc"],
@@ -129,35 +135,14 @@ def test_loo_on_export_is_finite_and_says_what_it_assumes(fit):
 
 
 # -- one argument order: (rng_key, params, model, guide, *args) --------------
-
-
-def test_predictive_score_old_order_warns_and_gives_the_same_result(fit):
-    guide, params = fit
-    new = predictive_score(random.PRNGKey(3), params, model, guide, X, Y)
-    with pytest.warns(FutureWarning, match="rng_key, params, model, guide"):
-        old = predictive_score(random.PRNGKey(3), model, guide, params, X, Y)
-    np.testing.assert_array_equal(new.score, old.score)
-
-
-def test_heterogeneity_old_order_warns_and_gives_the_same_result(fit):
-    guide, params = fit
-    new = diagnostics.heterogeneity(
-        random.PRNGKey(3), params, params, model, guide, guide, X, Y, num_draws=50
-    )
-    with pytest.warns(FutureWarning, match="pvi_params, vi_params, model"):
-        old = diagnostics.heterogeneity(
-            random.PRNGKey(3), model, guide, params, guide, params, X, Y, num_draws=50
-        )
-    np.testing.assert_array_equal(
-        group(new, "heterogeneity")["ratio"], group(old, "heterogeneity")["ratio"]
-    )
+# (the old orders and the deprecation shim: tests/test_call_shapes.py)
 
 
 @pytest.mark.parametrize("function", ["psis", "to_inference_data"])
 def test_swapped_call_says_which_argument_is_which(fit, function):
     guide, params = fit
-    with pytest.raises(TypeError, match=r"param_map \(2nd\) must be the dict"):
-        getattr(diagnostics, function)(random.PRNGKey(0), model, guide, params, X, Y)
+    with pytest.raises(TypeError, match=r"params \(2nd\) must be the dict"):
+        getattr(diagnostics, function)(random.PRNGKey(0), model, params, guide, X, Y)
 
 
 def test_predictive_score_compiles_once_per_shape(fit):
@@ -222,7 +207,14 @@ def test_plots_keep_their_axis_labels_inside_the_figure(fit):
     assert _label_inside(fig, axes[0].yaxis.label)
     assert _label_inside(fig, axes[0].xaxis.label)
     ds = diagnostics.heterogeneity(
-        random.PRNGKey(0), params, params, model, guide, guide, X, Y, num_draws=50
+        random.PRNGKey(0),
+        params,
+        model,
+        guide,
+        X,
+        Y,
+        reference_params=params,
+        num_draws=50,
     )
     ax = diagnostics.plot_heterogeneity(ds)
     assert _label_inside(ax.figure, ax.yaxis.get_ticklabels()[0])
@@ -256,11 +248,10 @@ def test_vsbc_flags_unconverged_replications_and_says_so():
             AutoNormal(simple),
             optax.sgd(1e-4),  # far too small: the loss is still falling
             Trace_ELBO(num_particles=32),
+            replications=Replications(
+                num_simulations=8, num_svi_steps=200, num_draws=50, progress_bar=False
+            ),
             observed_sites=["y"],
-            num_simulations=8,
-            num_svi_steps=200,
-            num_draws=50,
-            progress_bar=False,
         )
     assert record[0].filename == __file__  # points at the user's call
     stats = idata.vsbc_fit_stats
@@ -283,11 +274,10 @@ def test_vsbc_flags_unconverged_replications_and_says_so():
             AutoNormal(simple),
             optax.sgd(1e-4),
             Trace_ELBO(num_particles=32),
+            replications=Replications(
+                num_simulations=8, num_svi_steps=200, num_draws=50, progress_bar=False
+            ),
             observed_sites=["y"],
-            num_simulations=8,
-            num_svi_steps=200,
-            num_draws=50,
-            progress_bar=False,
         )
     assert record[0].filename == __file__
     tests = group(result, "calibration")

@@ -224,12 +224,11 @@ def heterogeneity_result():
     return heterogeneity(
         random.PRNGKey(2),
         params["pvi"],
-        params["vi"],
         regression,
-        guide,
         guide,
         x,
         y,
+        reference_params=params["vi"],
         num_draws=1000,
     )
 
@@ -263,5 +262,11 @@ def test_heterogeneity_bad_input():
     guide = AutoNormal(regression)
     with pytest.raises(ValueError, match="threshold must be finite and in"):
         heterogeneity(
-            random.PRNGKey(0), {}, {}, regression, guide, guide, None, threshold=0.5
+            random.PRNGKey(0),
+            {},
+            regression,
+            guide,
+            None,
+            reference_params={},
+            threshold=0.5,
         )

@@ -62,12 +62,12 @@ def test_binary_logistic_regression_flags_nothing_and_says_why(binomial):
     result = diagnostics.heterogeneity(
         jax.random.PRNGKey(3),
         pvi_params,
-        vi_params,
         logistic,
         pvi_guide,
-        vi_guide,
         X,
         Y,
+        reference_params=vi_params,
+        reference_guide=vi_guide,
         binomial=binomial,
     )
     ds = group(result, "heterogeneity")

@@ -13,10 +13,11 @@ from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 from scipy import stats
 
-from numpyro_pvi import PredictiveELBO, diagnostics
+from numpyro_pvi import PredictiveELBO, Replications, diagnostics
 from numpyro_pvi._core import DataPlate
 from numpyro_pvi.diagnostics.predictive_calibration import pit_ranks
 from tests.arviz_generation import CONTAINER, group, group_names
+from tests.recipes import with_replications
 
 N = 200
 
@@ -33,12 +34,13 @@ def wider_truth(key):
 
 
 def _calibration(loss, data_generator, **options):
-    options = {
-        "num_simulations": 100,
-        "num_svi_steps": 600,
-        "progress_bar": False,
-        **options,
-    }
+    options = with_replications(
+        options,
+        num_simulations=100,
+        num_svi_steps=600,
+        progress_bar=False,
+        data_generator=data_generator,
+    )
     return diagnostics.predictive_calibration(
         jax.random.PRNGKey(0),
         normal_model,
@@ -46,7 +48,6 @@ def _calibration(loss, data_generator, **options):
         optax.adam(0.05),
         loss,
         jnp.zeros(N),
-        data_generator=data_generator,
         **options,
     )
 
@@ -162,10 +163,9 @@ def test_discrete_outcomes_use_the_randomised_pit():
         optax.adam(0.05),
         Trace_ELBO(),
         jnp.zeros(50),
-        num_simulations=100,
-        num_svi_steps=300,
-        num_draws=200,
-        progress_bar=False,
+        replications=Replications(
+            num_simulations=100, num_svi_steps=300, num_draws=200, progress_bar=False
+        ),
     )
     tests = group(result, "calibration")
     assert tests["direction"].item() == "ok"
@@ -201,10 +201,12 @@ def test_two_observed_sites_are_read_apart():
         Trace_ELBO(),
         jnp.zeros(100),
         jnp.zeros(100),
-        num_simulations=100,
-        num_svi_steps=500,
-        data_generator=generator,
-        progress_bar=False,
+        replications=Replications(
+            num_simulations=100,
+            num_svi_steps=500,
+            data_generator=generator,
+            progress_bar=False,
+        ),
     )
     tests = group(result, "calibration")
     assert list(tests["component"].values) == ["y1", "y2"]
@@ -248,10 +250,12 @@ def test_mixture_guide_on_the_misspecified_toy():
             optax.adam(0.05),
             loss,
             jnp.zeros(N),
-            num_simulations=100,
-            num_svi_steps=400,
-            data_generator=wider_truth,
-            progress_bar=False,
+            replications=Replications(
+                num_simulations=100,
+                num_svi_steps=400,
+                data_generator=wider_truth,
+                progress_bar=False,
+            ),
         )
         verdicts[name] = group(result, "calibration")["dispersion"].item()
     assert verdicts == {"VI": "too narrow", "PVI-Log": "ok"}
@@ -291,7 +295,7 @@ def subsampled(y=None):
         (subsampled, None, "plate 'data' is subsampled"),
         (normal_model, lambda key: {"z": jnp.zeros(N)}, "observed site 'y'"),
         (normal_model, lambda key: {"y": jnp.zeros(3)}, r"shape \(200,\)"),
-        (normal_model, "prior", "must be callable"),
+        (normal_model, "prior", "data_generator must be a function"),
     ],
 )
 def test_bad_input(model, generator, match):
@@ -303,8 +307,10 @@ def test_bad_input(model, generator, match):
             optax.adam(0.05),
             Trace_ELBO(),
             jnp.zeros(()) if model is no_plate else jnp.zeros(N),
-            num_simulations=4,
-            num_svi_steps=2,
-            data_generator=generator,
-            progress_bar=False,
+            replications=Replications(
+                num_simulations=4,
+                num_svi_steps=2,
+                data_generator=generator,
+                progress_bar=False,
+            ),
         )

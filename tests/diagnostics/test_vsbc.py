@@ -14,8 +14,8 @@ from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 from scipy import stats
 
-from numpyro_pvi import PredictiveELBO, SoftCVIELBO, diagnostics
-from numpyro_pvi.diagnostics._rank_plot import band_level
+from numpyro_pvi import PredictiveELBO, Replications, SoftCVIELBO, diagnostics
+from numpyro_pvi.diagnostics.rank_tests import band_level
 from numpyro_pvi.diagnostics.symmetry import (
     adjust_p_values,
     reflection_tail,
@@ -31,6 +31,7 @@ from tests.arviz_generation import (
     group_names,
     netcdf_round_trip,
 )
+from tests.recipes import with_replications
 
 # ArviZ containers: also run in the Python 3.12 leg (ArviZ 1.x)
 pytestmark = pytest.mark.py312
@@ -163,11 +164,13 @@ def _regression_vsbc(log_sigma_scale, num_simulations):
         optax.adam(0.05),
         Trace_ELBO(),
         X,
-        num_simulations=num_simulations,
-        num_svi_steps=300,
-        num_draws=500,
+        replications=Replications(
+            num_simulations=num_simulations,
+            num_svi_steps=300,
+            num_draws=500,
+            progress_bar=False,
+        ),
         observed_sites=["y"],
-        progress_bar=False,
     )
 
 
@@ -335,9 +338,7 @@ def _sum_vsbc(**options):
         optax.adam(1e-3),
         Trace_ELBO(),
         jnp.zeros(NSUM),
-        num_svi_steps=2,
-        progress_bar=False,
-        **options,
+        **with_replications(options, num_svi_steps=2, progress_bar=False),
     )
 
 
@@ -369,7 +370,7 @@ def test_joint_log_likelihood_flags_a_guide_with_exact_marginals():
 def test_joint_log_likelihood_is_numpyros_log_likelihood_summed():
     from numpyro.infer.util import log_likelihood
 
-    from numpyro_pvi.diagnostics._test_quantities import joint_log_likelihood
+    from numpyro_pvi._core import joint_log_likelihood
 
     y = jax.random.normal(jax.random.PRNGKey(1), (NSUM,))
     theta = {"theta": jnp.array([0.3, -1.2])}
@@ -379,23 +380,38 @@ def test_joint_log_likelihood_is_numpyros_log_likelihood_summed():
 
 
 @pytest.mark.parametrize(
-    "quantities, log_lik, match",
+    "quantities, match",
     [
-        ({"theta": lambda t, d: t["theta"][0]}, True, "name of a latent site"),
-        ({"log_likelihood": lambda t, d: 0.0}, True, "rename it"),
-        ([lambda t, d: 0.0], True, "must be a mapping"),
-        ({"bad": 3}, False, "to callables"),
-        ({"bad": lambda t, d: t["nope"]}, False, "test quantity 'bad' failed"),
+        ({"theta": lambda t, d: t["theta"][0]}, "name of a latent site"),
+        ({"other": None}, "to callables"),
+        ([lambda t, d: 0.0], "must be a mapping"),
+        ({"bad": 3, "log_likelihood": None}, "to callables"),
+        ({"bad": lambda t, d: t["nope"]}, "test quantity 'bad' failed"),
     ],
 )
-def test_test_quantities_bad_input(quantities, log_lik, match):
+def test_test_quantities_bad_input(quantities, match):
     with pytest.raises((TypeError, ValueError), match=match):
-        _sum_vsbc(
-            num_simulations=4,
-            num_draws=10,
-            test_quantities=quantities,
-            log_likelihood=log_lik,
-        )
+        _sum_vsbc(num_simulations=4, num_draws=10, test_quantities=quantities)
+
+
+def test_log_likelihood_is_in_by_default_and_can_be_replaced_or_left_out():
+    """The joint log-likelihood is a test quantity unless mapped to None; a
+    function of one's own under its name replaces it."""
+    default = _sum_vsbc(num_simulations=4, num_draws=10)
+    assert "log_likelihood" in group(default, "prior").data_vars
+    total = _sum_vsbc(
+        num_simulations=4,
+        num_draws=10,
+        test_quantities={"log_likelihood": lambda t, d: t["theta"].sum()},
+    )
+    prior = group(total, "prior")
+    np.testing.assert_allclose(
+        prior["log_likelihood"].values, prior["theta"].values.sum(axis=-1), rtol=1e-6
+    )
+    left_out = _sum_vsbc(
+        num_simulations=4, num_draws=10, test_quantities={"log_likelihood": None}
+    )
+    assert "log_likelihood" not in group(left_out, "prior").data_vars
 
 
 # --------------------------------------------------------------------------
@@ -438,11 +454,13 @@ def test_eight_schools_tau_centred_vs_non_centred():
             optax.adam(0.05),
             Trace_ELBO(),
             SIGMA,
-            num_simulations=100,
-            num_svi_steps=1000,
-            num_draws=1000,
+            replications=Replications(
+                num_simulations=100,
+                num_svi_steps=1000,
+                num_draws=1000,
+                progress_bar=False,
+            ),
             observed_sites=["y"],
-            progress_bar=False,
         )
     outer = {}
     for name, idata in result.items():
@@ -489,12 +507,14 @@ def test_works_with_the_package_objectives(loss, chain_method):
         optax.adam(0.05),
         loss,
         5,
-        num_simulations=4,
-        num_svi_steps=30,
-        num_draws=100,
+        replications=Replications(
+            num_simulations=4,
+            num_svi_steps=30,
+            num_draws=100,
+            chain_method=chain_method,
+            progress_bar=True,
+        ),
         observed_sites=["y"],
-        chain_method=chain_method,
-        progress_bar=True,
     )
     assert idata.attrs["loss"] == type(loss).__name__
     assert np.all(np.isfinite(idata.vsbc_fit_stats["loss"].values))
@@ -547,8 +567,7 @@ def _call(**overrides):
         optax.adam(0.05),
         Trace_ELBO(),
         X,
-        progress_bar=False,
-        **kwargs,
+        **with_replications(kwargs, progress_bar=False),
     )
 
 

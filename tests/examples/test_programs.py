@@ -24,8 +24,10 @@ from numpyro.infer import SVI, Trace_ELBO, init_to_uniform
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import (
+    FitRecipe,
     PACmELBO,
     PredictiveELBO,
+    Replications,
     SNISForwardKL,
     SoftCVIELBO,
     diagnostics,
@@ -193,11 +195,11 @@ def test_fitted_guide_diagnostics_run_on_every_program(name):
         diagnostics.heterogeneity(
             key,
             pvi.params,
-            vi.params,
             program.model,
             pvi_guide,
-            vi_guide,
             *args,
+            reference_params=vi.params,
+            reference_guide=vi_guide,
             num_draws=200,
             **kwargs,
         )
@@ -218,7 +220,9 @@ def test_procedures_that_fit_run_or_refuse_with_a_remedy(name):
     args, kwargs = _full_data(program)
     key = random.PRNGKey(2)
     optim = optax.adam(0.01)
-    tiny = dict(num_simulations=2, num_svi_steps=3, num_draws=20, progress_bar=False)
+    tiny = Replications(
+        num_simulations=2, num_svi_steps=3, num_draws=20, progress_bar=False
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         cv = cross_validate(
@@ -226,12 +230,10 @@ def test_procedures_that_fit_run_or_refuse_with_a_remedy(name):
             program.model,
             program.make_guide(program.model),
             optim,
-            10,
             *args,
+            fit=FitRecipe(num_steps=10, num_draws=50, progress_bar=False),
             candidates=[Trace_ELBO(), PredictiveELBO("log", num_particles=2)],
             num_folds=2,
-            num_draws=50,
-            progress_bar=False,
             **kwargs,
         )
         assert cv.scores.sizes["observation"] > 1
@@ -245,13 +247,13 @@ def test_procedures_that_fit_run_or_refuse_with_a_remedy(name):
                     optim,
                     Trace_ELBO(),
                     *args,
-                    **tiny,
+                    replications=tiny,
                     **kwargs,
                 )
             except ValueError as err:
                 # only an improper prior stops them, and the error says what to do
                 assert "improper prior" in str(err) and "'c_y'" in str(err), err
-                assert "data_generator=" in str(err)
+                assert "Replications(data_generator=" in str(err)
 
 
 # --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from numpyro.handlers import seed, substitute, trace
 from numpyro.infer import SVI, Trace_ELBO
 from scipy import stats
 
-from numpyro_pvi import SNISForwardKL, SoftCVIELBO
+from numpyro_pvi import Replications, SNISForwardKL, SoftCVIELBO
 from numpyro_pvi._core import latent_sites, sum_log_density
 from numpyro_pvi.diagnostics import psis, to_inference_data, vsbc
 from numpyro_pvi.guides import AutoFlow, FlowDistribution
@@ -294,10 +294,9 @@ def test_vsbc_runs_with_the_flow():
         optax.adam(0.02),
         Trace_ELBO(),
         jnp.zeros(5),
-        num_simulations=8,
-        num_svi_steps=50,
-        num_draws=100,
-        progress_bar=False,
+        replications=Replications(
+            num_simulations=8, num_svi_steps=50, num_draws=100, progress_bar=False
+        ),
     )
     p = np.asarray(result.vsbc["mu"]).ravel()
     assert p.shape == (8,) and np.all((p >= 0) & (p <= 1))

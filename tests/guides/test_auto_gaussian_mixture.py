@@ -249,7 +249,7 @@ def test_gauss_hermite_equals_closed_form_gaussian():
     x, y = _data()
     guide, params = _fixed_guide(linreg, x, y)
     closed = linear_predictor_score(
-        guide, params, x, y, likelihood="gaussian", noise_scale=SIGMA
+        params, guide, x, y, likelihood="gaussian", noise_scale=SIGMA
     )
     exact = _exact_gaussian_predictive(x, y, _exact_log_weights(x))
     tol = 1e-6 if jax.config.jax_enable_x64 else 1e-5
@@ -259,7 +259,7 @@ def test_gauss_hermite_equals_closed_form_gaussian():
         return dist.Normal(eta, SIGMA).log_prob(y)
 
     quad = linear_predictor_score(
-        guide, params, x, y, likelihood=gauss_log_lik, num_nodes=64
+        params, guide, x, y, likelihood=gauss_log_lik, num_nodes=64
     )
     np.testing.assert_allclose(quad, exact, atol=tol, rtol=0)
 
@@ -269,7 +269,7 @@ def test_gauss_hermite_logistic_matches_monte_carlo():
     x, y01 = _data()
     y = (y01 > 0).astype(jnp.float32)
     guide, params = _fixed_guide(logreg, x, y)
-    quad = linear_predictor_score(guide, params, x, y, likelihood="bernoulli")
+    quad = linear_predictor_score(params, guide, x, y, likelihood="bernoulli")
     m = 4000
     t = jax.jit(lambda key, p: _stratified(key, guide, p, logreg, x, y, m))(
         random.PRNGKey(0), params
@@ -356,10 +356,10 @@ def test_bad_input():
         with pytest.raises(NotImplementedError, match="stratified"):
             bad.loss(random.PRNGKey(0), params, linreg, guide, x, y)
     with pytest.raises(ValueError, match="noise_scale"):
-        linear_predictor_score(guide, params, x, y, likelihood="gaussian")
+        linear_predictor_score(params, guide, x, y, likelihood="gaussian")
     with pytest.raises(ValueError, match="not a latent site"):
         linear_predictor_score(
-            guide, params, x, y, likelihood="bernoulli", site="gamma"
+            params, guide, x, y, likelihood="bernoulli", site="gamma"
         )
     with pytest.raises(ValueError, match="no gating_covariates"):
         _fixed_guide(linreg, x, y, gated=False)[0].sample_posterior(
@@ -382,7 +382,7 @@ def test_pruning_keeps_argmax_components_and_renormalises():
     winners = set(np.unique(np.argmax(log_w, axis=1)).tolist())
     assert winners == {0, 2}
     new_guide, new_params, kept = prune_components(
-        random.PRNGKey(0), linreg, guide, params, x, y
+        random.PRNGKey(0), params, linreg, guide, x, y
     )
     assert kept.tolist() == [0, 2] and new_guide.num_components == 2
     # initialise the new guide with the pruned parameters and compare weights
@@ -446,14 +446,14 @@ def xor_fits():
             guide,
             optax.adam(0.05),
             loss,
-            400,
             X,
             y,
+            num_steps=400,
             prune_every=100,
         )
         lpds[lam] = linear_predictor_score(
-            fits[lam].guide,
             fits[lam].params,
+            fits[lam].guide,
             X_test,
             y_test,
             likelihood="bernoulli",
@@ -588,7 +588,7 @@ def _exact_bernoulli_quadratic(guide, params, x, y):
 
     def prob(v):
         return jnp.exp(
-            linear_predictor_score(guide, params, x, v, likelihood="bernoulli")
+            linear_predictor_score(params, guide, x, v, likelihood="bernoulli")
         )
 
     p1 = prob(jnp.ones_like(y))

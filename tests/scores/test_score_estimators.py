@@ -25,11 +25,10 @@ from test_scores import SIGMA, _crps_normal, normal_guide, normal_model
 
 import numpyro_pvi.scores.quadratic as quadratic
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._core import pmf, support_log_pmf, support_pmf
+from numpyro_pvi._core import normal_abs_mean, pmf, support_log_pmf, support_pmf
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.particles import ParticleTerms
 from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
-from numpyro_pvi.scores._normal import normal_abs_mean
 
 sr = pytest.importorskip("scoringrules")
 
@@ -50,7 +49,6 @@ def _terms(y_sim, y_obs):
         log_w=jnp.full((m, b), -math.log(m)),
         particle_weight=jnp.full((m,), 1.0 / m),
         num_strata=1,
-        subsample_scale=jnp.asarray(1.0),
         weight=jnp.ones(b),
         y_sim=y_sim,
         y_obs=y_obs,

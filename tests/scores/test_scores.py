@@ -42,7 +42,6 @@ def _terms(**fields):
         log_q=jnp.zeros(m),
         log_lik=None,
         weight=jnp.ones(b),
-        subsample_scale=jnp.asarray(1.0),
         log_w=jnp.full((m, b), -jnp.log(m)),
         particle_weight=jnp.full((m,), 1.0 / m),
         num_strata=1,

@@ -12,17 +12,17 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 from numpyro.infer.util import log_density
 
-from numpyro_pvi import PredictiveELBO, StratifiedELBO, predictive_score
-from numpyro_pvi._core import svi_scan
+from numpyro_pvi import FitRecipe, PredictiveELBO, StratifiedELBO, predictive_score
+from numpyro_pvi._core import fold_ids, svi_scan
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.scores import get_score
 from numpyro_pvi.selection import (
     CrossValidation,
     cross_validate,
+    default_candidates,
     mask_observations,
     plot_cross_validation,
 )
-from numpyro_pvi.selection._folds import fold_ids
 from numpyro_pvi.selection._programs import ModelData, pointwise_scorer
 
 N = 24
@@ -76,11 +76,16 @@ STEPS, DRAWS = 30, 64
 
 
 def _cv(model, y, **kw):
-    options = dict(candidates=CANDIDATES, num_folds=4, num_draws=DRAWS)
+    options = dict(candidates=CANDIDATES, num_folds=4)
     return cross_validate(
-        random.PRNGKey(1), model, AutoNormal(model), optax.adam(0.05), STEPS, y,
-        progress_bar=False, **{**options, **kw},
-    )  # fmt: skip
+        random.PRNGKey(1),
+        model,
+        AutoNormal(model),
+        optax.adam(0.05),
+        y,
+        fit=FitRecipe(num_steps=STEPS, num_draws=DRAWS, progress_bar=False),
+        **{**options, **kw},
+    )
 
 
 def test_folds_partition_the_data_plate():
@@ -229,9 +234,15 @@ def test_mixture_guide():
     y = _data(one_site)
     guide = AutoGaussianMixture(one_site, num_components=2)
     cv = cross_validate(
-        random.PRNGKey(1), one_site, guide, optax.adam(0.05), STEPS, y,
-        num_particles=4, num_folds=3, num_draws=DRAWS, progress_bar=False,
-    )  # fmt: skip
+        random.PRNGKey(1),
+        one_site,
+        guide,
+        optax.adam(0.05),
+        y,
+        fit=FitRecipe(num_steps=STEPS, num_draws=DRAWS, progress_bar=False),
+        candidates=default_candidates(guide, num_particles=4),
+        num_folds=3,
+    )
     assert np.isfinite(cv.scores["pointwise"]).all()
     # VI of a mixture is the stratified ELBO (Trace_ELBO cannot learn weights)
     assert isinstance(cv.candidates["VI"], StratifiedELBO)
@@ -261,9 +272,14 @@ def test_selection_known_answers(sigma):
     and beats VI on fresh data by far more than its standard error."""
     y, y_test = _toy(sigma, 60, 0), _toy(sigma, 2000, 1)
     cv = cross_validate(
-        random.PRNGKey(0), one_site, AutoNormal(one_site), optax.adam(0.05), 600,
-        y, num_particles=16, num_draws=256, progress_bar=False,
-    )  # fmt: skip
+        random.PRNGKey(0),
+        one_site,
+        AutoNormal(one_site),
+        optax.adam(0.05),
+        y,
+        fit=FitRecipe(num_steps=600, num_draws=256, progress_bar=False),
+        candidates=default_candidates(AutoNormal(one_site), num_particles=16),
+    )
     vi = _held_out(Trace_ELBO(num_particles=16), y, y_test)
     chosen = _held_out(cv.best, y, y_test)
     diff = chosen - vi
@@ -298,9 +314,14 @@ def test_bad_input(kwargs, error, match):
     steps = kwargs.pop("num_steps", STEPS)
     with pytest.raises(error, match=match):
         cross_validate(
-            random.PRNGKey(1), one_site, AutoNormal(one_site), optax.adam(0.05),
-            steps, y, progress_bar=False, **kwargs,
-        )  # fmt: skip
+            random.PRNGKey(1),
+            one_site,
+            AutoNormal(one_site),
+            optax.adam(0.05),
+            y,
+            fit=FitRecipe(num_steps=steps, progress_bar=False),
+            **kwargs,
+        )
 
 
 @pytest.mark.slow
@@ -328,9 +349,14 @@ def test_result_reading_and_plot():
 
     y = _toy(2.0, 40, 0)
     cv = cross_validate(
-        random.PRNGKey(0), one_site, AutoNormal(one_site), optax.adam(0.05), 100,
-        y, num_particles=4, num_draws=DRAWS, progress_bar=False,
-    )  # fmt: skip
+        random.PRNGKey(0),
+        one_site,
+        AutoNormal(one_site),
+        optax.adam(0.05),
+        y,
+        fit=FitRecipe(num_steps=100, num_draws=DRAWS, progress_bar=False),
+        candidates=default_candidates(AutoNormal(one_site), num_particles=4),
+    )
     assert isinstance(cv, CrossValidation)
     assert (
         list(cv.scores.candidate.values)[0] == "VI"

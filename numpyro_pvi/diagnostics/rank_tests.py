@@ -117,3 +117,15 @@ def rank_datasets(
         },
     )
     return tests, histogram
+
+
+def band_level(row: xr.Dataset) -> float:
+    """The simultaneous coverage of the band drawn for one component: the
+    ECDF leaves it exactly when the corrected uniformity p-value is below
+    ``alpha`` (the level ``1 - alpha`` scaled by the correction's factor
+    for this component)."""
+    alpha = float(row.attrs.get("alpha", 0.05))
+    raw = float(row["p_value_uniformity_unadjusted"])
+    adjusted = float(row["p_value_uniformity"])
+    factor = adjusted / raw if raw > 0 and adjusted > 0 else 1.0
+    return 1.0 - alpha / max(factor, 1.0)
