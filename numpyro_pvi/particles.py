@@ -45,6 +45,7 @@ __all__ = [
     "Y_SIM",
     "ParticleTerms",
     "StratifiedGuide",
+    "Weights",
     "expected_log_q",
     "log_joint",
     "log_mean_exp",
@@ -70,15 +71,16 @@ PMF = "pmf"
 LOG_Q_FIXED = "log_q_fixed"
 #: The model's latent values, ``latents``.
 LATENTS = "latents"
-#: The per-observation weight of a score in a data-set sum, ``weight``.
+#: The per-observation weight of a score in a data-set sum,
+#: ``weights.observation``.
 OBS_WEIGHT = "weight"
 #: The values of the guide's own sample sites, ``guide_draws``.
 GUIDE_DRAWS = "guide_draws"
 #: The observed values as the model computes them, ``observed``.
 OBSERVED = "observed"
 #: What each request fills in :class:`ParticleTerms`, beside the fields
-#: every call fills (``log_prior``, ``log_q``, the weights ``log_w`` and
-#: ``particle_weight``, ``num_strata``, ``mask``, ``entropy`` for a guide
+#: every call fills (``log_prior``, ``log_q``, ``weights.particle`` and
+#: ``weights.log_predictive``, ``num_strata``, ``mask``, ``entropy`` for a guide
 #: that supplies it). The extractors that fill them are keyed by the same
 #: requests, beside this table (``numpyro_pvi/_core/particles.py``); a
 #: field no request fills is ``None``.
@@ -93,7 +95,7 @@ OBSERVED = "observed"
 #: ``pmf``           ``pmf``, ``obs_support``
 #: ``log_q_fixed``   ``log_q_fixed``
 #: ``latents``       ``latents``
-#: ``weight``        ``weight``
+#: ``weight``        ``weights.observation``
 #: ``guide_draws``   ``guide_draws``
 #: ``observed``      ``observed``
 #: ================  ===========================================
@@ -106,7 +108,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         PMF: ("pmf", "obs_support"),
         LOG_Q_FIXED: ("log_q_fixed",),
         LATENTS: ("latents",),
-        OBS_WEIGHT: ("weight",),
+        OBS_WEIGHT: ("weights.observation",),
         GUIDE_DRAWS: ("guide_draws",),
         OBSERVED: ("observed",),
     }
@@ -120,13 +122,36 @@ REQUESTS = frozenset(FIELDS)
 WHOLE_DATA = "<whole data set>"
 
 
+class Weights(NamedTuple):
+    r"""The three weights of :class:`ParticleTerms`, by what they weight.
+
+    :ivar particle: ``(M,)`` weight of each particle in expectations over
+        the guide, :math:`E_q[f] \approx \sum_j` ``particle[j]`` :math:`f(\theta_j)`
+        (sums to one): ``1/M`` for i.i.d. draws, ``ω̄_k / M`` for the draws
+        of stratum ``k``.
+    :ivar log_predictive: ``(M, b)`` log weight of particle ``j`` in the
+        predictive of observation ``i``, :math:`q(y_i) \approx \sum_j
+        e^{\text{log\_predictive}[j, i]} p(y_i \mid \theta_j)`: ``-log M``
+        for i.i.d. draws, ``log ω_k(x_i) - log M`` for the draws of stratum
+        ``k`` (the strata weights may depend on the observation).
+    :ivar observation: ``(b,)`` weight of each observation's score in a
+        data-set sum: the scale shared by every observed site of the
+        observation (the subsample scale ``N / b`` times any handler scale);
+        filled on the request ``"weight"``, ``None`` otherwise.
+    """
+
+    particle: jax.Array
+    log_predictive: jax.Array
+    observation: jax.Array | None = None
+
+
 class ParticleTerms(NamedTuple):
     """The terms of ``M`` particles: what every objective and score reads.
 
     Shapes use ``M`` for particles (``K * M`` when stratified: strata are
     consecutive blocks of ``M``), ``b`` for the observations of the data
     plate in this (sub)sample, ``d`` for the flattened size of one
-    observation and ``c``, ``K`` for the scalar components of one
+    observation and ``c``, ``V`` for the scalar components of one
     observation and the size of their common finite support. Fields that
     were not requested are ``None``.
 
@@ -135,11 +160,8 @@ class ParticleTerms(NamedTuple):
         the data plate, which are terms of the joint density rather than
         observations (e.g. a prior written as an observed site).
     :ivar log_q: ``(M,)`` log density of the guide at its draws (scaled).
-    :ivar log_w: ``(M, b)`` log weight of particle ``j`` in the predictive of
-        observation ``i``: ``-log M`` for i.i.d. draws, ``log ω_k(x_i) - log
-        M`` for the draws of stratum ``k``. Always present.
-    :ivar particle_weight: ``(M,)`` weight of each particle in expectations
-        over the guide (sums to one). Always present.
+    :ivar weights: the three weights, :class:`Weights` (``particle`` and
+        ``log_predictive`` always present, ``observation`` on request).
     :ivar num_strata: the number of strata (a Python integer; 1 for i.i.d.
         draws).
     :ivar log_lik: ``(M, b)`` log-likelihood of each observation (unscaled):
@@ -148,8 +170,6 @@ class ParticleTerms(NamedTuple):
         scale applied (subsample scale ``N / b`` times any handler scale):
         ``log_prior + log_lik_scaled.sum(1)`` is the log joint density
         :func:`numpyro.infer.util.log_density` gives.
-    :ivar weight: ``(b,)`` weight of each observation's score in a data-set
-        sum: the scale shared by every observed site of the observation.
     :ivar mask: ``(b,)`` ``False`` for an observation that masks
         (``numpyro.handlers.mask``, ``Distribution.mask``, ``obs_mask=``)
         remove entirely: it contributes nothing to any score
@@ -167,12 +187,12 @@ class ParticleTerms(NamedTuple):
         data plate; ``None`` when any observed site is not Normal.
     :ivar y_scale: its scale, likewise (often ``(M, 1, d)``: one noise scale
         for all observations).
-    :ivar log_pmf: ``(M, K, b, c)`` log pmf over the finite support (``K``
+    :ivar log_pmf: ``(M, V, b, c)`` log pmf over the finite support (``V``
         values, ``-inf`` padding shorter supports) of each component ``c``.
-    :ivar pmf: ``(M, K, b, c)`` the same pmf as probabilities (``0``
+    :ivar pmf: ``(M, V, b, c)`` the same pmf as probabilities (``0``
         padding), computed without a logarithm where the likelihood's
         parameter gives it directly (Bernoulli).
-    :ivar obs_support: ``(K, b, c)`` (with ``log_pmf`` or ``pmf``) whether
+    :ivar obs_support: ``(V, b, c)`` (with ``log_pmf`` or ``pmf``) whether
         each observed component equals each support value: ``f_j(y_i)`` is
         ``pmf[j]`` where it is ``True``.
     :ivar log_q_fixed: ``(M,)`` ``log q_φ`` at the draws with their gradient
@@ -191,12 +211,10 @@ class ParticleTerms(NamedTuple):
 
     log_prior: jax.Array
     log_q: jax.Array
-    log_w: jax.Array
-    particle_weight: jax.Array
+    weights: Weights
     num_strata: int
     log_lik: jax.Array | None = None
     log_lik_scaled: jax.Array | None = None
-    weight: jax.Array | None = None
     mask: jax.Array | None = None
     y_obs: jax.Array | None = None
     y_sim: jax.Array | None = None
@@ -302,7 +320,10 @@ def predictive_log_density(terms: ParticleTerms, log_f: jax.Array) -> jax.Array:
     """
     if terms.num_strata == 1:
         return log_mean_exp(log_f, axis=0)
-    log_w = jnp.reshape(terms.log_w, terms.log_w.shape + (1,) * (log_f.ndim - 2))
+    log_w = jnp.reshape(
+        terms.weights.log_predictive,
+        terms.weights.log_predictive.shape + (1,) * (log_f.ndim - 2),
+    )
     return particle_logsumexp(log_f + log_w)
 
 
@@ -325,7 +346,7 @@ def expected_log_q(terms: ParticleTerms) -> jax.Array:
     """
     if terms.entropy is not None:
         return -terms.entropy
-    return jnp.sum(terms.particle_weight * terms.log_q)
+    return jnp.sum(terms.weights.particle * terms.log_q)
 
 
 def observation_scores(estimate: jax.Array, terms: ParticleTerms) -> jax.Array:
@@ -351,6 +372,7 @@ def require_iid(terms: ParticleTerms, name: str) -> None:
     if terms.num_strata != 1:
         raise NotImplementedError(
             f"{name} assumes M i.i.d. draws of weight 1/M, but the draws are "
-            f"stratified ({terms.num_strata} strata, weights in terms.log_w): "
+            f"stratified ({terms.num_strata} strata, weighted by "
+            "terms.weights.log_predictive): "
             "use the weights, or a guide without strata."
         )

@@ -408,13 +408,13 @@ class PredictiveELBO(ELBO):
         )
         with jax.named_scope(f"score_{self.score.name}"):
             scores = observation_scores(self.score.estimate(terms), terms)
-            data_score = jnp.sum(terms.weight * scores)
+            data_score = jnp.sum(terms.weights.observation * scores)
         stats = None
         if self.log_score_estimator == "rejection":
             surrogate, stats = self._rejection(
                 accept_key, terms, plate_key, param_map, model, guide, args, kwargs
             )
-            surrogate = jnp.sum(terms.weight * surrogate)
+            surrogate = jnp.sum(terms.weights.observation * surrogate)
             data_score = (
                 stop_gradient(data_score) + surrogate - stop_gradient(surrogate)
             )
@@ -423,7 +423,7 @@ class PredictiveELBO(ELBO):
             # KL(q || prior), or the negative ELBO: E_q[log q - log p(θ, y)]
             log_p = log_joint(terms) if self.regularizer == "posterior" else None
             log_p = terms.log_prior if log_p is None else log_p
-            kl = expected_log_q(terms) - jnp.sum(terms.particle_weight * log_p)
+            kl = expected_log_q(terms) - jnp.sum(terms.weights.particle * log_p)
             objective = objective - self.lam * kl
         return -objective, stats
 

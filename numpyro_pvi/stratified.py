@@ -98,5 +98,7 @@ class StratifiedELBO(ELBO):
             self, (LOG_LIK,), data_plate=WHOLE_DATA, require_observed=False
         )
         terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
-        elbo = jnp.sum(terms.particle_weight * log_joint(terms)) - expected_log_q(terms)
+        elbo = jnp.sum(terms.weights.particle * log_joint(terms)) - expected_log_q(
+            terms
+        )
         return {"loss": -elbo, "mutable_state": None}

@@ -132,7 +132,9 @@ def test_simulator_site_in_subsampled_plate_gives_per_particle_draws(population_
         )
     )(random.PRNGKey(0))
     assert terms.y_sim.shape == (6, 50, 1) and terms.y_obs.shape == (50, 1)
-    np.testing.assert_allclose(terms.weight, N / 50, rtol=1e-6)  # subsample scale
+    np.testing.assert_allclose(
+        terms.weights.observation, N / 50, rtol=1e-6
+    )  # subsample scale
     # each particle's draws scatter by NOISE around that particle's mu, and the
     # observed values are a subsample of the data
     spread = jnp.std(terms.y_sim[..., 0], axis=1)

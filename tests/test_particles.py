@@ -77,7 +77,7 @@ def test_several_sites_at_one_index_form_one_observation():
     np.testing.assert_allclose(
         terms.log_lik, jnp.broadcast_to(expected, (4, 5)), rtol=1e-6
     )
-    np.testing.assert_allclose(terms.weight, jnp.ones(5))
+    np.testing.assert_allclose(terms.weights.observation, jnp.ones(5))
     np.testing.assert_allclose(
         terms.log_prior, dist.Normal(0, 1).log_prob(theta) * jnp.ones(4), rtol=1e-6
     )
@@ -130,7 +130,7 @@ def test_subsampling_local_latents_and_weights():
         requests=(LOG_LIK, OBS_WEIGHT),
     )
     assert terms.log_lik.shape == (3, 4)
-    np.testing.assert_allclose(terms.weight, 2.5 * jnp.ones(4))
+    np.testing.assert_allclose(terms.weights.observation, 2.5 * jnp.ones(4))
     # the subsample scale N / b enters the scaled log-likelihood
     np.testing.assert_allclose(terms.log_lik_scaled, 2.5 * terms.log_lik, rtol=1e-6)
     assert terms.log_prior.shape == terms.log_q.shape == (3,)
@@ -153,7 +153,7 @@ def test_handler_scale_enters_weight_and_latent_densities():
         vectorize_particles_fn=_vmap,
         requests=(LOG_LIK, OBS_WEIGHT),
     )
-    np.testing.assert_allclose(terms.weight, 0.5 * jnp.ones(4))
+    np.testing.assert_allclose(terms.weights.observation, 0.5 * jnp.ones(4))
     mu, z = params["mu_auto_loc"], params["z_auto_loc"]
     expected = 0.5 * (
         dist.Normal(0, 1).log_prob(mu) + dist.Normal(mu, 1).log_prob(z).sum()
@@ -321,8 +321,10 @@ def test_spec_protocol_and_iid_terms():
     )
     # i.i.d. draws: one stratum, weight 1/M in every predictive and expectation
     assert t.num_strata == 1
-    np.testing.assert_allclose(np.exp(t.log_w), np.full((4, 5), 0.25), rtol=1e-6)
-    np.testing.assert_allclose(t.particle_weight, np.full(4, 0.25), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.exp(t.weights.log_predictive), np.full((4, 5), 0.25), rtol=1e-6
+    )
+    np.testing.assert_allclose(t.weights.particle, np.full(4, 0.25), rtol=1e-6)
     require_iid(t, "test")  # does not raise
     with pytest.raises(NotImplementedError, match="2 strata"):
         require_iid(t._replace(num_strata=2), "test")
@@ -355,4 +357,6 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
     )
     optional = set(ParticleTerms._field_defaults) - {"mask", "entropy"}
     filled = {f for f in optional if getattr(terms, f) is not None}
+    if terms.weights.observation is not None:
+        filled.add("weights.observation")
     assert filled == set(FIELDS[request_name])

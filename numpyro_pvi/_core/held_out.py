@@ -45,8 +45,6 @@ NUM_BATCHES = 20
 _PER_PARTICLE = (
     "log_prior",
     "log_q",
-    "log_w",
-    "particle_weight",
     "log_lik",
     "log_lik_scaled",
     "y_sim",
@@ -110,24 +108,28 @@ def _constant(log_values: jax.Array) -> jax.Array:
 def particle_subset(terms: ParticleTerms, index: jax.Array) -> ParticleTerms:
     """The terms of the particles ``index`` (a traced integer array), their
     weights renormalised to the smaller set."""
-    num, sub = terms.log_w.shape[0], index.shape[0]
+    num, sub = terms.weights.log_predictive.shape[0], index.shape[0]
     fields = {
         name: jax.tree.map(lambda x: jnp.take(x, index, axis=0), getattr(terms, name))
         for name in _PER_PARTICLE
         if getattr(terms, name) is not None
     }
-    fields["log_w"] = fields["log_w"] + math.log(num / sub)
-    fields["particle_weight"] = fields["particle_weight"] * (num / sub)
+    weights = terms.weights
+    fields["weights"] = weights._replace(
+        particle=jnp.take(weights.particle, index, axis=0) * (num / sub),
+        log_predictive=jnp.take(weights.log_predictive, index, axis=0)
+        + math.log(num / sub),
+    )
     return terms._replace(**fields)
 
 
 def _batch_means(score: Score, terms: ParticleTerms) -> jax.Array:
     """``(b,)`` the batch-means standard error of ``score``'s estimate."""
     k = terms.num_strata
-    m = terms.log_w.shape[0] // k
+    m = terms.weights.log_predictive.shape[0] // k
     batches = min(NUM_BATCHES, m // max(score.min_particles, 2))
     if batches < 2:
-        return jnp.full(terms.log_w.shape[1], jnp.nan)
+        return jnp.full(terms.weights.log_predictive.shape[1], jnp.nan)
     size = m // batches
     start = jnp.arange(k)[:, None] * m + jnp.arange(size)[None, :]  # (K, size)
     index = (start[None] + (jnp.arange(batches) * size)[:, None, None]).reshape(
@@ -146,12 +148,12 @@ def pointwise_estimate(score: Score, terms: ParticleTerms) -> Pointwise:
     :param terms: the particle terms of the fitted guide's draws.
     :return: :class:`Pointwise` over the observations of the terms.
     """
-    b = terms.log_w.shape[1]
+    b = terms.weights.log_predictive.shape[1]
     observed = jnp.ones(b, bool) if terms.mask is None else terms.mask
     from numpyro_pvi.scores import LogScore  # the scores import the core
 
     if isinstance(score, LogScore):
-        log_contrib = terms.log_lik + terms.log_w  # (S, b)
+        log_contrib = terms.log_lik + terms.weights.log_predictive  # (S, b)
         estimate, se, k = jax.vmap(
             lambda c: log_sum_estimate(c, terms.num_strata), in_axes=1
         )(log_contrib)

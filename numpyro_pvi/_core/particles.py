@@ -74,6 +74,7 @@ from numpyro_pvi.particles import (
     Y_SIM,
     ParticleTerms,
     StratifiedGuide,
+    Weights,
 )
 
 
@@ -192,10 +193,8 @@ def particle_terms(
             per_particle[name] = jnp.stack(per_particle[name], axis=1)
     log_w, particle_weight = _weights(shared, components, spec.num_particles)
     return ParticleTerms(
-        log_w=log_w,
-        particle_weight=particle_weight,
+        weights=Weights(particle_weight, log_w, shared.weight),
         num_strata=num_strata,
-        weight=shared.weight,
         mask=shared.mask,
         y_obs=shared.y_obs,
         obs_support=shared.obs_support,

@@ -66,7 +66,8 @@ def _strata_log_weights(
     )
     terms = particle_terms(rng_key, params, model, guide, args, kwargs, spec)
     k = guide.num_components
-    log_w = jnp.reshape(terms.log_w, (k, num_particles, -1))  # w = ω_k(x_i) / M
+    # w = ω_k(x_i) / M
+    log_w = jnp.reshape(terms.weights.log_predictive, (k, num_particles, -1))
     if not with_likelihood:
         return log_w[:, 0, :] + math.log(num_particles)
     log_lik = jnp.reshape(terms.log_lik, (k, num_particles, -1))

@@ -35,7 +35,7 @@ class Score:
     :class:`~numpyro_pvi.particles.ParticleTerms`.
 
     **Weights.** Particle ``j`` enters the predictive of observation ``i``
-    with weight ``exp(terms.log_w[j, i])``: ``1/M`` for i.i.d. draws
+    with weight ``exp(terms.weights.log_predictive[j, i])``: ``1/M`` for i.i.d. draws
     (``terms.num_strata == 1``), the strata weights of a mixture guide
     otherwise. An estimator must use them (e.g. through
     :func:`~numpyro_pvi.particles.predictive_log_density`), or call
@@ -138,5 +138,5 @@ def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]
 def strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:
     """Stratified weights ``v_j = ω_k(x_i) / M`` ``(K M, b)``, ``K`` and ``M``."""
     k = terms.num_strata
-    m = terms.log_w.shape[0] // k
-    return jnp.exp(terms.log_w), k, m
+    m = terms.weights.log_predictive.shape[0] // k
+    return jnp.exp(terms.weights.log_predictive), k, m

@@ -24,7 +24,7 @@ def _predictive_pmf(terms: ParticleTerms) -> jax.Array:
     an underflow to 0 costs nothing; no log-sum-exp pass is needed)."""
     if terms.num_strata == 1:
         return particle_sum(jnp.exp(terms.log_lik)) / terms.log_lik.shape[0]
-    return particle_sum(jnp.exp(terms.log_lik + terms.log_w))
+    return particle_sum(jnp.exp(terms.log_lik + terms.weights.log_predictive))
 
 
 def _log_overlap(overlap: jax.Array) -> jax.Array:
@@ -175,8 +175,8 @@ class QuadraticScore(Score):
         log_pair = (
             jnp.sum(log_overlap, axis=-1)
             + log_c
-            + terms.log_w[:, None, :]
-            + terms.log_w[None, :, :]
+            + terms.weights.log_predictive[:, None, :]
+            + terms.weights.log_predictive[None, :, :]
         )  # (N, N, b)
         off_diagonal = ~jnp.eye(n, dtype=bool)[:, :, None]
         log_pair = jnp.where(off_diagonal, log_pair, -jnp.inf)

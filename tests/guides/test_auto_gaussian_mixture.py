@@ -185,7 +185,9 @@ def test_stratified_predictive_is_unbiased(gated):
 
     def estimate(p, key):
         t = _stratified(key, guide, p, linreg, x, y, 2)
-        return jnp.exp(jax.nn.logsumexp(t.log_lik + t.log_w, axis=0))  # (n,)
+        return jnp.exp(
+            jax.nn.logsumexp(t.log_lik + t.weights.log_predictive, axis=0)
+        )  # (n,)
 
     keys = random.split(random.PRNGKey(5), 1000)
     est = jax.jit(jax.vmap(estimate, (None, 0)))(params, keys)
@@ -229,13 +231,15 @@ def test_stratified_weights_follow_the_subsample():
         )
     )(random.PRNGKey(0), params)
     assert t.log_lik.shape == (9, 5)
-    np.testing.assert_allclose(jnp.sum(jnp.exp(t.log_w), axis=0), 1.0, rtol=1e-5)
-    np.testing.assert_allclose(jnp.sum(t.particle_weight), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(
+        jnp.sum(jnp.exp(t.weights.log_predictive), axis=0), 1.0, rtol=1e-5
+    )
+    np.testing.assert_allclose(jnp.sum(t.weights.particle), 1.0, rtol=1e-5)
     # the rows of log_w are the gating weights of the subsampled observations
     # (identified by their observed values, which are distinct)
     idx = jnp.argmin(jnp.abs(y[None, :] - t.y_obs[:, :1]), axis=1)
     assert len(set(idx.tolist())) == 5
-    rows = t.log_w.reshape(3, 3, 5)[:, 0, :].T + math.log(3)  # (5, K)
+    rows = t.weights.log_predictive.reshape(3, 3, 5)[:, 0, :].T + math.log(3)  # (5, K)
     np.testing.assert_allclose(rows, _exact_log_weights(x)[idx], atol=1e-5)
 
 
@@ -275,7 +279,9 @@ def test_gauss_hermite_logistic_matches_monte_carlo():
         random.PRNGKey(0), params
     )
     p = jnp.exp(t.log_lik).reshape(3, m, -1)  # (K, M, n)
-    w = jnp.exp(t.log_w.reshape(3, m, -1)[:, 0, :] + math.log(m))  # (K, n)
+    w = jnp.exp(
+        t.weights.log_predictive.reshape(3, m, -1)[:, 0, :] + math.log(m)
+    )  # (K, n)
     est = jnp.sum(w * p.mean(1), axis=0)
     se = jnp.sqrt(jnp.sum(w**2 * p.var(1), axis=0) / m)
     z = (est - jnp.exp(quad)) / se
@@ -562,7 +568,12 @@ def test_stratified_crps_and_energy_are_unbiased(m):
 
     def estimate(key):
         t = _score_terms(key, guide, params, linreg, x, y, m, crps)
-        return crps.estimate(t), energy.estimate(t), t.log_w, t.y_sim[..., 0]
+        return (
+            crps.estimate(t),
+            energy.estimate(t),
+            t.weights.log_predictive,
+            t.y_sim[..., 0],
+        )
 
     keys = random.split(random.PRNGKey(7), 2000)
     est, est_energy, log_w, xs = jax.jit(jax.vmap(estimate))(keys)

@@ -27,7 +27,7 @@ import numpyro_pvi.scores.quadratic as quadratic
 from numpyro_pvi import PredictiveELBO
 from numpyro_pvi._core import normal_abs_mean, pmf, support_log_pmf, support_pmf
 from numpyro_pvi.guides import AutoGaussianMixture
-from numpyro_pvi.particles import ParticleTerms
+from numpyro_pvi.particles import ParticleTerms, Weights
 from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
 
 sr = pytest.importorskip("scoringrules")
@@ -46,10 +46,12 @@ def _terms(y_sim, y_obs):
     return ParticleTerms(
         log_prior=jnp.zeros(m),
         log_q=jnp.zeros(m),
-        log_w=jnp.full((m, b), -math.log(m)),
-        particle_weight=jnp.full((m,), 1.0 / m),
+        weights=Weights(
+            particle=jnp.full((m,), 1.0 / m),
+            log_predictive=jnp.full((m, b), -math.log(m)),
+            observation=jnp.ones(b),
+        ),
         num_strata=1,
-        weight=jnp.ones(b),
         y_sim=y_sim,
         y_obs=y_obs,
     )

@@ -21,7 +21,7 @@ from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoDelta
 
 from numpyro_pvi import PredictiveELBO, predictive_score, scores
-from numpyro_pvi.particles import ParticleTerms
+from numpyro_pvi.particles import ParticleTerms, Weights
 from numpyro_pvi.scores import (
     CRPS,
     EnergyScore,
@@ -41,9 +41,11 @@ def _terms(**fields):
         log_prior=jnp.zeros(m),
         log_q=jnp.zeros(m),
         log_lik=None,
-        weight=jnp.ones(b),
-        log_w=jnp.full((m, b), -jnp.log(m)),
-        particle_weight=jnp.full((m,), 1.0 / m),
+        weights=Weights(
+            particle=jnp.full((m,), 1.0 / m),
+            log_predictive=jnp.full((m, b), -jnp.log(m)),
+            observation=jnp.ones(b),
+        ),
         num_strata=1,
     )
     return ParticleTerms(**{**base, **fields})
