@@ -30,6 +30,7 @@ from numpyro_pvi import (
     selection,
 )
 from numpyro_pvi import guides as pvi_guides
+from numpyro_pvi._core import deprecation
 from tests.arviz_generation import group
 
 pytestmark = pytest.mark.xdist_group("call_shapes")
@@ -249,13 +250,18 @@ def test_old_cross_validate_shape():
         ),
     )
     np.testing.assert_array_equal(old.scores["mean"], new.scores["mean"])
-    # num_particles= built the default candidates
+    # num_particles= builds the default candidates with that particle count
     with pytest.warns(FutureWarning) as record:
-        cv = selection.cross_validate(
-            *args, 5, X, Y, num_particles=2, num_draws=20, progress_bar=False
+        _, kwargs = deprecation.cross_validate(
+            "cross_validate",
+            args,
+            {"num_particles": 2, "score": "crps"},
+            default_candidates=selection.default_candidates,
         )
     assert any("default_candidates" in str(w.message) for w in record)
-    assert cv.candidates["VI"].num_particles == 2
+    expected = selection.default_candidates(args[2], "crps", num_particles=2)
+    assert list(kwargs["candidates"]) == list(expected)
+    assert all(c.num_particles == 2 for c in kwargs["candidates"].values())
 
 
 def linear(x, y=None):
