@@ -233,6 +233,7 @@ def test_old_vsbc_log_likelihood_keyword():
     assert set(group(new, "vsbc").data_vars) == {"b"}
 
 
+@pytest.mark.slow
 def test_old_cross_validate_shape():
     args = (random.PRNGKey(0), model, AutoNormal(model), optax.adam(0.05))
     candidates = [Trace_ELBO(), PredictiveELBO("log", num_particles=2)]
@@ -270,6 +271,7 @@ def linear(x, y=None):
         numpyro.sample("y", dist.Normal(x @ beta, 0.5), obs=y)
 
 
+@pytest.mark.slow
 def test_old_mixture_shapes():
     design = X[:, None]
     guide = pvi_guides.AutoGaussianMixture(linear, num_components=2)
