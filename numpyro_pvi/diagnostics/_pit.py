@@ -20,6 +20,7 @@ from numpyro_pvi._core import (
     particle_terms,
     per_observation,
 )
+from numpyro_pvi.diagnostics._idata import component_labels
 from numpyro_pvi.diagnostics._replications import fit_replication
 from numpyro_pvi.particles import Y_SIM
 from numpyro_pvi.selection import mask_observations
@@ -86,7 +87,7 @@ def pit_columns(model_trace: dict, observed: Sequence[str], plate: DataPlate) ->
             np.zeros(np.shape(site["value"])), plate, site["fn"].event_dim, xp=np
         )
         width = rows.shape[1]
-        labels = [name] if width == 1 else [f"{name}[{i}]" for i in range(width)]
+        labels = component_labels(name, () if width == 1 else (width,))
         out += [(label, name) for label in labels]
     return out
 

@@ -295,12 +295,17 @@ def calibration_arrays(
         model, guide, optim, loss, inject, plate, r.num_svi_steps, r.num_draws
     )
     keys = random.split(key_fit, r.num_simulations)
-    ranks, *fits = run_replications(
+    ranks, final_loss, tail_loss, drift = run_replications(
         one, (keys, data, index), r, desc="predictive calibration"
     )
     columns = pit_columns(model_trace, in_plate(model_trace, observed, plate), plate)
     return CalibrationArrays(
-        np.asarray(ranks), np.asarray(index), *map(np.asarray, fits), columns
+        ranks=np.asarray(ranks),
+        held_out=np.asarray(index),
+        final_loss=np.asarray(final_loss),
+        tail_loss=np.asarray(tail_loss),
+        drift=np.asarray(drift),
+        columns=columns,
     )
 
 

@@ -11,6 +11,7 @@ import pandas as pd
 import xarray as xr
 
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
+from numpyro_pvi.diagnostics._idata import component_labels
 from numpyro_pvi.diagnostics.psis import CONSTANT_WEIGHTS, K_RELIABLE
 
 __all__ = ["psis_summary", "summary_table", "verdict"]
@@ -20,14 +21,11 @@ _Z95 = 1.96
 
 
 def _components(da: xr.DataArray) -> tuple[list[str], np.ndarray]:
-    """Labels ``name[i, j]`` and a ``(chain*draw, K)`` matrix of one variable."""
+    """Labels ``name[i, j]`` and a ``(chain*draw, C)`` matrix of one variable."""
     values = np.asarray(da.values, dtype=float)
     shape = values.shape[2:]
     flat = values.reshape(values.shape[0] * values.shape[1], -1)
-    if not shape:
-        return [str(da.name)], flat
-    labels = [f"{da.name}[{', '.join(map(str, idx))}]" for idx in np.ndindex(*shape)]
-    return labels, flat
+    return component_labels(str(da.name), shape), flat
 
 
 def _k_text(pareto_k: float, se: float | None) -> str:
