@@ -24,7 +24,8 @@ LEG312_VENV := $(VENV312)/.installed-test
 DEFAULT_LEG := -m "not py312_only"
 endif
 
-.PHONY: demo test test-fast test-default test-py312 lint bench clean
+.PHONY: demo test test-fast test-default test-py312 lint typecheck docs docs-check \
+	release-check chromium bench clean
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +36,7 @@ $(VENV)/.installed: pyproject.toml | $(VPY)
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VPY)
-	$(VPY) -m pip install --quiet --no-compile -e ".[test]"
+	$(VPY) -m pip install --quiet --no-compile -e ".[test,docs,dev]"
 	touch $(VENV)/.installed $@
 
 demo: $(VENV)/.installed
@@ -45,20 +46,22 @@ demo: $(VENV)/.installed
 # Compiled programs are kept in .cache/jax between runs: a warm run loads
 # them instead of compiling.
 test-fast: $(VENV)/.installed-test
-	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
+	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials docs .ci
 	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax $(VPY) $(PYTEST) -m "not slow"
 
-# Everything: the two virtual environments are installed side by side, then
-# the legs run one after the other.
+# Everything: the two virtual environments (and Chromium) are installed side
+# by side; the quick checks run first, then the legs, then the documentation
+# and the release.
 test:
-	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV)
+	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV) chromium
+	$(MAKE) lint typecheck
 	$(MAKE) test-default
 	$(MAKE) test-py312
+	$(MAKE) docs docs-check release-check
 
 # The default leg: every test (fast and slow tiers) and the float64 rerun of
 # what float32 cannot show.
 test-default: $(VENV)/.installed-test
-	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
 	$(VPY) $(PYTEST) --durations=15 $(DEFAULT_LEG)
 	JAX_ENABLE_X64=1 $(VPY) $(PYTEST) -m numerics
 
@@ -80,9 +83,33 @@ test-py312: $(VENV312)/.installed-test
 	$(VPY312) $(PYTEST) --durations=10 -m "py312 or py312_only"
 endif
 
+# pre-commit's hooks (ruff, ruff format, codespell) on every file; the
+# hooks are the venv's own tools, so its bin/ goes first on PATH.
 lint: $(VENV)/.installed-test
-	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials
-	$(VPY) -m ruff format --check numpyro_pvi tests benchmarks
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VPY) -m pre_commit run --all-files
+
+# mypy on the package (configuration in pyproject.toml).
+typecheck: $(VENV)/.installed-test
+	$(VPY) -m mypy
+
+# The documentation site: warnings (broken cross-references included) are
+# errors; the prose's examples run as doctests.
+docs: $(VENV)/.installed-test
+	$(VPY) -m sphinx -b html -E -W --keep-going -n -q docs docs/_build/html
+	$(VPY) -m sphinx -b doctest -E -W --keep-going -q docs docs/_build/doctest
+
+# The built site in headless Chromium: internal links, figures, math.
+docs-check: $(VENV)/.installed-test chromium
+	test -f docs/_build/html/index.html || $(MAKE) docs
+	$(VPY) docs/check_site.py docs/_build/html
+
+chromium:
+	.ci/install-chromium
+
+# sdist and wheel built and checked; the wheel installed in a fresh virtual
+# environment outside the repository runs the README's quickstart.
+release-check: $(VENV)/.installed-test
+	$(VPY) .ci/check_release.py
 
 # POSTERIORDB: directory of the posteriordb JSON data (default: the shared
 # data directory beside the repository).
@@ -100,4 +127,5 @@ bench: $(VENV)/.installed-bench
 	$(VPY) -m benchmarks.slcp $(SLCP)
 
 clean:
-	rm -rf $(VENV) $(VENV312) build dist *.egg-info .pytest_cache .ruff_cache .cache
+	rm -rf $(VENV) $(VENV312) build dist *.egg-info .pytest_cache .ruff_cache .cache \
+	    docs/_build docs/api/generated

@@ -6,7 +6,8 @@ container (``xarray.DataTree`` on ArviZ ≥ 1.0, ``InferenceData`` on 0.2x).
 """
 
 from numpyro_pvi import guides, scores, selection
-from numpyro_pvi.evaluation import predictive_score
+from numpyro_pvi._core import RejectionStats
+from numpyro_pvi.evaluation import PredictiveScore, predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
 from numpyro_pvi.recipes import FitRecipe, Replications
@@ -15,12 +16,14 @@ from numpyro_pvi.snis import SNISForwardKL
 from numpyro_pvi.softcvi import SoftCVIELBO
 from numpyro_pvi.stratified import StratifiedELBO
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.2.0"
 
 __all__ = [
     "FitRecipe",
     "PACmELBO",
     "PredictiveELBO",
+    "PredictiveScore",
+    "RejectionStats",
     "Replications",
     "SNISForwardKL",
     "SoftCVIELBO",

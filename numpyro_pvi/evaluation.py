@@ -163,7 +163,7 @@ def predictive_score(
         with k̂ ≥ ``good_k`` by moment matching (default); ``False`` keeps
         the plain estimates (and their k̂).
     :param kwargs: model keyword arguments.
-    :return: a :class:`PredictiveScore` (``numpy.asarray`` of it is the
+    :return: a :class:`~numpyro_pvi.PredictiveScore` (``numpy.asarray`` of it is the
         ``(n,)`` array of scores).
 
     **References**

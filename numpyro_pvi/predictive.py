@@ -376,9 +376,10 @@ class PredictiveELBO(ELBO):
         observations accepted by the step's particles, the further rounds
         needed and the fraction left without an acceptance after
         ``max_rounds`` (the estimator's only bias). Same arguments as
-        :meth:`loss`; the key gives the same draws as a step with that key.
+        :meth:`~numpyro.infer.elbo.ELBO.loss`; the key gives the same draws
+        as a step with that key.
 
-        :return: :class:`~numpyro_pvi._core.rejection.RejectionStats`.
+        :return: :class:`~numpyro_pvi.RejectionStats`.
         """
         if self.log_score_estimator != "rejection":
             raise ValueError(

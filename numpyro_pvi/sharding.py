@@ -53,7 +53,8 @@ def shard_data(
     :param arrays: arrays whose ``axis`` indexes the observations (all of the
         same size along it).
     :param int axis: the data-plate axis of every array.
-    :param mesh: a one-axis mesh; :func:`data_mesh` over all devices by default.
+    :param mesh: a one-axis mesh; :func:`~numpyro_pvi.sharding.data_mesh`
+        over all devices by default.
     :param axis_name: the mesh axis to shard over; the mesh's only axis by
         default.
     :return: the sharded arrays (a single array when one was given).

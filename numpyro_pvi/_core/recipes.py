@@ -65,9 +65,9 @@ class Replications:
     :param data_generator: optional ``rng_key -> dict`` of observed values
         (shaped as the model's observed sites) that simulates the data sets
         instead of the model's prior predictive — a data-generating process
-        of one's own, for :func:`~numpyro_pvi.diagnostics.
-        predictive_calibration` (VSBC needs the prior's :math:`θ^*` and
-        refuses it).
+        of one's own, for
+        :func:`~numpyro_pvi.diagnostics.predictive_calibration` (VSBC needs
+        the prior's :math:`θ^*` and refuses it).
     """
 
     num_simulations: int = 100

@@ -18,13 +18,14 @@ from numpyro_pvi.diagnostics.predictive_calibration import predictive_calibratio
 from numpyro_pvi.diagnostics.predictive_calibration_plot import (
     plot_predictive_calibration,
 )
-from numpyro_pvi.diagnostics.psis import pareto_smooth, psis
+from numpyro_pvi.diagnostics.psis import ParetoSmoothing, pareto_smooth, psis
 from numpyro_pvi.diagnostics.psis_plot import plot_psis
 from numpyro_pvi.diagnostics.psis_summary import psis_summary
 from numpyro_pvi.diagnostics.report import report
 from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
 
 __all__: list[str] = [
+    "ParetoSmoothing",
     "approximate_loo",
     "get_group",
     "heterogeneity",

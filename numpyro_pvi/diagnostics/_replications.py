@@ -43,7 +43,7 @@ def replication_fn(
     which the symmetry test needs to recognise ties between ``p`` and ``1 - p``.
     Each test quantity ``f`` of ``quantities`` (a function of the latent
     values and the data set) is counted too: ``#{f(θ_l, y) < f(θ*, y)}``.
-    The drift is :func:`loss_drift` of the losses.
+    The drift is ``loss_drift`` of the losses.
     """
     quantities = dict(quantities or {})
 

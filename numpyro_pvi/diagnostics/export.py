@@ -234,7 +234,7 @@ def approximate_loo(
     data.sample_stats.lp, data.sample_stats.log_q)``; on ArviZ 0.2x, which
     has no such function, the same computation with :func:`arviz.psislw`.
     Like every PSIS-LOO it estimates the leave-one-out predictive of the
-    *Bayesian* posterior (see :data:`PSIS_LOO_NOTE`).
+    *Bayesian* posterior (see ``PSIS_LOO_NOTE``).
 
     :param data: the result of :func:`to_inference_data` (refused for a fit
         exported with an objective that does not target the posterior).

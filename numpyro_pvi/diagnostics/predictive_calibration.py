@@ -87,7 +87,7 @@ def predictive_calibration(
     ``loss`` to :math:`y_{-j}` (the observation masked out of every observed
     site, as :func:`~numpyro_pvi.selection.mask_observations` does), and
     rank :math:`y_j` among ``num_draws`` draws of the fitted posterior
-    predictive (:func:`pit_ranks`: the PIT, randomised for discrete
+    predictive (``pit_ranks``: the PIT, randomised for discrete
     outcomes). Per scalar component of an observation (per observed site),
     the ranks of all data sets are tested as VSBC's are: ``direction``
     (symmetry: the predictive is shifted), ``dispersion`` (``"too

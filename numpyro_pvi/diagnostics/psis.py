@@ -128,7 +128,7 @@ def pareto_smooth(
         :math:`\log p(\theta_s, y) - \log q(\theta_s)`.
     :param constant_rtol: relative spread below which the ratios count as
         constant; default ``sqrt`` of the float64 machine epsilon.
-    :return: :class:`ParetoSmoothing`.
+    :return: :class:`~numpyro_pvi.diagnostics.ParetoSmoothing`.
 
     **References**
 

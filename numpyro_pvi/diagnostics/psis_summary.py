@@ -133,7 +133,7 @@ def psis_summary(idata: Container) -> pd.DataFrame:
     :return: a ``pandas.DataFrame`` indexed by component (``theta[0]``, ...)
         with columns ``vi_mean``, ``vi_sd``, ``psis_mean``, ``psis_sd``; its
         ``attrs`` hold ``pareto_k``, ``pareto_k_se``, ``good_k`` and the
-        one-line ``verdict`` (:func:`verdict`, read for the objective
+        one-line ``verdict`` (``verdict``, read for the objective
         recorded by ``psis(..., loss=)``).
     """
     group = dataset(idata, "psis", "psis_summary", "psis")

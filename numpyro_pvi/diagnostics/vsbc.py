@@ -187,8 +187,8 @@ def vsbc(
     Symmetry is blind to a guide that is unbiased but too narrow (a
     symmetric U-shaped histogram: its intervals under-cover, the commonest
     failure of mean-field VI) or too wide (a hump). Two more tests read the
-    same ranks :math:`r = L p` (:mod:`~numpyro_pvi.diagnostics.dispersion`,
-    :mod:`~numpyro_pvi.diagnostics.uniformity`): ``dispersion`` (``"too
+    same ranks :math:`r = L p` (modules ``numpyro_pvi.diagnostics.dispersion``,
+    ``numpyro_pvi.diagnostics.uniformity``): ``dispersion`` (``"too
     narrow"``, ``"too wide"`` or ``"ok"``) from the spread of the normal
     scores :math:`\Phi^{-1}((r + 1/2)/(L+1))`, whatever the bias; and
     ``p_value_uniformity`` from the simultaneous ECDF band of Säilynoja et
@@ -276,7 +276,7 @@ def vsbc(
         (``"parameter"`` or ``"test quantity"``); attribute
         ``num_unconverged``), ``vsbc_fit_stats`` (``loss``: final loss;
         ``loss_tail``: mean loss over the last 10% of steps; ``loss_drift``:
-        :func:`loss_drift`, the fall of the loss over the last tenth of the
+        ``loss_drift``, the fall of the loss over the last tenth of the
         steps in standard errors; ``converged``: drift at most 3; a warning
         is raised when more than 10% of the replications have not converged)
         and ``vsbc_histogram`` (``count`` per

@@ -111,7 +111,7 @@ class GaussianMixture(dist.Distribution):
         inner = jax.nn.logsumexp(self.logits[None, :] + log_n, axis=-1)
         return -jnp.sum(jnp.exp(self.logits) * inner)
 
-    def stratum(self, component: jax.Array) -> _ComponentDraw:
+    def stratum(self, component: jax.Array) -> dist.Distribution:
         """The distribution of a stratified draw from ``component``.
 
         It samples from component ``component`` only; its ``log_prob`` is the

@@ -19,12 +19,12 @@ __all__ = ["LogScore", "Score", "simulations", "strata"]
 class Score:
     r"""Base class of positively oriented scoring rules estimated from particles.
 
-    Subclasses set :attr:`requires` (a subset of ``{"log_lik", "y_sim",
+    Subclasses set ``requires`` (a subset of ``{"log_lik", "y_sim",
     "y_loc_scale", "log_pmf", "pmf"}``: per-observation log-likelihoods,
     reparameterised simulated observations, the location and scale of Normal
     likelihoods, or the pmf over a finite support as log probabilities or
     probabilities) and implement
-    :meth:`estimate`. :attr:`min_particles` is the smallest number of
+    :meth:`estimate`. ``min_particles`` is the smallest number of
     particles the estimator is defined for.
 
     ``terms.log_lik`` is ``(M, b)``; ``terms.y_sim`` is ``(M, b, d)`` with

@@ -146,7 +146,7 @@ class CRPS(Score):
 
     with :math:`A(\mu, \sigma) = \mathbb{E}|X|` for :math:`X \sim
     \mathcal{N}(\mu, \sigma^2)`
-    (:func:`~numpyro_pvi.scores._normal.normal_abs_mean`): the derangement
+    (``normal_abs_mean``): the derangement
     estimator averaged over the simulations (so unbiased for every :math:`M
     \ge 2`, with less variance), in :math:`O(M)` time with no random
     numbers. Drawing :math:`M b` normal deviates costs as much as a whole

@@ -26,7 +26,7 @@ def crps_fair(samples: jax.Array, y: jax.Array) -> jax.Array:
         \widehat{\rm CRPS} = \frac{1}{M}\sum_{j} |x_j - y|
         - \frac{1}{2M(M-1)} \sum_{j \ne k} |x_j - x_k|,
 
-    with the all-pairs term computed by :func:`pair_abs_sum` (no sort for
+    with the all-pairs term computed by ``pair_abs_sum`` (no sort for
     :math:`M \le 1024`).
 
     :param samples: ``(M, ...)`` draws from the forecast, ``M >= 2``.
