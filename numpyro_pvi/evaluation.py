@@ -214,7 +214,14 @@ def predictive_score(
             ),
         )
     result = PredictiveScore(
-        *pointwise[:3], pointwise.observed, adapted, threshold, score.name, num_draws
+        np.asarray(pointwise.score),
+        np.asarray(pointwise.se),
+        np.asarray(pointwise.pareto_k),
+        np.asarray(pointwise.observed),
+        adapted,
+        threshold,
+        score.name,
+        num_draws,
     )
     warn_unreliable(result, find_data_plate(tr, data_plate), where)
     return result

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,7 @@ __all__ = [
     "log_mean_exp",
     "observation_scores",
     "particle_logsumexp",
+    "present",
     "particle_sum",
     "predictive_log_density",
     "require_iid",
@@ -334,7 +335,7 @@ def log_joint(terms: ParticleTerms) -> jax.Array:
 
     :param terms: particle terms.
     """
-    return terms.log_prior + jnp.sum(terms.log_lik_scaled, axis=1)
+    return terms.log_prior + jnp.sum(present(terms.log_lik_scaled, "log_lik_scaled"), 1)
 
 
 def expected_log_q(terms: ParticleTerms) -> jax.Array:
@@ -360,6 +361,25 @@ def observation_scores(estimate: jax.Array, terms: ParticleTerms) -> jax.Array:
     if terms.mask is None:
         return estimate
     return jnp.where(terms.mask, estimate, jnp.zeros_like(estimate))
+
+
+_T = TypeVar("_T")
+
+
+def present(value: _T | None, field: str) -> _T:
+    """``value``, a field of :class:`ParticleTerms` that a request fills
+    (:data:`FIELDS`); a clear error when it was not requested.
+
+    :param value: the field's value, e.g. ``terms.y_sim``.
+    :param field: its name, for the message.
+    """
+    if value is None:
+        requests = sorted(r for r, fields in FIELDS.items() if field in fields)
+        raise ValueError(
+            f"the particle terms have no {field!r}: a score that reads it must "
+            f"list one of {requests} in its `requires`."
+        )
+    return value
 
 
 def require_iid(terms: ParticleTerms, name: str) -> None:

@@ -37,6 +37,7 @@ from numpyro_pvi.particles import (
     expected_log_q,
     log_joint,
     observation_scores,
+    present,
 )
 from numpyro_pvi.scores import LogScore, Score, get_score
 
@@ -346,17 +347,21 @@ class PredictiveELBO(ELBO):
                 spec,
                 plate_key=plate_key,
             )
-            return more.log_lik, more.guide_draws
+            return present(more.log_lik, "log_lik"), present(
+                more.guide_draws, "guide_draws"
+            )
 
         seeded_guide = seed_plates(guide, plate_key)
 
         def log_q_at(draws: dict[str, jax.Array], key: jax.Array) -> jax.Array:
             return guide_log_density(seeded_guide, param_map, draws, key, args, kwargs)
 
+        # the constructor checked both for the rejection estimator
+        assert self.likelihood_bound is not None and self.max_rounds is not None
         return rejection_score_function(
             rng_key,
-            terms.log_lik,
-            terms.log_q_fixed,
+            present(terms.log_lik, "log_lik"),
+            present(terms.log_q_fixed, "log_q_fixed"),
             log_bound=math.log(self.likelihood_bound),
             max_rounds=self.max_rounds,
             draw_round=draw_round,
@@ -387,7 +392,9 @@ class PredictiveELBO(ELBO):
                 f"log_score_estimator={self.log_score_estimator!r}, not "
                 "'rejection'."
             )
-        return self._loss_parts(rng_key, param_map, model, guide, args, kwargs)[1]
+        stats = self._loss_parts(rng_key, param_map, model, guide, args, kwargs)[1]
+        assert stats is not None  # the rejection estimator always has them
+        return stats
 
     def _loss_parts(
         self,
@@ -409,13 +416,14 @@ class PredictiveELBO(ELBO):
         )
         with jax.named_scope(f"score_{self.score.name}"):
             scores = observation_scores(self.score.estimate(terms), terms)
-            data_score = jnp.sum(terms.weights.observation * scores)
+            observation = present(terms.weights.observation, "weights.observation")
+            data_score = jnp.sum(observation * scores)
         stats = None
         if self.log_score_estimator == "rejection":
             surrogate, stats = self._rejection(
                 accept_key, terms, plate_key, param_map, model, guide, args, kwargs
             )
-            surrogate = jnp.sum(terms.weights.observation * surrogate)
+            surrogate = jnp.sum(observation * surrogate)
             data_score = (
                 stop_gradient(data_score) + surrogate - stop_gradient(surrogate)
             )

@@ -98,7 +98,7 @@ def shard_data(
                 f"observations; use the first {size - size % num_devices} "
                 "observations (or a multiple of the device count) instead."
             )
-        spec = [None] * ndim
+        spec: list[str | None] = [None] * ndim
         spec[axis % ndim] = axis_name
         out.append(jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec))))
     return out[0] if len(out) == 1 else tuple(out)

@@ -29,7 +29,13 @@ from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._core.numpyro_private import guide_parts
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
-from numpyro_pvi.particles import LOG_LIK, LOG_Q_FIXED, WHOLE_DATA, log_joint
+from numpyro_pvi.particles import (
+    LOG_LIK,
+    LOG_Q_FIXED,
+    WHOLE_DATA,
+    log_joint,
+    present,
+)
 
 #: The guides whose log density can be evaluated at given points.
 DENSITY_GUIDES = (
@@ -127,5 +133,5 @@ def fixed_draw_terms(
     return FixedDraws(
         log_joint=stop_gradient(log_joint(terms)),
         log_q=stop_gradient(terms.log_q),
-        log_q_phi=terms.log_q_fixed,
+        log_q_phi=present(terms.log_q_fixed, "log_q_fixed"),
     )

@@ -192,7 +192,7 @@ def find_data_plate(
 
 
 def plate_axis_first(
-    x: jax.Array, plate: DataPlate, event_ndim: int, xp: Any = jnp
+    x: jax.Array | np.ndarray, plate: DataPlate, event_ndim: int, xp: Any = jnp
 ) -> jax.Array:
     """Move the data-plate axis of ``x`` (batch + event dims) to the front and
     broadcast it to the subsample size; returns shape ``(b, rest...)``.
@@ -206,7 +206,7 @@ def plate_axis_first(
 
 
 def per_observation(
-    x: jax.Array, plate: DataPlate, event_ndim: int, xp: Any = jnp
+    x: jax.Array | np.ndarray, plate: DataPlate, event_ndim: int, xp: Any = jnp
 ) -> jax.Array:
     """``(b, d)``: one flattened row per observation."""
     x = plate_axis_first(x, plate, event_ndim, xp)
@@ -264,12 +264,12 @@ def observation_weight(observed: list[dict[str, Any]], plate: DataPlate) -> jax.
         rows = jnp.concatenate([_site_scale_rows(s, plate, jnp) for s in observed], 1)
         equal = jnp.all(rows == rows[:, :1], axis=1)
         return jnp.where(equal, rows[:, 0], jnp.nan)
-    rows = [_site_scale_rows(s, plate, np) for s in observed]
-    values = np.concatenate(rows, axis=1)
+    site_rows = [_site_scale_rows(s, plate, np) for s in observed]
+    values = np.concatenate(site_rows, axis=1)
     if not np.allclose(values, values[:, :1], rtol=1e-6, atol=0.0):
         per_site = {
             s["name"]: np.unique(r).round(6).tolist()
-            for s, r in zip(observed, rows, strict=True)
+            for s, r in zip(observed, site_rows, strict=True)
         }
         raise ValueError(
             "The observed sites of one observation have different scales "

@@ -180,7 +180,7 @@ def compiled(fn: Callable, args: tuple, kwargs: dict, **static: Any) -> Callable
     """
     structure, dynamic = split_arrays(args, kwargs)
     options = tuple(sorted(static.items()))
-    cache_key = (fn, structure, options)
+    cache_key: tuple | None = (fn, structure, options)
     try:
         hash(cache_key)
     except TypeError:  # an unhashable constant
@@ -209,7 +209,7 @@ def compiled(fn: Callable, args: tuple, kwargs: dict, **static: Any) -> Callable
 def cached_program_count() -> int:
     """How many programs :func:`compiled` holds compiled (for tests: a new
     call with arrays of the same shapes compiles none)."""
-    return _cached_program._cache_size()
+    return _cached_program._cache_size()  # type: ignore[attr-defined]
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "structure", "options"))
@@ -241,8 +241,8 @@ def split_arrays(args: tuple, kwargs: dict) -> tuple[tuple[Any, tuple], list]:
 def join_arrays(structure: tuple[Any, tuple], arrays: list) -> tuple[tuple, dict]:
     """``(args, kwargs)`` from :func:`split_arrays`'s structure and arrays."""
     treedef, static = structure
-    arrays = iter(arrays)
-    leaves = [next(arrays) if x is None else x for x in static]
+    remaining = iter(arrays)
+    leaves = [next(remaining) if x is None else x for x in static]
     return jax.tree.unflatten(treedef, leaves)
 
 

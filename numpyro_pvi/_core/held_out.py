@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from numpyro_pvi._core.psis import psis_smooth
-from numpyro_pvi.particles import ParticleTerms, observation_scores
+from numpyro_pvi.particles import ParticleTerms, observation_scores, present
 
 if TYPE_CHECKING:  # the scores import the core: no import cycle at run time
     from numpyro_pvi.scores import Score
@@ -67,10 +68,11 @@ class Pointwise(NamedTuple):
     :ivar observed: whether the observation is scored (not masked out).
     """
 
-    score: jax.Array
-    se: jax.Array
-    pareto_k: jax.Array
-    observed: jax.Array
+    # JAX arrays inside the compiled programs, NumPy arrays after them
+    score: jax.Array | np.ndarray
+    se: jax.Array | np.ndarray
+    pareto_k: jax.Array | np.ndarray
+    observed: jax.Array | np.ndarray
 
 
 def log_sum_estimate(
@@ -153,7 +155,8 @@ def pointwise_estimate(score: Score, terms: ParticleTerms) -> Pointwise:
     from numpyro_pvi.scores import LogScore  # the scores import the core
 
     if isinstance(score, LogScore):
-        log_contrib = terms.log_lik + terms.weights.log_predictive  # (S, b)
+        log_lik = present(terms.log_lik, "log_lik")
+        log_contrib = log_lik + terms.weights.log_predictive  # (S, b)
         estimate, se, k = jax.vmap(
             lambda c: log_sum_estimate(c, terms.num_strata), in_axes=1
         )(log_contrib)

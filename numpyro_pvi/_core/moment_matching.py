@@ -252,13 +252,13 @@ class MomentMatcher:
         no map lowers it, within :data:`BUDGET` evaluations; the estimate of
         an observation whose draws moved is the split estimate. ``None`` for
         the observations the budget did not reach."""
-        indices = np.asarray(indices, dtype=int)
-        out: list[Matched | None] = [None] * len(indices)
+        order = np.asarray(indices, dtype=int)
+        out: list[Matched | None] = [None] * len(order)
         spent = 0
-        for start in range(0, len(indices), WAVE):
+        for start in range(0, len(order), WAVE):
             if spent >= BUDGET:
                 break
-            wave = indices[start : start + WAVE]
+            wave = order[start : start + WAVE]
             matched, cost = self._match_wave(wave, threshold, BUDGET - spent)
             out[start : start + len(wave)] = matched
             spent += cost

@@ -287,6 +287,7 @@ class _ParticleTracer:
     ) -> tuple[jax.Array, jax.Array]:
         """``(K,)`` strata log weights and ``(b, K)`` per observation of this
         (sub)sample (the averaged ones without a data plate)."""
+        assert self.strata is not None  # only stratified draws have strata
         mean_log_w, per_obs = self.strata.stratum_log_weights(self.param_map)
         b = plate.subsample_size
         if per_obs is None or self.spec.data_plate == WHOLE_DATA:
@@ -379,7 +380,7 @@ def _y_sim(p: _Particle) -> dict[str, jax.Array]:
     return {"y_sim": simulated_values(p.observed, p.plate, p.keys[2], reparam)}
 
 
-def _y_loc_scale(p: _Particle) -> dict[str, jax.Array]:
+def _y_loc_scale(p: _Particle) -> dict[str, jax.Array | None]:
     y_loc, y_scale = normal_loc_scale(p.observed, p.plate)
     return {"y_loc": y_loc, "y_scale": y_scale}
 
@@ -421,6 +422,7 @@ def _weights(
         m = components.shape[0]
         log_w = jnp.full((m, b), -math.log(m), dtype=jnp.result_type(float))
         return log_w, jnp.full((m,), 1.0 / m, dtype=log_w.dtype)
+    assert shared.log_omega_bar is not None  # set together with log_omega
     log_w = shared.log_omega.T[components] - math.log(num_particles)
     particle_weight = jnp.exp(shared.log_omega_bar[components]) / num_particles
     return log_w, particle_weight

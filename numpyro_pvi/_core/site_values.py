@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
@@ -145,7 +145,7 @@ def observation_mask(
     if not masks or any(m is None for m in masks):
         return None
     b = plate.subsample_size
-    rows = [jnp.broadcast_to(m, (b, m.shape[1])) for m in masks]
+    rows = [jnp.broadcast_to(m, (b, m.shape[1])) for m in masks if m is not None]
     return jnp.any(jnp.concatenate(rows, axis=1), axis=1)
 
 
@@ -181,9 +181,10 @@ def _normal_loc_scale(
     if type(base) is not Normal:
         return None
     shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
-    return tuple(
+    loc, scale = (
         _parameter_rows(x, shape, plate, fn.event_dim) for x in (base.loc, base.scale)
     )
+    return loc, scale
 
 
 def _parameter_rows(
@@ -357,14 +358,14 @@ def _pad_support(
             )
             for j in range(k)
         )
-    arrays = [jnp.stack(a) if isinstance(a, list) else a for a in arrays]
+    stacked = [jnp.stack(a) if isinstance(a, list) else a for a in arrays]
     padded = [
         jnp.pad(
             a,
             [(0, k - a.shape[0])] + [(0, 0)] * (a.ndim - 1),
             constant_values=fill,
         )
-        for a in arrays
+        for a in stacked
     ]
     return jnp.concatenate(padded, axis=-1)
 
@@ -406,13 +407,15 @@ def normal_loc_scale(
     pairs = [_normal_loc_scale(s, plate) for s in observed]
     if not pairs or any(p is None for p in pairs):
         return None, None
-    if len(pairs) == 1:
-        return pairs[0]
+    present = [p for p in pairs if p is not None]
+    if len(present) == 1:
+        return present[0]
     b = plate.subsample_size
-    return tuple(
+    loc, scale = (
         jnp.concatenate([jnp.broadcast_to(r, (b, r.shape[1])) for r in x], axis=1)
-        for x in zip(*pairs, strict=True)
+        for x in zip(*present, strict=True)
     )
+    return loc, scale
 
 
 def site_log_pmf(
@@ -446,4 +449,5 @@ def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Ar
     """``(K, b, c)`` whether each observed scalar component equals each value
     of its finite support (laid out like :func:`site_log_pmf` and
     :func:`site_pmf`, padding ``False``)."""
-    return _pad_support([_site_obs_support(s, plate) for s in observed], False)
+    support = _pad_support([_site_obs_support(s, plate) for s in observed], False)
+    return cast(jax.Array, support)

@@ -129,7 +129,7 @@ def _is_masked(fn: Any) -> bool:
 
 def _static_site(site: dict[str, Any]) -> dict[str, Any]:
     """What :func:`replay_trace` keeps of a site: no traced value."""
-    value = site.get("value")
+    value: Any = site.get("value")
     static = {
         "name": site["name"],
         "type": site["type"],
@@ -138,12 +138,12 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
         # a read-only view of the shape and dtype, no memory
         "value": np.broadcast_to(
             np.zeros((), jax.dtypes.canonicalize_dtype(jnp.result_type(value))),
-            jnp.shape(value),
+            np.shape(value),
         ),
     }
     if site["type"] == "plate":
         static["args"] = tuple(int(a) if a is not None else None for a in site["args"])
-    fn = site.get("fn")
+    fn: Any = site.get("fn")
     if site["type"] == "sample":
         static["fn"] = _SiteFn(
             int(fn.event_dim),

@@ -284,6 +284,7 @@ def trace_particle(
     """
     seeded_guide = substitute(seed(guide, guide_key), data=draw_params)
     if strata is not None:
+        assert component is not None  # stratified draws name their stratum
         seeded_guide = strata.draw_stratum(seeded_guide, component)
     with without_rsample_stop_gradient():
         guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)

@@ -125,7 +125,7 @@ def _at_draws(key, params, args, kwargs, u, model, guide, plate):
         data = plate_of(model_trace, plate)
         sites = data_sites(observed_sites(model_trace), data)[0]
         log_lik = sum(site_log_lik(s, data)[0] for s in sites)
-        return log_q + log_det, log_lik
+        return log_q + log_det, jnp.asarray(log_lik)
 
     return jax.vmap(one)(u)
 

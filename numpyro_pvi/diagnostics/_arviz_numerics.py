@@ -82,7 +82,7 @@ class ArviZ0Numerics:
         )
         num_draws = values.shape[1]
         good_k = min(1 - 1 / np.log10(num_draws), 0.7)
-        fields = {
+        fields: dict[str, Any] = {
             "elpd_loo": float(elpd_i.sum()),
             "se": float(np.sqrt(elpd_i.size * np.var(elpd_i))),
             "p_loo": float(p_i.sum()),

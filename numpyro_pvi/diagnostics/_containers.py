@@ -81,7 +81,8 @@ class InferenceDataAdapter:
         )
 
     def build(self, groups: Mapping[str, xr.Dataset], attrs: Mapping[str, Any]) -> Any:
-        return az.InferenceData(**groups, attrs=dict(attrs))
+        datasets: dict[str, Any] = dict(groups)
+        return az.InferenceData(**datasets, attrs=dict(attrs))
 
     def add_groups(
         self, data: Any, groups: Mapping[str, xr.Dataset], attrs: Mapping[str, Any]

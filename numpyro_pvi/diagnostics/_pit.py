@@ -22,7 +22,7 @@ from numpyro_pvi._core import (
 )
 from numpyro_pvi.diagnostics._idata import component_labels
 from numpyro_pvi.diagnostics._replications import fit_replication
-from numpyro_pvi.particles import Y_SIM
+from numpyro_pvi.particles import Y_SIM, present
 from numpyro_pvi.selection import mask_observations
 
 
@@ -65,8 +65,8 @@ def pit_ranks(
         stratified=False,
     )
     terms = particle_terms(key_draw, params, model, guide, args, kwargs, spec)
-    y_sim = jax.lax.stop_gradient(terms.y_sim[:, index])  # (L, d)
-    y_obs = terms.y_obs[index]
+    y_sim = jax.lax.stop_gradient(present(terms.y_sim, "y_sim")[:, index])  # (L, d)
+    y_obs = present(terms.y_obs, "y_obs")[index]
     below = jnp.sum(y_sim < y_obs, axis=0)
     ties = jnp.sum(y_sim == y_obs, axis=0)
     return below + random.randint(key_tie, below.shape, 0, ties + 1)
@@ -111,6 +111,7 @@ def pit_replication(
         args, kwargs = inject(data)
         keep = jnp.ones(plate.size).at[index].set(0.0)
         conditioned = condition(model, data)
+        assert plate.selector is not None  # one observation is held out of a plate
         masked = mask_observations(conditioned, keep=keep, data_plate=plate.selector)
         params, fit = fit_replication(
             key_svi,

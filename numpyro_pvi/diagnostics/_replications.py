@@ -154,7 +154,7 @@ def dispatcher(one: Callable, chain_method: str | Callable) -> Callable:
         return jax.jit(lambda xs: lax.map(one, xs))
     if chain_method == "vectorized":
         return jax.jit(jax.vmap(one))
-    if chain_method != "sharded":
+    if callable(chain_method):
         return jax.jit(chain_method(one))
     mesh = Mesh(np.asarray(jax.local_devices()), (_AXIS,))
     spec = PartitionSpec(_AXIS)

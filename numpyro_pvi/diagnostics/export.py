@@ -36,6 +36,7 @@ from numpyro_pvi.particles import (
     OBSERVED,
     ParticleTerms,
     log_joint,
+    present,
 )
 
 __all__ = [
@@ -160,7 +161,7 @@ def to_inference_data(
     targets = check_loss_target(loss, where)
     spec = ParticleSpec(
         num_draws,
-        (LOG_LIK, LATENTS, OBSERVED),
+        frozenset({LOG_LIK, LATENTS, OBSERVED}),
         data_plate,
         objective="to_inference_data",
         stratified=False,
@@ -198,9 +199,11 @@ def export_groups(
     log_lik_group = (
         NOT_POSTERIOR_LOG_LIKELIHOOD if targets is False else "log_likelihood"
     )
+    latents = present(terms.latents, "latents")
+    observed_values = present(terms.observed, "observed")
     return {
         "posterior": draws_dataset(
-            terms.latents, dims={name: dims[name] for name in terms.latents}
+            latents, dims={name: dims[name] for name in latents}
         ),
         log_lik_group: draws_dataset(
             {log_lik_name: np.asarray(terms.log_lik_scaled, dtype=np.float64)},
@@ -213,7 +216,7 @@ def export_groups(
             }
         ),
         "observed_data": ADAPTER.dict_to_dataset(
-            {name: np.asarray(terms.observed[name]) for name in observed},
+            {name: np.asarray(observed_values[name]) for name in observed},
             dims={name: dims[name] for name in observed},
             sample_dims=(),
         ),

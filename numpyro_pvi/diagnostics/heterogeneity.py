@@ -261,7 +261,7 @@ def _draw_stats(
     check_full_data(tr, "heterogeneity")
     spec = ParticleSpec(
         num_draws,
-        (LATENTS,),
+        frozenset({LATENTS}),
         WHOLE_DATA,  # only the latents are needed
         objective="heterogeneity",
         require_observed=False,

@@ -41,6 +41,7 @@ from numpyro_pvi.particles import (
     WHOLE_DATA,
     ParticleTerms,
     log_joint,
+    present,
 )
 
 __all__ = ["PsisArrays", "pareto_smooth", "psis", "psis_arrays", "psis_groups"]
@@ -178,10 +179,11 @@ def pareto_smooth(
             tail_length,
             CONSTANT_WEIGHTS,
         )
+    k: Any
     if tail_length < MIN_TAIL:
         # too few draws to fit a tail (ArviZ 0.2x's convention on both
         # generations; arviz-stats refuses): k̂ = inf, raw normalised weights
-        log_weight, k = lr - logsumexp(lr), math.inf
+        log_weight, k = np.asarray(lr - logsumexp(lr)), math.inf
     else:
         log_weight, k = NUMERICS.psislw(lr)
         # a failed fit: NaN from arviz-stats (e.g. 25 draws), inf from 0.2x
@@ -274,7 +276,7 @@ def psis(
     targets = check_loss_target(loss, "psis")
     spec = ParticleSpec(
         num_draws,
-        (LOG_LIK, LATENTS),
+        frozenset({LOG_LIK, LATENTS}),
         WHOLE_DATA,
         objective="psis",
         require_observed=False,
@@ -317,13 +319,13 @@ def psis_arrays(
     the same) of ``fit = (rng_key, params, model, guide, args, kwargs)``;
     more log ratios are drawn with keys folded from ``rng_key`` while k̂ is
     not settled."""
-    rng_key, *rest = fit
+    rng_key, param_map, model, guide, args, kwargs = fit
     lp = np.asarray(log_joint(terms))  # every site with its own scale
     log_q = np.asarray(terms.log_q)
     log_ratio = np.asarray(lp - log_q, np.float64)
     more = ParticleSpec(
         log_ratio.size,
-        (LOG_LIK,),
+        frozenset({LOG_LIK}),
         WHOLE_DATA,
         objective="psis",
         require_observed=False,
@@ -332,11 +334,22 @@ def psis_arrays(
     smooth, total = _stable_smoothing(
         log_ratio,
         max_draws,
-        lambda i: _more_log_ratios(random.fold_in(rng_key, i), *rest, more, chunk_size),
+        lambda i: _more_log_ratios(
+            random.fold_in(rng_key, i),
+            param_map,
+            model,
+            guide,
+            args,
+            kwargs,
+            more,
+            chunk_size,
+        ),
     )
     log_weight = smooth.log_weight[: log_ratio.size]
     log_weight = log_weight - logsumexp(log_weight)
-    latents = {name: np.asarray(v) for name, v in terms.latents.items()}
+    latents = {
+        name: np.asarray(v) for name, v in present(terms.latents, "latents").items()
+    }
     return PsisArrays(latents, lp, log_q, log_ratio, log_weight, smooth, total)
 
 

@@ -119,7 +119,7 @@ def verdict(
 
 
 def _targets(attrs: dict) -> bool | None:
-    return {"true": True, "false": False}.get(attrs.get("targets_posterior"))
+    return {"true": True, "false": False}.get(str(attrs.get("targets_posterior")))
 
 
 def psis_summary(idata: Container) -> pd.DataFrame:

@@ -131,7 +131,7 @@ def report(
     data_plate = check_data_plate(data_plate, "report")
     spec = ParticleSpec(
         num_draws,
-        (LOG_LIK, LATENTS, OBSERVED),
+        frozenset({LOG_LIK, LATENTS, OBSERVED}),
         data_plate,
         objective="report",
         stratified=False,

@@ -84,7 +84,7 @@ def _interior_probability(num: int, cdf: np.ndarray, inside: np.ndarray) -> np.n
     :return: ``(C,)`` probabilities.
     """
     log_factorial = special.gammaln(np.arange(num + 1) + 1.0)
-    union = inside.any(axis=0)
+    union = np.asarray(inside.any(axis=0))
     prev_counts = np.zeros(1, dtype=int)
     prob = np.ones((inside.shape[0], 1))
     prev_cdf = 0.0

@@ -172,7 +172,8 @@ class AutoFlow(AutoContinuous):
             key = random.PRNGKey(0)
         flow = coupling_flow(
             random.fold_in(key, 2),
-            base_dist=StandardNormal((self.latent_dim,)),
+            # flowjax's equinox dataclass: mypy misreads its constructor
+            base_dist=StandardNormal((self.latent_dim,)),  # type: ignore[call-arg]
             transformer=RationalQuadraticSpline(
                 knots=self.knots, interval=self.interval
             ),

@@ -189,7 +189,7 @@ class AutoGaussianMixture(AutoContinuous):
         )
         self._init_locs_k = self._init_latent[None, :] + self.init_spread * noise
 
-    def _params(self) -> tuple[jax.Array, jax.Array, jax.Array | None, jax.Array]:
+    def _params(self) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
         K, D = self.num_components, self.latent_dim
         locs = numpyro.param(f"{self.prefix}_locs", self._init_locs_k)
         scale_trils = numpyro.param(
@@ -206,7 +206,7 @@ class AutoGaussianMixture(AutoContinuous):
     def _gate_log_weights(self, x: jax.Array) -> jax.Array:
         """``log ω_k(x)`` for covariate rows ``x`` (..., p) → (..., K)."""
         K = self.num_components
-        p = self.gating_covariates.shape[1]
+        p = x.shape[-1]
         coefs = numpyro.param(f"{self.prefix}_gate_coefs", jnp.zeros((K - 1, p)))
         eta = jnp.concatenate([jnp.zeros((1, p)), coefs], axis=0)
         return jax.nn.log_softmax(x @ eta.T, axis=-1)

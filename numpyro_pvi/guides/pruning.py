@@ -22,7 +22,7 @@ from numpyro_pvi._core import (
     svi_scan,
 )
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
-from numpyro_pvi.particles import LOG_LIK
+from numpyro_pvi.particles import LOG_LIK, present
 
 __all__ = ["PrunedFit", "fit_gm_pvi", "prune_components"]
 
@@ -60,7 +60,7 @@ def _strata_log_weights(
     """``(K, b)`` log ω_k(x_i), plus log p̂_k(y_i) when ``with_likelihood``."""
     spec = ParticleSpec(
         num_particles,
-        (LOG_LIK,) if with_likelihood else (),
+        frozenset({LOG_LIK} if with_likelihood else ()),
         objective="prune_components",
         require_reparam=False,
     )
@@ -70,7 +70,7 @@ def _strata_log_weights(
     log_w = jnp.reshape(terms.weights.log_predictive, (k, num_particles, -1))
     if not with_likelihood:
         return log_w[:, 0, :] + math.log(num_particles)
-    log_lik = jnp.reshape(terms.log_lik, (k, num_particles, -1))
+    log_lik = jnp.reshape(present(terms.log_lik, "log_lik"), (k, num_particles, -1))
     return jax.nn.logsumexp(log_w + log_lik, axis=1)  # log ω_k p̂_k(y_i)
 
 
@@ -115,7 +115,7 @@ def prune_components(
     :return: ``(new_guide, new_params, kept)`` with ``kept`` the indices of
         the surviving components.
     """
-    params, model, guide = check_fitted_call("prune_components", params, model, guide)
+    params, model, _ = check_fitted_call("prune_components", params, model, guide)
     if criterion == "auto":
         criterion = "responsibility" if guide.gating_covariates is None else "weight"
     if criterion not in ("weight", "responsibility"):
@@ -233,7 +233,9 @@ def fit_gm_pvi(
     if num_steps % block:
         blocks.append(num_steps % block)
     params, losses, history = None, [], []
-    state, svi, runners = None, None, {}
+    state: Any = None
+    svi: Any = None
+    runners: dict[int, Callable] = {}
     for i, length in enumerate(blocks):
         rng_key, init_key, prune_key = random.split(rng_key, 3)
         if state is None:
@@ -258,6 +260,7 @@ def fit_gm_pvi(
             if new_guide is not guide:
                 guide, state = new_guide, None
         history.append(guide.num_components)
+    assert params is not None  # num_steps >= 1 blocks ran
     return PrunedFit(
         guide, params, guide.num_components, jnp.concatenate(losses), history
     )

@@ -152,9 +152,12 @@ def linear_predictor_score(
     mean = x @ locs.T  # (n, K)
     sd = jnp.linalg.norm(jnp.einsum("np,kpd->nkd", x, trils), axis=-1)  # (n, K)
     if likelihood == "gaussian":
+        assert noise_scale is not None  # checked with the arguments
         comp = dist.Normal(mean, jnp.sqrt(noise_scale**2 + sd**2)).log_prob(y[:, None])
     else:
-        log_lik = _LIKELIHOODS.get(likelihood, likelihood)
+        log_lik = (
+            _LIKELIHOODS[likelihood] if isinstance(likelihood, str) else likelihood
+        )
         nodes, weights = np.polynomial.hermite.hermgauss(num_nodes)
         eta = mean[..., None] + math.sqrt(2.0) * sd[..., None] * jnp.asarray(nodes)
         log_w = jnp.log(jnp.asarray(weights)) - 0.5 * math.log(math.pi)

@@ -11,6 +11,7 @@ from numpyro_pvi.particles import (
     LOG_LIK,
     ParticleTerms,
     predictive_log_density,
+    present,
 )
 
 __all__ = ["LogScore", "Score", "simulations", "strata"]
@@ -123,7 +124,7 @@ class LogScore(Score):
     requires = frozenset({LOG_LIK})
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
-        return predictive_log_density(terms, terms.log_lik)
+        return predictive_log_density(terms, present(terms.log_lik, "log_lik"))
 
 
 def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]:

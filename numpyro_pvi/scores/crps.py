@@ -10,7 +10,13 @@ import jax
 import jax.numpy as jnp
 
 from numpyro_pvi._core import normal_abs_mean
-from numpyro_pvi.particles import Y_LOC_SCALE, Y_SIM, ParticleTerms, particle_sum
+from numpyro_pvi.particles import (
+    Y_LOC_SCALE,
+    Y_SIM,
+    ParticleTerms,
+    particle_sum,
+    present,
+)
 from numpyro_pvi.scores.base import Score, simulations, strata
 from numpyro_pvi.scores.pair_sums import (
     crps_fair,
@@ -70,8 +76,9 @@ def _normal_pair(a: tuple[jax.Array, ...], b: tuple[jax.Array, ...]) -> jax.Arra
 def _closed_form(terms: ParticleTerms) -> jax.Array:
     """The derangement estimator with both expectations over ``y`` given
     ``θ`` in closed form (Normal likelihoods)."""
-    loc, scale = terms.y_loc[..., 0], terms.y_scale[..., 0]  # (M, b or 1)
-    obs_term = normal_abs_mean(terms.y_obs[:, 0] - loc, scale)  # (M, b)
+    loc = present(terms.y_loc, "y_loc")[..., 0]  # (M, b or 1)
+    scale = present(terms.y_scale, "y_scale")[..., 0]
+    obs_term = normal_abs_mean(present(terms.y_obs, "y_obs")[:, 0] - loc, scale)
     return _with_next(terms, obs_term, (loc, scale), _normal_pair)
 
 
@@ -211,7 +218,7 @@ class CRPS(Score):
                 "other likelihoods."
             )
         if closed_form:
-            y_obs = terms.y_obs
+            y_obs = present(terms.y_obs, "y_obs")
         else:
             y_sim, y_obs = simulations(terms, self.name)
         if y_obs.shape[-1] != 1:

@@ -155,7 +155,7 @@ def derangement_pair_mean(
     k = omega.shape[0]
     xs = tree.tree_map(lambda t: t.reshape((k, -1) + t.shape[1:]), x)  # (K, M, ..)
     shifted = tree.tree_map(lambda t: jnp.roll(t, 1, axis=1), xs)
-    total = 0.0
+    total = jnp.zeros(())
     for a in range(k):  # K is a small Python integer
         x_a = tree.tree_map(lambda t, a=a: t[a], xs)
         d = jax.vmap(lambda xl, xa=x_a: particle_sum(pair(xa, xl)))(shifted)

@@ -12,6 +12,7 @@ from numpyro_pvi.particles import (
     PMF,
     ParticleTerms,
     particle_sum,
+    present,
 )
 from numpyro_pvi.scores.base import Score, strata
 
@@ -22,9 +23,10 @@ def _predictive_pmf(terms: ParticleTerms) -> jax.Array:
     r"""``(b,)`` :math:`\sum_j v_j f_j(y_i)`, the predictive pmf at the
     observations, summed in probability space (the score is linear in it, so
     an underflow to 0 costs nothing; no log-sum-exp pass is needed)."""
+    log_lik = present(terms.log_lik, "log_lik")
     if terms.num_strata == 1:
-        return particle_sum(jnp.exp(terms.log_lik)) / terms.log_lik.shape[0]
-    return particle_sum(jnp.exp(terms.log_lik + terms.weights.log_predictive))
+        return particle_sum(jnp.exp(log_lik)) / log_lik.shape[0]
+    return particle_sum(jnp.exp(log_lik + terms.weights.log_predictive))
 
 
 def _log_overlap(overlap: jax.Array) -> jax.Array:
@@ -155,9 +157,9 @@ class QuadraticScore(Score):
         """Pairs ``a != b`` weighted ``v_a v_b``, times ``M/(M-1)`` within a
         stratum, of the overlaps ``<f_a, f_b>``."""
         v, k, m = strata(terms)
-        n, _, b, c = terms.pmf.shape
+        pmf = present(terms.pmf, "pmf")  # (N, K, b, c)
+        n, _, b, c = pmf.shape
         q_obs = _predictive_pmf(terms)
-        pmf = terms.pmf  # (N, K, b, c)
         if c == 1:
             f = pmf[..., 0]  # (N, K, b)
             wf = v[:, None, :] * f

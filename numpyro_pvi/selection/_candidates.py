@@ -3,8 +3,9 @@ grids of one objective over λ fitted by one compiled program."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -78,10 +79,12 @@ def labelled(candidates: Mapping[str, ELBO] | Sequence[ELBO]) -> dict[str, ELBO]
     :param candidates: a mapping (labels kept) or a sequence (labelled by
         objective and λ, repeated labels numbered).
     """
+    items: list[tuple[str, Any]]
     if isinstance(candidates, Mapping):
         items = [(str(k), v) for k, v in candidates.items()]
     else:
-        items, seen = [], {}
+        items = []
+        seen: dict[str, int] = {}
         for loss in candidates:
             label = _label(loss) if isinstance(loss, ELBO) else repr(loss)
             seen[label] = seen.get(label, 0) + 1
@@ -111,6 +114,11 @@ class Grid(NamedTuple):
     make_loss: Callable[[jax.Array], ELBO]
 
 
+def _constant(loss: Any, _: Any) -> Any:
+    """The grid of a candidate without λ: ``loss`` whatever the value."""
+    return loss
+
+
 def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
     """Group the candidates into :class:`Grid` s: PVI objectives equal but for
     λ share one; every other candidate is a grid of one."""
@@ -137,7 +145,7 @@ def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
             values = np.asarray([float(loss.lam) for _, loss in group])
             out.append(Grid(labels, values, first.with_lam))
         else:
-            out.append(Grid(labels, np.zeros(1), lambda _, loss=first: loss))
+            out.append(Grid(labels, np.zeros(1), functools.partial(_constant, first)))
     return out
 
 

@@ -52,7 +52,8 @@ class mask_observations(Messenger):
             )
         self.keep = jnp.asarray(keep) != 0
         self.data_plate = data_plate
-        self._plate = None  # (size, subsample indices) of the data plate
+        # (size, subsample indices) of the data plate
+        self._plate: tuple[Any, Any] | None = None
         super().__init__(fn)
 
     def __enter__(self) -> Any:
@@ -80,7 +81,7 @@ class mask_observations(Messenger):
     def _batch_dim(self, msg: dict[str, Any]) -> tuple[int | None, Any]:
         shape = jnp.shape(msg["value"])
         batch = shape[: max(len(shape) - msg["fn"].event_dim, 0)]
-        dim, size = self.data_plate, self.keep.shape[0]
+        dim, size = int(self.data_plate), self.keep.shape[0]
         if len(batch) < -dim or batch[dim] != size:
             return None, None
         return dim, jnp.arange(size)

@@ -5,6 +5,7 @@ and gathered with the candidates' summaries into the result's
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -60,7 +61,8 @@ def reliable_scores(
         matched, fold_adapted = match_unreliable(
             sub,
             threshold,
-            lambda params=params: moment_matcher(
+            functools.partial(
+                moment_matcher,
                 rng_key,
                 params,
                 model,

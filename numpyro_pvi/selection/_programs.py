@@ -103,6 +103,7 @@ def lower_grid(
     values = jnp.asarray(grid.values, dtype=jnp.result_type(float))
 
     def svi(value: jax.Array, keep: jax.Array) -> SVI:
+        assert plate.selector is not None  # cross-validation has a data plate
         masked = mask_observations(model, keep=keep, data_plate=plate.selector)
         return SVI(masked, guide, optim, loss=grid.make_loss(value))
 
@@ -255,7 +256,7 @@ def split_scores(scores: Pointwise, params: list[Any]) -> list[Pointwise]:
     sizes = [jax.tree.leaves(p)[0].shape[0] for p in params]
     k = jax.tree.leaves(params[0])[0].shape[1]
 
-    def split(x: jax.Array) -> list[np.ndarray]:
+    def split(x: jax.Array | np.ndarray) -> list[np.ndarray]:
         out = np.asarray(x).reshape((sum(sizes), k, -1))
         return np.split(out, np.cumsum(sizes)[:-1])
 

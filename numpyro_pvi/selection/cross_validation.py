@@ -330,7 +330,7 @@ def _held_out(
     score: Score,
     fit: FitRecipe,
     keys: tuple[jax.Array, jax.Array],
-) -> tuple[dict[str, Pointwise], dict[str, np.ndarray]]:
+) -> tuple[dict[str, tuple[Pointwise, np.ndarray]], dict[str, np.ndarray]]:
     """Every candidate's held-out score of every observation, and the final
     loss of its fits: one compiled program per λ grid, and one that scores
     every fit, compiled at once. ``procedure`` is ``(model, guide, optim,
@@ -394,7 +394,9 @@ def _select(dataset: xr.Dataset, rule: str, reference: str | None) -> str:
     best = labels[int(np.argmax(np.where(np.isfinite(mean), mean, -np.inf)))]
     if rule == "one_se" and best != reference:
         diff = float(dataset["diff"].sel(candidate=best))
-        if diff <= float(dataset["diff_se"].sel(candidate=best)):
+        if reference is not None and diff <= float(
+            dataset["diff_se"].sel(candidate=best)
+        ):
             return reference
     return best
 
