@@ -98,6 +98,8 @@ nitpick_ignore_regex = [
         r"DataArray|Figure|Axes|Distribution|ELBO|SVI|PyTree|"
         r"Literal|Self|TypeAlias|ParamSpec|TypeVar)",
     ),
+    # type variables of generic signatures
+    (r"py:class", r"(.*\.)?_T"),
 ]
 suppress_warnings = ["myst.header"]
 
@@ -116,7 +118,6 @@ numpyro.set_platform("cpu")
 # -- HTML -----------------------------------------------------------------------
 html_theme = "pydata_sphinx_theme"
 html_title = "numpyro-pvi"
-html_static_path = ["_static"]
 html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
