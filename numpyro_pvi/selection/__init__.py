@@ -5,11 +5,23 @@ from numpyro_pvi.selection._candidates import default_candidates
 from numpyro_pvi.selection._folds import mask_observations
 from numpyro_pvi.selection.cross_validation import CrossValidation, cross_validate
 from numpyro_pvi.selection.plot import plot_cross_validation
+from numpyro_pvi.selection.stacking import (
+    StackedFit,
+    StackedGuide,
+    Stacking,
+    stack,
+    stacking_weights,
+)
 
 __all__ = [
     "CrossValidation",
+    "StackedFit",
+    "StackedGuide",
+    "Stacking",
     "cross_validate",
     "default_candidates",
     "mask_observations",
     "plot_cross_validation",
+    "stack",
+    "stacking_weights",
 ]
