@@ -1,0 +1,158 @@
+"""Posterior-predictive draws and the model's inputs, as ArviZ's groups:
+``posterior_predictive``, ``constant_data``, ``predictions`` and
+``predictions_constant_data`` (what ``az.plot_ppc``, ``loo_pit`` and
+``plot_ppc_pit`` read)."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+from numpyro.infer import Predictive
+from numpyro.primitives import Messenger
+
+from numpyro_pvi.diagnostics._containers import ADAPTER
+from numpyro_pvi.diagnostics._idata import draws_dataset
+
+
+class _simulate_observed(Messenger):
+    """The observed sites ``names`` sample from their distribution instead of
+    returning the data: the posterior predictive of the model as written.
+    Other observed sites (a prior written as an observed site, a factor)
+    keep their values."""
+
+    def __init__(self, fn: Callable, names: list[str]) -> None:
+        self.names = frozenset(names)
+        super().__init__(fn)
+
+    def process_message(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "sample" and msg["name"] in self.names:
+            msg["is_observed"] = False
+            msg["value"] = None
+
+
+def simulate_observed(
+    rng_key: jax.Array,
+    model: Callable,
+    draws: Mapping[str, Any],
+    observed: list[str],
+    args: tuple,
+    kwargs: dict,
+) -> dict[str, np.ndarray]:
+    """``(S, ...)`` every site of ``observed`` simulated at each of the ``S``
+    latent ``draws`` (one vectorised call of ``numpyro.infer.Predictive``)."""
+    predictive = Predictive(
+        _simulate_observed(model, observed),
+        posterior_samples=dict(draws),
+        return_sites=observed,
+    )
+    out = predictive(rng_key, *args, **kwargs)
+    return {name: np.asarray(out[name]) for name in observed}
+
+
+def model_inputs(
+    model: Callable, args: tuple, kwargs: dict, observed_values: Mapping[str, Any]
+) -> tuple[dict[str, np.ndarray], inspect.BoundArguments | None]:
+    """The model's array arguments that are not observed data, by the name of
+    their parameter, and the bound arguments (``None`` when the model's
+    signature cannot be read)."""
+    try:
+        bound = inspect.signature(model).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return {}, None
+    observed = [np.asarray(v) for v in observed_values.values()]
+    inputs = {}
+    for name, value in bound.arguments.items():
+        if not isinstance(value, np.ndarray | jax.Array) or np.ndim(value) == 0:
+            continue
+        array = np.asarray(value)
+        if any(_same(array, y) for y in observed):
+            continue
+        inputs[name] = array
+    return inputs, bound
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+
+
+def inputs_dataset(
+    inputs: Mapping[str, np.ndarray], plate_name: str | None, plate_size: int
+) -> xr.Dataset:
+    """``constant_data``: an axis as long as the data plate is named after it."""
+    dims = {
+        name: [plate_name] + [f"{name}_dim_{i}" for i in range(1, x.ndim)]
+        for name, x in inputs.items()
+        if plate_name is not None and x.shape[0] == plate_size
+    }
+    return ADAPTER.dict_to_dataset(dict(inputs), dims=dims, sample_dims=())
+
+
+def predictive_groups(
+    rng_key: jax.Array,
+    model: Callable,
+    fit: tuple[Mapping[str, Any], Mapping[str, Any], dict[str, list[str]]],
+    plate: tuple[str | None, int],
+    args: tuple,
+    kwargs: dict,
+    predictions: Mapping[str, Any] | None,
+) -> dict[str, xr.Dataset]:
+    """``posterior_predictive`` and ``constant_data`` of a fit, and with
+    ``predictions`` (new values of the model's arguments, by name)
+    ``predictions`` and ``predictions_constant_data``. ``fit`` is ``(draws,
+    observed_values, dims)``; ``plate`` the data plate's name and size."""
+    draws, observed_values, dims = fit
+    observed = list(observed_values)
+    groups = {}
+    try:
+        simulated = simulate_observed(rng_key, model, draws, observed, args, kwargs)
+    except NotImplementedError as err:  # a distribution without a sampler
+        warnings.warn(
+            f"to_inference_data: no posterior_predictive group: an observed site "
+            f"of {observed} cannot be simulated ({err}).",
+            UserWarning,
+            stacklevel=3,
+        )
+    else:
+        groups["posterior_predictive"] = draws_dataset(
+            simulated, dims={n: dims[n] for n in observed}
+        )
+    inputs, bound = model_inputs(model, args, kwargs, observed_values)
+    if inputs:
+        groups["constant_data"] = inputs_dataset(inputs, *plate)
+    if predictions is None:
+        return groups
+    if bound is None:
+        raise ValueError(
+            "to_inference_data: predictions= names the model's arguments, but "
+            "the model's signature cannot be read; wrap it in a function with "
+            "named parameters."
+        )
+    unknown = sorted(set(predictions) - set(inspect.signature(model).parameters))
+    if unknown:
+        raise ValueError(
+            f"to_inference_data: predictions= names {unknown}, which are not "
+            f"arguments of the model {sorted(inspect.signature(model).parameters)}."
+        )
+    new = inspect.signature(model).bind(*args, **kwargs)
+    for name, value in new.arguments.items():
+        if name not in inputs and any(
+            _same(np.asarray(value), np.asarray(y)) for y in observed_values.values()
+        ):
+            new.arguments[name] = None  # the observed data: simulated instead
+    new.arguments.update(predictions)
+    key = jax.random.fold_in(rng_key, 1)
+    groups["predictions"] = draws_dataset(
+        simulate_observed(key, model, draws, observed, new.args, new.kwargs),
+        dims={n: dims[n] for n in observed},
+    )
+    new_inputs = {k: np.asarray(v) for k, v in predictions.items() if v is not None}
+    groups["predictions_constant_data"] = ADAPTER.dict_to_dataset(
+        new_inputs, sample_dims=()
+    )
+    return groups

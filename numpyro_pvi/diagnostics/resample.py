@@ -1,0 +1,194 @@
+r"""Importance resampling of a guide's draws with Pareto-smoothed weights.
+
+When the guide is close enough to the posterior (k̂ below ``good_k``), the
+Pareto-smoothed importance weights :math:`\tilde w_s \propto p(\theta_s,
+y)/q(\theta_s)` turn the guide's draws into draws nearer the posterior:
+resampling :math:`\theta_s` with probability :math:`\tilde w_s` (Stan's
+Pathfinder ``psis_resample``, rstan's ``vb(importance_resampling=TRUE)``),
+and running the model's predictive at the resampled draws gives an
+importance-weighted posterior predictive.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+from jax import random
+
+from numpyro_pvi._core import (
+    ParticleSpec,
+    check_fitted_call,
+    check_int,
+    check_loss_target,
+    data_sites,
+    observed_sites,
+    plate_of,
+    structured_draws,
+)
+from numpyro_pvi.diagnostics._containers import ADAPTER, Container
+from numpyro_pvi.diagnostics._idata import (
+    draws_dataset,
+    objective_attrs,
+    root_attrs,
+    site_dims,
+)
+from numpyro_pvi.diagnostics._predictive import simulate_observed
+from numpyro_pvi.diagnostics.psis import psis_arrays
+from numpyro_pvi.particles import LATENTS, LOG_LIK, WHOLE_DATA
+
+__all__ = ["psis_resample", "resample_indices"]
+
+
+def resample_indices(
+    log_weight: np.ndarray, num_draws: int, *, replace: bool, seed: int
+) -> np.ndarray:
+    """Indices of ``num_draws`` draws resampled with probabilities
+    ``exp(log_weight)``: multinomial with replacement, or successive sampling
+    without replacement (each index at most once, as Stan offers).
+
+    :param log_weight: ``(S,)`` normalised log weights.
+    :param num_draws: how many indices.
+    :param replace: with replacement.
+    :param seed: the NumPy generator's seed.
+    :return: ``(num_draws,)`` indices into the ``S`` draws.
+    """
+    w = np.exp(np.asarray(log_weight, np.float64))
+    w = w / w.sum()
+    if not replace and num_draws > np.count_nonzero(w):
+        raise ValueError(
+            f"psis_resample: {num_draws} draws without replacement, but only "
+            f"{np.count_nonzero(w)} of the guide's draws have a non-zero weight: "
+            "ask for fewer, resample with replacement, or draw more proposals "
+            "(num_proposals=)."
+        )
+    return np.random.default_rng(seed).choice(w.size, num_draws, replace, p=w)
+
+
+def psis_resample(
+    rng_key: jax.Array,
+    params: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    *args: Any,
+    loss: Any = None,
+    num_draws: int = 1000,
+    num_proposals: int = 4000,
+    replace: bool = True,
+    **kwargs: Any,
+) -> Container:
+    r"""Resample a fitted guide's draws with their Pareto-smoothed importance
+    weights, and the importance-weighted posterior predictive.
+
+    Draws ``num_proposals`` times from the guide, Pareto-smooths the log
+    ratios :math:`\log p(\theta_s, y) - \log q(\theta_s)` as
+    :func:`~numpyro_pvi.diagnostics.psis` does, resamples ``num_draws`` of
+    them with the smoothed weights (``replace=False``: each draw at most
+    once) and runs the model at each, with its observed sites simulated.
+
+    Only for objectives that target the Bayesian posterior: the weights
+    correct the guide toward the posterior, which for
+    :class:`~numpyro_pvi.PredictiveELBO` and :class:`~numpyro_pvi.PACmELBO`
+    fits undoes the objective; those are refused. A k̂ at or above
+    ``good_k`` is warned about: the resampled draws are then not reliable.
+
+    Groups: ``posterior`` (the resampled draws), ``posterior_predictive``
+    (every observed site simulated at each of them), ``psis`` (the
+    diagnostic of the weights: ``pareto_k``, ``good_k``, ``ess_is``,
+    ``num_distinct``, the number of distinct proposals resampled).
+
+    :param rng_key: random key.
+    :param params: the fitted parameters.
+    :param model: the model.
+    :param guide: the fitted guide.
+    :param args: the model's positional arguments (with the data).
+    :param loss: the objective the guide was fitted with (``None``: a
+        Bayesian fit).
+    :param num_draws: the number of resampled draws.
+    :param num_proposals: the number of guide draws resampled from.
+    :param replace: resample with replacement (multinomial) or without.
+    :param kwargs: the model's keyword arguments.
+    :return: ArviZ's container (``InferenceData`` / ``DataTree``).
+
+    **References**
+
+    1. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
+       Gabry (JMLR 2024).
+    2. *Pathfinder: Parallel quasi-Newton variational inference*, Zhang,
+       Carpenter, Gelman, Vehtari (JMLR 2022).
+    """
+    params, model, guide = check_fitted_call("psis_resample", params, model, guide)
+    num_draws = check_int(num_draws, "num_draws", "psis_resample", minimum=1)
+    num_proposals = check_int(
+        num_proposals, "num_proposals", "psis_resample", minimum=2
+    )
+    targets = check_loss_target(loss, "psis_resample")
+    if targets is False:
+        raise ValueError(
+            f"psis_resample: {type(loss).__name__} does not target the Bayesian "
+            "posterior: importance weights toward the posterior would undo what "
+            "it fits. Use the guide's own draws for its predictive "
+            "(predictive_score, numpyro.infer.Predictive), or resample a fit of "
+            "Trace_ELBO, StratifiedELBO, SoftCVIELBO or SNISForwardKL."
+        )
+    key_draws, key_resample, key_predict = random.split(rng_key, 3)
+    spec = ParticleSpec(
+        num_proposals,
+        frozenset({LOG_LIK, LATENTS}),
+        WHOLE_DATA,
+        objective="psis_resample",
+        require_observed=False,
+        stratified=False,
+    )
+    fit = (key_draws, params, model, guide, args, kwargs)
+    terms, tr = structured_draws(*fit, spec)
+    arrays = psis_arrays(fit, terms, max_draws=num_proposals)
+    smoothing = arrays.smoothing
+    if not smoothing.pareto_k < smoothing.good_k:
+        warnings.warn(
+            f"psis_resample: k̂ = {smoothing.pareto_k:.2f} is not below good_k = "
+            f"{smoothing.good_k:.2f}: the importance weights are unreliable and "
+            "so are the resampled draws. Improve the guide (a richer family, "
+            "more steps) before resampling.",
+            UserWarning,
+            stacklevel=2,
+        )
+    seed = int(random.randint(key_resample, (), 0, np.iinfo(np.int32).max))
+    index = resample_indices(arrays.log_weight, num_draws, replace=replace, seed=seed)
+    draws = {name: value[index] for name, value in arrays.latents.items()}
+    # the observations' sites (a prior written as an observed site keeps its value)
+    observed = [
+        s["name"] for s in data_sites(observed_sites(tr), plate_of(tr, None))[0]
+    ]
+    predictive = simulate_observed(key_predict, model, draws, observed, args, kwargs)
+    dims = site_dims(tr)
+    groups = {
+        "posterior": draws_dataset(draws, dims={n: dims[n] for n in draws}),
+        "posterior_predictive": draws_dataset(
+            predictive, dims={n: dims[n] for n in predictive}
+        ),
+        "psis": xr.Dataset(
+            {
+                "pareto_k": smoothing.pareto_k,
+                "good_k": smoothing.good_k,
+                "ess_is": smoothing.ess_is,
+                "num_distinct": len(np.unique(index)),
+            },
+            attrs={
+                "method": "Pareto smoothed importance resampling",
+                "num_proposals": num_proposals,
+                "replace": str(replace).lower(),
+            },
+        ),
+    }
+    attrs = objective_attrs(loss, targets)
+    return ADAPTER.build(
+        groups,
+        root_attrs(
+            guide, diagnostic="psis_resample", replace=str(replace).lower(), **attrs
+        ),
+    )
