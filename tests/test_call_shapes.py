@@ -42,6 +42,7 @@ Y = 0.5 + X + 0.3 * random.normal(random.PRNGKey(0), (N,))
 FITTED = {
     "predictive_score": numpyro_pvi.predictive_score,
     "psis": diagnostics.psis,
+    "psis_resample": diagnostics.psis_resample,
     "to_inference_data": diagnostics.to_inference_data,
     "report": diagnostics.report,
     "heterogeneity": diagnostics.heterogeneity,
@@ -52,6 +53,7 @@ FITTING = {
     "predictive_calibration": diagnostics.predictive_calibration,
     "cross_validate": selection.cross_validate,
     "fit_gm_pvi": pvi_guides.fit_gm_pvi,
+    "stack": selection.stack,
 }
 
 

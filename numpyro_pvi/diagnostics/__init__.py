@@ -22,6 +22,7 @@ from numpyro_pvi.diagnostics.psis import ParetoSmoothing, pareto_smooth, psis
 from numpyro_pvi.diagnostics.psis_plot import plot_psis
 from numpyro_pvi.diagnostics.psis_summary import psis_summary
 from numpyro_pvi.diagnostics.report import report
+from numpyro_pvi.diagnostics.resample import psis_resample
 from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
 
 __all__: list[str] = [
@@ -36,6 +37,7 @@ __all__: list[str] = [
     "plot_psis",
     "plot_vsbc",
     "psis",
+    "psis_resample",
     "psis_summary",
     "report",
     "to_inference_data",

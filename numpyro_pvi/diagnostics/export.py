@@ -3,12 +3,13 @@ log-likelihood of the data plate."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 import xarray as xr
+from jax import random
 
 from numpyro_pvi._core import (
     ParticleSpec,
@@ -30,6 +31,7 @@ from numpyro_pvi.diagnostics._idata import (
     root_attrs,
     site_dims,
 )
+from numpyro_pvi.diagnostics._predictive import predictive_groups
 from numpyro_pvi.particles import (
     LATENTS,
     LOG_LIK,
@@ -76,6 +78,7 @@ def to_inference_data(
     num_draws: int = 1000,
     data_plate: str | int | None = None,
     chunk_size: int | None = None,
+    predictions: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> Container:
     r"""Draws of a fitted guide with the pointwise log-likelihood, for ArviZ.
@@ -121,7 +124,19 @@ def to_inference_data(
       draws: what ArviZ ≥ 1.0's ``arviz_stats.loo_approximate_posterior(data,
       data.sample_stats.lp, data.sample_stats.log_q)`` needs to correct
       PSIS-LOO for the difference between the guide and the posterior
-      (Magnusson et al. 2019).
+      (Magnusson et al. 2019);
+    - ``posterior_predictive``: every observed site of the data plate
+      simulated at each draw (the model run with its observed sites
+      sampled), so ``az.plot_ppc``, ``az.loo_pit`` (0.2x),
+      ``arviz_stats.loo_pit`` and ``arviz_plots.plot_ppc_pit`` (≥ 1.0) run
+      on the container as it is;
+    - ``constant_data``: the model's array arguments other than the observed
+      data, by their parameter names (an axis as long as the data plate is
+      named after it);
+    - with ``predictions={"x": x_new, ...}`` (new values of the model's
+      arguments, by name; the observed data are left out): ``predictions``,
+      the observed sites simulated at the new inputs from the same draws,
+      and ``predictions_constant_data``, the new inputs.
 
     On ArviZ ≥ 1.0, ``arviz_base.from_numpyro_svi`` also converts an SVI fit;
     use it for the posterior draws (and its own ``log_likelihood`` of each
@@ -142,6 +157,8 @@ def to_inference_data(
         observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param chunk_size: evaluate the draws in chunks of this size to bound
         memory; ``None`` evaluates all at once.
+    :param predictions: new values of the model's arguments, by parameter
+        name, for the ``predictions`` group.
     :param kwargs: keyword arguments of model and guide.
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` with
         the same groups on ArviZ ≥ 1.0.
@@ -175,7 +192,26 @@ def to_inference_data(
         psis_loo=PSIS_LOO_NOTE,
         **objective_attrs(loss, targets),
     )
-    return ADAPTER.build(export_groups(terms, tr, data_plate, targets), attrs)
+    groups = export_groups(terms, tr, data_plate, targets)
+    plate = plate_of(tr, data_plate)
+    observed = data_sites(observed_sites(tr), plate)[0]
+    observed_values = present(terms.observed, "observed")
+    groups.update(
+        predictive_groups(
+            random.fold_in(rng_key, 1),
+            model,
+            (
+                present(terms.latents, "latents"),
+                {site["name"]: observed_values[site["name"]] for site in observed},
+                site_dims(tr),
+            ),
+            (plate.name, plate.size),
+            args,
+            kwargs,
+            predictions,
+        )
+    )
+    return ADAPTER.build(groups, attrs)
 
 
 def export_groups(

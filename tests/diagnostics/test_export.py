@@ -8,6 +8,7 @@ import matplotlib
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import optax
 import pytest
 from jax import random
 from numpyro.infer import SVI, Trace_ELBO
@@ -76,6 +77,7 @@ def test_layout_and_pointwise_log_likelihood(exported):
         "log_likelihood",
         "sample_stats",
         "observed_data",
+        "posterior_predictive",  # no constant_data: the model's one input is y
     }
     assert idata.log_likelihood["y"].dims == ("chain", "draw", "data")
     sizes = dict(group(idata, "log_likelihood").sizes)
@@ -146,6 +148,89 @@ def test_arviz_functions_run(exported):
     else:
         assert np.isfinite(az.waic(exported).elpd_waic)  # WAIC left ArviZ 1.0
         assert np.size(az.plot_posterior(exported)) == 1
+    plt.close("all")
+
+
+def test_posterior_predictive_is_the_model_simulated_at_each_draw(exported):
+    y_rep = group(exported, "posterior_predictive")["y"]
+    assert y_rep.dims == ("chain", "draw", "data")
+    mu = exported.posterior["mu"].values.reshape(-1)
+    residual = y_rep.values.reshape(4000, 12) - mu[:, None]
+    # y_rep - mu ~ N(0, SIGMA^2) independently of mu: mean 0, sd SIGMA
+    assert abs(residual.mean()) < 4 * SIGMA / np.sqrt(residual.size)
+    assert abs(residual.std() / SIGMA - 1) < 4 / np.sqrt(2 * residual.size)
+    assert abs(np.corrcoef(residual[:, 0], mu)[0, 1]) < 4 / np.sqrt(4000)
+
+
+def _regression(x, y=None):
+    b = numpyro.sample("b", dist.Normal(0.0, 2.0))
+    with numpyro.plate("obs", x.shape[0]):
+        numpyro.sample("y", dist.Normal(b * x, 0.5), obs=y)
+
+
+def test_constant_data_and_predictions_at_new_inputs():
+    x = jnp.linspace(-1.0, 1.0, 20)
+    y = 0.8 * x + 0.5 * random.normal(random.PRNGKey(0), (20,))
+    guide = AutoNormal(_regression)
+    params = (
+        SVI(_regression, guide, optax.adam(0.05), Trace_ELBO())
+        .run(random.PRNGKey(1), 500, x, y, progress_bar=False)
+        .params
+    )
+    x_new = jnp.array([-3.0, 0.0, 3.0])
+    idata = to_inference_data(
+        random.PRNGKey(2),
+        params,
+        _regression,
+        guide,
+        x,
+        y,
+        num_draws=2000,
+        predictions={"x": x_new},
+    )
+    assert {"constant_data", "predictions", "predictions_constant_data"} <= (
+        group_names(idata)
+    )
+    np.testing.assert_allclose(group(idata, "constant_data")["x"], x)
+    assert group(idata, "constant_data")["x"].dims == ("obs",)
+    np.testing.assert_allclose(group(idata, "predictions_constant_data")["x"], x_new)
+    pred = group(idata, "predictions")["y"]
+    assert pred.sizes["draw"] == 2000 and pred.shape[-1] == 3
+    b = idata.posterior["b"].values.reshape(-1)
+    expected = b.mean() * np.asarray(x_new)
+    sd = np.sqrt(b.var() * np.asarray(x_new) ** 2 + 0.25)
+    np.testing.assert_array_less(
+        np.abs(pred.values.reshape(2000, 3).mean(0) - expected), 4 * sd / np.sqrt(2000)
+    )
+    with pytest.raises(ValueError, match="not arguments of the model"):
+        to_inference_data(
+            random.PRNGKey(2),
+            params,
+            _regression,
+            guide,
+            x,
+            y,
+            num_draws=10,
+            predictions={"z": x_new},
+        )
+
+
+def test_arviz_predictive_checks_run_on_the_export(exported):
+    import matplotlib.pyplot as plt
+
+    if ARVIZ_1:
+        import arviz_plots
+        import arviz_stats
+
+        pit = arviz_stats.loo_pit(exported)
+        values = np.asarray(pit["y"])
+        assert values.shape == (12,) and np.all((values >= 0) & (values <= 1))
+        plot = arviz_plots.plot_ppc_pit(exported)
+        assert plot.viz is not None
+    else:
+        assert np.size(az.plot_ppc(exported, num_pp_samples=50)) >= 1
+        pit = az.loo_pit(exported, y="y")
+        assert pit.shape == (12,) and np.all((pit >= 0) & (pit <= 1))
     plt.close("all")
 
 
