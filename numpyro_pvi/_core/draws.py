@@ -28,7 +28,7 @@ from numpyro_pvi.particles import ParticleTerms
 
 
 def check_fitted_call(
-    function: str, params: Any, model: Any, guide: Any
+    function: str, params: Any, model: Any, guide: Any, *, needs_density: bool = False
 ) -> tuple[dict[str, jax.Array], Callable, Callable]:
     """Check ``(params, model, guide)`` of a call on a fitted guide.
 
@@ -36,6 +36,9 @@ def check_fitted_call(
     :param params: should be the fitted parameters (a mapping).
     :param model: should be the model (callable).
     :param guide: should be the guide (callable).
+    :param needs_density: the function reads the guide's log density: refuse
+        a guide that declares it has none of its own (``has_density =
+        False``, e.g. :class:`~numpyro_pvi.selection.StackedGuide`).
     :return: ``(params, model, guide)`` in that order.
     """
     problems = []
@@ -53,6 +56,14 @@ def check_fitted_call(
             f"{function} takes (rng_key, params, model, guide, *args, **kwargs): "
             + "; ".join(problems)
             + "."
+        )
+    if needs_density and getattr(guide, "has_density", True) is False:
+        raise ValueError(
+            f"{function} reads the guide's log density at its draws, but this "
+            f"guide ({type(guide).__name__}) has none that is its own (e.g. a "
+            "StackedGuide: a component's density is not the mixture's). Use it "
+            "where only its draws are read (predictive_score, "
+            "numpyro.infer.Predictive), or pass one candidate's fitted guide."
         )
     check_finite_params(function, params)
     return dict(params), model, guide

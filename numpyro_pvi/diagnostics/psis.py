@@ -270,7 +270,9 @@ def psis(
     2. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
        Gabry (JMLR 2024).
     """
-    params, model, guide = check_fitted_call("psis", params, model, guide)
+    params, model, guide = check_fitted_call(
+        "psis", params, model, guide, needs_density=True
+    )
     num_draws = check_int(num_draws, "num_draws", "psis", minimum=2)
     max_draws = check_int(max_draws, "max_draws", "psis", minimum=2)
     targets = check_loss_target(loss, "psis")

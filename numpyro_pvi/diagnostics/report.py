@@ -126,7 +126,9 @@ def report(
        *Bayesian leave-one-out cross-validation for large data.* ICML.
     """
     targets = check_loss_target(loss, "report")
-    params, model, guide = check_fitted_call("report", params, model, guide)
+    params, model, guide = check_fitted_call(
+        "report", params, model, guide, needs_density=True
+    )
     num_draws = check_int(num_draws, "num_draws", "report", minimum=2)
     data_plate = check_data_plate(data_plate, "report")
     spec = ParticleSpec(

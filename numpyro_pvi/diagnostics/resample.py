@@ -121,7 +121,9 @@ def psis_resample(
     2. *Pathfinder: Parallel quasi-Newton variational inference*, Zhang,
        Carpenter, Gelman, Vehtari (JMLR 2022).
     """
-    params, model, guide = check_fitted_call("psis_resample", params, model, guide)
+    params, model, guide = check_fitted_call(
+        "psis_resample", params, model, guide, needs_density=True
+    )
     num_draws = check_int(num_draws, "num_draws", "psis_resample", minimum=1)
     num_proposals = check_int(
         num_proposals, "num_proposals", "psis_resample", minimum=2

@@ -192,13 +192,19 @@ class StackedGuide:
     leading axis (``StackedFit.params``). Use it wherever a fitted
     guide's predictive is read (:func:`~numpyro_pvi.predictive_score`,
     ``numpyro.infer.Predictive``); it has no density of its own (the
-    component's density is not the mixture's), so PSIS and the export of
-    the joint density refuse it.
+    component's density is not the mixture's), so the functions that read a
+    guide's density (``psis``, ``psis_resample``, ``report``,
+    ``to_inference_data``) refuse it with an error that says so.
 
     :param guide: the candidates' guide (one guide, fitted once per
         candidate).
     :param weights: ``(C,)`` the stacking weights.
     """
+
+    #: its log density at its draws is not the mixture's: the functions that
+    #: read a guide's density (psis, psis_resample, report,
+    #: to_inference_data) refuse it
+    has_density = False
 
     def __init__(self, guide: Callable, weights: Any) -> None:
         self.guide = guide

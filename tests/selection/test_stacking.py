@@ -150,3 +150,25 @@ def test_stacked_guide_draws_each_candidate_with_its_weight():
     )(jax.random.split(jax.random.PRNGKey(0), 4000))
     frac = float(jnp.mean(draws > 0))
     assert abs(frac - 0.75) < 4 * np.sqrt(0.75 * 0.25 / 4000)
+
+
+@pytest.mark.parametrize(
+    "call", ["psis", "psis_resample", "report", "to_inference_data"]
+)
+def test_functions_that_read_the_guide_density_refuse_a_stacked_guide(call):
+    from numpyro_pvi import diagnostics
+
+    guide = AutoNormal(_model)
+    x = jnp.linspace(-1, 1, 5)
+    numpyro.handlers.seed(guide, 0)(x)
+    params = {
+        "stacked_params": {
+            "w_auto_loc": jnp.array([-1.0, 1.0]),
+            "w_auto_scale": jnp.array([0.1, 0.1]),
+        }
+    }
+    stacked = StackedGuide(guide, [0.5, 0.5])
+    with pytest.raises(ValueError, match="a component's density is not the mixture"):
+        getattr(diagnostics, call)(
+            jax.random.PRNGKey(0), params, _model, stacked, x, jnp.zeros(5)
+        )
