@@ -2,11 +2,15 @@ r"""The held-out benchmark with λ chosen by cross-validation: for every split,
 :func:`numpyro_pvi.selection.cross_validate` chooses among VI and the PVI
 grid on the fitting part (train and validation merged), the chosen
 objective is refitted on the whole fitting part and scored on the test
-part, beside VI fitted the same way.
+part, beside VI fitted the same way. The candidates are also stacked
+(:func:`numpyro_pvi.selection.stacking_weights`): those with weight at
+least 0.01 are refitted the same way and their stacked predictive
+(:class:`numpyro_pvi.selection.StackedGuide`) is scored on the test part.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,12 +24,20 @@ from numpyro.infer.elbo import ELBO
 from benchmarks.harness import BenchmarkResult, DataSplit, decaying_adam
 from numpyro_pvi import FitRecipe, predictive_score
 from numpyro_pvi._core import svi_scan
-from numpyro_pvi.selection import cross_validate, default_candidates
+from numpyro_pvi.selection import (
+    StackedGuide,
+    cross_validate,
+    default_candidates,
+    stacking_weights,
+)
+from numpyro_pvi.selection.stacking import STACKED_PARAMS
 
-__all__ = ["RULES", "format_paired", "run_cv_benchmark"]
+__all__ = ["RULES", "format_paired", "format_stacked", "run_cv_benchmark"]
 
-#: Selection rules compared: each gets its own row.
+#: Selection rules compared: each gets its own row (and so does stacking).
 RULES = ("one_se", "best")
+#: Candidates with a smaller stacking weight are not refitted.
+MIN_WEIGHT = 0.01
 _NAMES = {"log": "Log", "crps": "CRPS", "quadratic": "Quad"}
 
 
@@ -41,6 +53,19 @@ def _fit(model, guide, optim, loss: ELBO, num_steps: int) -> Callable:
         return svi.get_params(state)
 
     return fit
+
+
+def _fitted(label: str, *, ctx: tuple, num_steps: int, fit_keys: Any) -> Any:
+    """The parameters of candidate ``label`` refitted on split ``s``'s fitting
+    part (cached in ``params``, its compiled fit in ``fits``)."""
+    cv, score, s, split, guide, fits, params, model, optim = ctx
+    # candidates of different scores share labels ("lam=0")
+    key = label if label == cv.reference else (score, label)
+    if key not in params:
+        if key not in fits:
+            fits[key] = _fit(model, guide, optim, cv.candidates[label], num_steps)
+        params[key] = fits[key](fit_keys[s], split.train)
+    return params[key]
 
 
 def _test_sums(key, params, model, guide, data, scores, num_draws) -> dict:
@@ -124,19 +149,18 @@ def run_cv_benchmark(
                     **split.train,
                 )
                 seconds = time.perf_counter() - start
+
+                ctx = (cv, score, s, split, guide, fits, params, model, optim)
+                fitted = functools.partial(
+                    _fitted, ctx=ctx, num_steps=num_steps, fit_keys=fit_keys
+                )
+
                 for rule in RULES:
                     label = cv.select(rule)
-                    # candidates of different scores share labels ("lam=0")
-                    key = label if label == cv.reference else (score, label)
-                    if key not in params:
-                        loss = cv.candidates[label]
-                        if key not in fits:
-                            fits[key] = _fit(model, guide, optim, loss, num_steps)
-                        params[key] = fits[key](fit_keys[s], split.train)
                     r = row(f"PVI-{_NAMES.get(score, score)} (CV, {rule})")
                     r["selected"].append(label)
                     r["test"].append(
-                        _test_sums(test_keys[s], params[key], model, guide,
+                        _test_sums(test_keys[s], fitted(label), model, guide,
                                    split.test, test_scores, num_draws)
                     )  # fmt: skip
                     r["seconds"] += seconds / len(RULES)
@@ -144,6 +168,28 @@ def run_cv_benchmark(
                         r["validation"].setdefault(str(c), []).append(
                             float(cv.scores["mean"].sel(candidate=c))
                         )
+                stacking = stacking_weights(cv)
+                labels = [
+                    str(c)
+                    for c, w in zip(
+                        cv.scores.candidate.values, stacking.weights.values, strict=True
+                    )
+                    if w >= MIN_WEIGHT
+                ]
+                w = stacking.weights.sel(candidate=labels).values
+                stacked = jax.tree.map(
+                    lambda *p: jax.numpy.stack(p), *(fitted(c) for c in labels)
+                )
+                r = row(f"PVI-{_NAMES.get(score, score)} (CV, stacked)")
+                w = w / w.sum()
+                r["selected"].append(
+                    ", ".join(f"{c} {v:.2f}" for c, v in zip(labels, w, strict=True))
+                )
+                r["test"].append(
+                    _test_sums(test_keys[s], {STACKED_PARAMS: stacked}, model,
+                               StackedGuide(guide, w), split.test,
+                               test_scores, num_draws)
+                )  # fmt: skip
                 if progress is not None:
                     d = cv.scores
                     progress(
@@ -194,5 +240,33 @@ def format_paired(results: Sequence[BenchmarkResult], *, title: str = "") -> str
         lines.append(
             f"| {title} | {r.guide} | {objective} | {rule.rstrip(')')} | "
             f"{diff.mean():+.2f} ({se:.2f}) | {int((diff > 0).sum())}/{diff.size} |"
+        )
+    return "\n".join(lines)
+
+
+def format_stacked(results: Sequence[BenchmarkResult], *, title: str = "") -> str:
+    """Markdown table of the stacked predictive minus the candidate chosen by
+    the one-standard-error rule, on each score's own test sum, paired by
+    split: mean (standard error over splits), splits where stacking is at
+    least as good.
+
+    :param results: the output of :func:`run_cv_benchmark` for one model.
+    :param title: the model column's value.
+    """
+    lines = [
+        "| model | guide | score | stacked − chosen | stacked ≥ chosen |",
+        "|---|---|---|---|---|",
+    ]
+    by = {(r.guide, r.objective): r for r in results}
+    for (guide, objective), r in by.items():
+        if not objective.endswith("(CV, stacked)"):
+            continue
+        chosen = by[(guide, objective.replace("stacked", "one_se"))]
+        name = "crps" if "CRPS" in objective else "log"
+        diff = r.test[name] - chosen.test[name]
+        se = diff.std(ddof=1) / np.sqrt(diff.size) if diff.size > 1 else np.nan
+        lines.append(
+            f"| {title} | {guide} | {name} | {diff.mean():+.2f} ({se:.2f}) | "
+            f"{int((diff >= 0).sum())}/{diff.size} |"
         )
     return "\n".join(lines)

@@ -81,7 +81,7 @@ from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from benchmarks.candidates import Objective, pvi_objective
-from benchmarks.cv_harness import format_paired, run_cv_benchmark
+from benchmarks.cv_harness import format_paired, format_stacked, run_cv_benchmark
 from benchmarks.dense_guide import DenseGuide
 from benchmarks.harness import (
     DataSplit,
@@ -440,6 +440,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         table = format_table(results, title=key)
         if args.selection == "cv":
             print(format_paired(results, title=key))
+            print(format_stacked(results, title=key))
         print(
             f"{key}: {time.perf_counter() - t0:.0f}s wall, "
             f"{time.process_time() - c0:.0f}s CPU, load "

@@ -44,8 +44,17 @@ from numpyro_pvi._core.draws import (
     structured_draws,
 )
 from numpyro_pvi._core.folds import fold_ids
-from numpyro_pvi._core.held_out import Pointwise, log_sum_estimate, pointwise_estimate
-from numpyro_pvi._core.loo import approximate_loo_pointwise
+from numpyro_pvi._core.held_out import (
+    Pointwise,
+    log_sum_estimate,
+    mixture_terms,
+    pair_gain,
+    pointwise_estimate,
+)
+from numpyro_pvi._core.loo import (
+    approximate_loo_log_weights,
+    approximate_loo_pointwise,
+)
 from numpyro_pvi._core.moment_matching import moment_matcher
 
 # first: the scores (imported by held_out below) import it through this door
@@ -99,6 +108,7 @@ from numpyro_pvi._core.validation import (
 
 __all__ = [
     "normal_abs_mean",
+    "approximate_loo_log_weights",
     "approximate_loo_pointwise",
     "fold_ids",
     "joint_log_likelihood",
@@ -133,6 +143,7 @@ __all__ = [
     "latent_dependent_observations",
     "latent_sites",
     "log_sum_estimate",
+    "mixture_terms",
     "model_structure",
     "moment_matcher",
     "obs_mask_site",
@@ -141,6 +152,7 @@ __all__ = [
     "per_observation",
     "plate_of",
     "pmf",
+    "pair_gain",
     "pointwise_estimate",
     "psis_smooth",
     "good_k",

@@ -168,3 +168,46 @@ def pointwise_estimate(score: Score, terms: ParticleTerms) -> Pointwise:
     se = jnp.where(observed, se, 0.0)
     k = jnp.where(observed, k, jnp.nan)
     return Pointwise(estimate, se, k, observed)
+
+
+def mixture_terms(a: ParticleTerms, b: ParticleTerms, weight: float) -> ParticleTerms:
+    r"""The terms of the mixture :math:`w\,q_a + (1 - w)\,q_b` of two fits of
+    one guide, as stratified draws: ``a``'s strata weighted by
+    :math:`w`, then ``b``'s by :math:`1 - w` (both must have the same number
+    of draws per stratum; the observations' fields are ``a``'s)."""
+    if a.weights.log_predictive.shape != b.weights.log_predictive.shape:
+        raise ValueError(
+            "mixture_terms: the two fits' draws differ in shape "
+            f"{a.weights.log_predictive.shape} and {b.weights.log_predictive.shape}."
+        )
+    fields = {
+        name: jax.tree.map(
+            lambda x, y: jnp.concatenate([x, y]), getattr(a, name), getattr(b, name)
+        )
+        for name in _PER_PARTICLE
+        if getattr(a, name) is not None
+    }
+    log_w, log_1mw = math.log(weight), math.log1p(-weight)
+    fields["weights"] = a.weights._replace(
+        particle=jnp.concatenate(
+            [a.weights.particle * weight, b.weights.particle * (1 - weight)]
+        ),
+        log_predictive=jnp.concatenate(
+            [a.weights.log_predictive + log_w, b.weights.log_predictive + log_1mw]
+        ),
+    )
+    return a._replace(num_strata=a.num_strata + b.num_strata, entropy=None, **fields)
+
+
+def pair_gain(score: Score, a: ParticleTerms, b: ParticleTerms) -> jax.Array:
+    r"""``(b,)`` the quadratic coefficient :math:`G_{ab}` of the score of the
+    mixture of two fits' predictives: for a score whose mixture score is
+    quadratic in the weights (``score.mixture_is_quadratic``),
+    :math:`S(w F_a + (1-w) F_b) = w S(F_a) + (1-w) S(F_b) + w(1-w) G_{ab}`,
+    so :math:`G_{ab} = 4[S(\tfrac12 F_a + \tfrac12 F_b) - \tfrac12 S(F_a) -
+    \tfrac12 S(F_b)]`, estimated from the same draws as the two scores (an
+    exact identity of the estimates, not only of their expectations).
+    Observations that masks remove have gain ``0``."""
+    mid = score.estimate(mixture_terms(a, b, 0.5))
+    gain = 4.0 * (mid - 0.5 * (score.estimate(a) + score.estimate(b)))
+    return observation_scores(gain, a)

@@ -12,7 +12,11 @@ corrected for the approximation) and the PVI heterogeneity check of Lai & Yao
 """
 
 from numpyro_pvi.diagnostics._containers import get_group
-from numpyro_pvi.diagnostics.export import approximate_loo, to_inference_data
+from numpyro_pvi.diagnostics.export import (
+    approximate_loo,
+    approximate_loo_weights,
+    to_inference_data,
+)
 from numpyro_pvi.diagnostics.heterogeneity import heterogeneity, plot_heterogeneity
 from numpyro_pvi.diagnostics.predictive_calibration import predictive_calibration
 from numpyro_pvi.diagnostics.predictive_calibration_plot import (
@@ -28,6 +32,7 @@ from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
 __all__: list[str] = [
     "ParetoSmoothing",
     "approximate_loo",
+    "approximate_loo_weights",
     "get_group",
     "heterogeneity",
     "pareto_smooth",

@@ -13,6 +13,7 @@ from jax import random
 
 from numpyro_pvi._core import (
     ParticleSpec,
+    approximate_loo_log_weights,
     check_data_plate,
     check_fitted_call,
     check_int,
@@ -24,7 +25,12 @@ from numpyro_pvi._core import (
     structured_draws,
 )
 from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
-from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
+from numpyro_pvi.diagnostics._containers import (
+    ADAPTER,
+    SAMPLE_DIMS,
+    Container,
+    dataset,
+)
 from numpyro_pvi.diagnostics._idata import (
     draws_dataset,
     objective_attrs,
@@ -45,6 +51,7 @@ __all__ = [
     "NOT_POSTERIOR_LOG_LIKELIHOOD",
     "PSIS_LOO_NOTE",
     "approximate_loo",
+    "approximate_loo_weights",
     "to_inference_data",
 ]
 
@@ -290,22 +297,96 @@ def approximate_loo(
     1. *Bayesian leave-one-out cross-validation for large data*, Magnusson,
        Andersen, Jonasson, Vehtari (ICML 2019).
     """
+    stats = _posterior_export(data, "approximate_loo")
+    return NUMERICS.approximate_loo(
+        data, stats["lp"], stats["log_q"], pointwise=pointwise, var_name=var_name
+    )
+
+
+def approximate_loo_weights(
+    data: Container, *, var_names: str | list[str] | None = None
+) -> tuple[xr.Dataset, xr.Dataset]:
+    r"""The leave-one-out importance weights of a variational fit's draws,
+    corrected for the approximation, for ArviZ's LOO-PIT.
+
+    The log ratios :math:`\log p(	heta_s, y) - \log q(	heta_s) - \log p(y_i
+    \mid 	heta_s)` of :func:`approximate_loo`, Pareto-smoothed and
+    normalised per observation. ArviZ's ``loo_pit`` computes its weights from
+    the log-likelihood alone, treating the guide's draws as posterior draws;
+    with these it weights them towards each leave-one-out posterior:
+
+    .. code-block:: python
+
+        log_weights, pareto_k = approximate_loo_weights(data)
+        arviz_stats.loo_pit(data, log_weights=log_weights, pareto_k=pareto_k)  # 1.x
+        az.loo_pit(data, y="y", log_weights=log_weights["y"].stack(
+            __sample__=("chain", "draw")))                                   # 0.2x
+
+    :param data: the result of :func:`to_inference_data` of a fit whose
+        objective targets the posterior.
+    :param var_names: the ``log_likelihood`` variables (default: all).
+    :return: ``log_weights`` (dims of the log-likelihood: ``chain``,
+        ``draw`` and the observation's) and ``pareto_k`` (the observation's
+        dims), ``xarray.Dataset`` with one variable per observed site.
+
+    **References**
+
+    1. *Bayesian leave-one-out cross-validation for large data*, Magnusson,
+       Andersen, Jonasson, Vehtari (ICML 2019).
+    2. *Practical Bayesian model evaluation using leave-one-out
+       cross-validation and WAIC*, Vehtari, Gelman, Gabry (Statistics and
+       Computing 2017), §5 (LOO-PIT).
+    """
+    stats = _posterior_export(data, "approximate_loo_weights")
+    group = dataset(
+        data, "log_likelihood", "approximate_loo_weights", "to_inference_data"
+    )
+    available = [str(name) for name in group.data_vars]
+    names = [var_names] if isinstance(var_names, str) else var_names
+    names = available if names is None else names
+    unknown = sorted(set(names) - set(available))
+    if unknown:
+        raise ValueError(
+            f"approximate_loo_weights: {unknown} are not log_likelihood variables; "
+            f"choose among {sorted(available)}."
+        )
+    log_p = stats["lp"].values.reshape(-1)
+    log_q = stats["log_q"].values.reshape(-1)
+    weights, ks = {}, {}
+    for name in names:
+        log_lik = group[name]
+        obs_dims = [d for d in log_lik.dims if d not in SAMPLE_DIMS]
+        flat = log_lik.transpose(*obs_dims, *SAMPLE_DIMS)
+        values = flat.values.reshape(-1, log_p.size)
+        log_weight, k = approximate_loo_log_weights(
+            values, log_p, log_q, NUMERICS.psislw
+        )
+        weights[name] = flat.copy(data=log_weight.reshape(flat.shape)).transpose(
+            *log_lik.dims
+        )
+        ks[name] = flat.isel({d: 0 for d in SAMPLE_DIMS}, drop=True).copy(
+            data=k.reshape(flat.shape[: len(obs_dims)])
+        )
+    return xr.Dataset(weights), xr.Dataset(ks)
+
+
+def _posterior_export(data: Container, where: str) -> xr.Dataset:
+    """The ``sample_stats`` of an export of a fit that targets the posterior,
+    with ``lp`` and ``log_q``; refused otherwise."""
     if NOT_POSTERIOR_LOG_LIKELIHOOD in ADAPTER.groups(data):
         raise ValueError(
-            "approximate_loo: this export is of a fit whose objective "
+            f"{where}: this export is of a fit whose objective "
             f"({dict(data.attrs).get('objective')}) does not target the "
             "Bayesian posterior; PSIS-LOO would estimate the Bayesian posterior's "
             "held-out score, not this fit's. Compare such fits by held-out score: "
             "arviz.compare(numpyro_pvi.selection.cross_validate(...).to_elpd())."
         )
-    stats = dataset(data, "sample_stats", "approximate_loo", "to_inference_data")
-    dataset(data, "log_likelihood", "approximate_loo", "to_inference_data")
+    stats = dataset(data, "sample_stats", where, "to_inference_data")
+    dataset(data, "log_likelihood", where, "to_inference_data")
     missing = {"lp", "log_q"} - set(stats.data_vars)
     if missing:
         raise ValueError(
-            f"approximate_loo: sample_stats lacks {sorted(missing)}; pass the "
+            f"{where}: sample_stats lacks {sorted(missing)}; pass the "
             "result of numpyro_pvi.diagnostics.to_inference_data."
         )
-    return NUMERICS.approximate_loo(
-        data, stats["lp"], stats["log_q"], pointwise=pointwise, var_name=var_name
-    )
+    return stats

@@ -28,6 +28,14 @@ class Score:
     :meth:`estimate`. ``min_particles`` is the smallest number of
     particles the estimator is defined for.
 
+    ``mixture_is_quadratic`` says that the score of a mixture
+    :math:`\sum_c w_c F_c` of predictives is a quadratic function of the
+    weights :math:`w` (kernel scores such as the CRPS and the energy score,
+    and the quadratic score), and that :meth:`estimate` under stratified
+    draws is that quadratic function of the strata weights: stacking
+    (:func:`~numpyro_pvi.selection.stacking_weights`) then solves for the
+    weights from the candidates' pairwise mixtures.
+
     ``terms.log_lik`` is ``(M, b)``; ``terms.y_sim`` is ``(M, b, d)`` with
     ``terms.y_obs`` ``(b, d)`` (one flattened row per observation, several
     observed sites concatenated); ``terms.log_pmf`` and ``terms.pmf`` are
@@ -82,6 +90,7 @@ class Score:
     name: ClassVar[str] = "score"
     requires: ClassVar[frozenset[str]] = frozenset()
     min_particles: ClassVar[int] = 1
+    mixture_is_quadratic: ClassVar[bool] = False
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         """Per-observation score estimates.
@@ -128,12 +137,15 @@ class LogScore(Score):
 
 
 def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]:
+    """The simulated and the observed values, ``(M, b, d)`` and ``(b, d)``,
+    as floating-point arrays (counts are simulated as integers)."""
     if terms.y_sim is None or terms.y_obs is None:
         raise ValueError(
             f"score={score!r} needs simulated observations: request 'y_sim' from "
             "the particle machinery."
         )
-    return terms.y_sim, terms.y_obs
+    dtype = jnp.result_type(terms.y_sim, terms.y_obs, float)
+    return terms.y_sim.astype(dtype), terms.y_obs.astype(dtype)
 
 
 def strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:

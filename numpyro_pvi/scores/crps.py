@@ -195,6 +195,7 @@ class CRPS(Score):
     # XLA's dead-code elimination when the step is compiled
     requires = frozenset({Y_SIM, Y_LOC_SCALE})
     min_particles = 2
+    mixture_is_quadratic = True
     default_estimator = "auto"
 
     def __init__(self, *, estimator: str = default_estimator) -> None:
@@ -301,6 +302,7 @@ class EnergyScore(Score):
     name = "energy"
     requires = frozenset({Y_SIM})
     min_particles = 2
+    mixture_is_quadratic = True
 
     def __init__(self, beta: float = 1.0, *, estimator: str = "all-pairs") -> None:
         try:

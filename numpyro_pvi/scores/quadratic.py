@@ -122,6 +122,7 @@ class QuadraticScore(Score):
     name = "quadratic"
     requires = frozenset({LOG_LIK, PMF})
     min_particles = 2
+    mixture_is_quadratic = True
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         if terms.pmf is None or terms.log_lik is None:

@@ -11,12 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import xarray as xr
+from jax import random
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._core import (
     DataPlate,
+    FitRecipe,
     Pointwise,
     good_k,
     moment_matcher,
@@ -24,10 +27,19 @@ from numpyro_pvi._core import (
 from numpyro_pvi.evaluation import match_unreliable
 from numpyro_pvi.scores import LogScore, Score
 from numpyro_pvi.selection._candidates import (
+    grids,
     lam_coordinates,
 )
 from numpyro_pvi.selection._programs import (
     ModelData,
+    compile_all,
+    lower_grid,
+    lower_pair_gains,
+    lower_scores,
+    pair_gain_scorer,
+    pointwise_scorer,
+    run_grid,
+    split_scores,
 )
 
 
@@ -158,3 +170,91 @@ def scores_dataset(
         "observed": ("observation", observed),
     }
     return xr.Dataset(data_vars, coords=coords, attrs={"reference": reference or ""})
+
+
+def held_out_scores(
+    procedure: tuple,
+    candidates: dict[str, ELBO],
+    folds: np.ndarray,
+    score: Score,
+    fit: FitRecipe,
+    keys: tuple[jax.Array, jax.Array],
+) -> tuple[
+    dict[str, tuple[Pointwise, np.ndarray]],
+    dict[str, np.ndarray],
+    np.ndarray | None,
+]:
+    """Every candidate's held-out score of every observation, the final
+    loss of its fits and, for a score whose mixture score is quadratic in
+    the weights, the ``(C, C, N)`` pairwise gains of stacking
+    (:class:`~numpyro_pvi.selection._programs.PairGains`): one compiled
+    program per λ grid, one that scores every fit and one for the pairs,
+    compiled at once. ``procedure`` is ``(model, guide, optim, plate, data,
+    init_params)``; ``folds`` the fold of every observation."""
+    model, guide, optim, plate, data, init_params = procedure
+    fit_key, score_key = keys
+    num_folds = len(np.unique(folds))
+    keeps = jnp.asarray(folds)[None, :] != jnp.arange(num_folds)[:, None]  # (K, N)
+    scorer = pointwise_scorer(model, guide, plate, score, fit.num_draws, data)
+    jax.eval_shape(scorer, score_key, init_params, data.dynamic)  # the score applies
+    programs = [
+        lower_grid(grid, model, guide, optim, plate, keeps, fit_key, data)
+        for grid in grids(candidates)
+    ]
+    shapes = [p.run.out_info[2] for p in programs]
+    score_program = lower_scores(scorer, score_key, shapes, data)
+    pairs = None
+    if score.mixture_is_quadratic and len(candidates) > 1:
+        pairs = lower_pair_gains(
+            pair_gain_scorer(model, guide, plate, score, fit.num_draws, data),
+            score_key,
+            shapes,
+            [list(p.grid.labels) for p in programs],
+            list(candidates),
+            data,
+        )
+    compiled = compile_all(
+        [x for p in programs for x in (p.init, p.run)]
+        + [score_program]
+        + ([pairs.program] if pairs is not None else [])
+    )
+    n = len(programs)
+    programs = [
+        p._replace(init=i, run=r)
+        for p, i, r in zip(
+            programs, compiled[0 : 2 * n : 2], compiled[1 : 2 * n : 2], strict=True
+        )
+    ]
+    fits = [
+        (p.grid, *run_grid(p, num_steps=fit.num_steps, progress_bar=fit.progress_bar))
+        for p in programs
+    ]
+    params = [fitted for _, fitted, _ in fits]
+    pointwise = split_scores(compiled[2 * n](score_key, params, data.dynamic), params)
+    held_out, final_loss = {}, {}
+    rows, cols = folds, np.arange(plate.size)
+    for (grid, fitted, losses), scores in zip(fits, pointwise, strict=True):
+        for g, label in enumerate(grid.labels):  # scores: (G, K, N)
+            estimates = Pointwise(*(x[g][rows, cols] for x in scores))
+            fold_params = [
+                jax.tree.map(lambda x, g=g, k=k: x[g, k], fitted)
+                for k in range(num_folds)
+            ]
+            held_out[label] = reliable_scores(
+                estimates,
+                score,
+                fit.num_draws,
+                rows,
+                fold_params,
+                model,
+                guide,
+                plate,
+                data,
+                random.fold_in(score_key, 1),
+            )
+            final_loss[label] = losses[g]
+    gains = None
+    if pairs is not None:
+        out = compiled[-1](score_key, params, pairs.pairs, data.dynamic)
+        gains = pairs.gains(out, folds, len(candidates))
+    return held_out, final_loss, gains

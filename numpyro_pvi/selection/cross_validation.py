@@ -8,7 +8,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 from jax import random
@@ -18,7 +17,6 @@ from numpyro.infer.elbo import ELBO
 from numpyro_pvi._core import (
     DataPlate,
     FitRecipe,
-    Pointwise,
     check_int,
     check_recipe,
     deprecation,
@@ -30,25 +28,15 @@ from numpyro_pvi._core import (
 from numpyro_pvi.scores import Score, get_score
 from numpyro_pvi.selection._candidates import (
     default_candidates,
-    grids,
     labelled,
     reference_label,
 )
 from numpyro_pvi.selection._held_out_scores import (
-    reliable_scores,
+    held_out_scores,
     scores_dataset,
     warn_unreliable,
 )
-from numpyro_pvi.selection._programs import (
-    ModelData,
-    compile_all,
-    lower_grid,
-    lower_scores,
-    model_data,
-    pointwise_scorer,
-    run_grid,
-    split_scores,
-)
+from numpyro_pvi.selection._programs import ModelData, model_data
 
 __all__ = ["CrossValidation", "cross_validate"]
 
@@ -281,10 +269,13 @@ def cross_validate(
     plate = _data_plate(fit_key, params, model, guide, data, data_plate, num_folds)
     folds = np.asarray(fold_ids(fold_key, plate.size, num_folds))
     procedure = (model, guide, optim, plate, data, params)
-    held_out, final_loss = _held_out(
+    held_out, final_loss, gains = held_out_scores(
         procedure, candidates, folds, score, fit, (fit_key, score_key)
     )
     dataset = scores_dataset(candidates, held_out, final_loss, folds, reference)
+    if gains is not None:
+        dataset["pair_gain"] = (("candidate", "other", "observation"), gains)
+        dataset = dataset.assign_coords(other=list(candidates))
     dataset.attrs.update(
         score=score.name,
         num_folds=num_folds,
@@ -321,68 +312,6 @@ def _check_options(
     if rule not in _RULES:
         raise ValueError(f"cross_validate: rule must be one of {_RULES}, got {rule!r}.")
     return score, num_folds
-
-
-def _held_out(
-    procedure: tuple,
-    candidates: dict[str, ELBO],
-    folds: np.ndarray,
-    score: Score,
-    fit: FitRecipe,
-    keys: tuple[jax.Array, jax.Array],
-) -> tuple[dict[str, tuple[Pointwise, np.ndarray]], dict[str, np.ndarray]]:
-    """Every candidate's held-out score of every observation, and the final
-    loss of its fits: one compiled program per λ grid, and one that scores
-    every fit, compiled at once. ``procedure`` is ``(model, guide, optim,
-    plate, data, init_params)``; ``folds`` the fold of every observation."""
-    model, guide, optim, plate, data, init_params = procedure
-    fit_key, score_key = keys
-    num_folds = len(np.unique(folds))
-    keeps = jnp.asarray(folds)[None, :] != jnp.arange(num_folds)[:, None]  # (K, N)
-    scorer = pointwise_scorer(model, guide, plate, score, fit.num_draws, data)
-    jax.eval_shape(scorer, score_key, init_params, data.dynamic)  # the score applies
-    programs = [
-        lower_grid(grid, model, guide, optim, plate, keeps, fit_key, data)
-        for grid in grids(candidates)
-    ]
-    shapes = [p.run.out_info[2] for p in programs]
-    score_program = lower_scores(scorer, score_key, shapes, data)
-    compiled = compile_all(
-        [x for p in programs for x in (p.init, p.run)] + [score_program]
-    )
-    programs = [
-        p._replace(init=i, run=r)
-        for p, i, r in zip(programs, compiled[0:-1:2], compiled[1:-1:2], strict=True)
-    ]
-    fits = [
-        (p.grid, *run_grid(p, num_steps=fit.num_steps, progress_bar=fit.progress_bar))
-        for p in programs
-    ]
-    params = [fitted for _, fitted, _ in fits]
-    pointwise = split_scores(compiled[-1](score_key, params, data.dynamic), params)
-    held_out, final_loss = {}, {}
-    rows, cols = folds, np.arange(plate.size)
-    for (grid, fitted, losses), scores in zip(fits, pointwise, strict=True):
-        for g, label in enumerate(grid.labels):  # scores: (G, K, N)
-            estimates = Pointwise(*(x[g][rows, cols] for x in scores))
-            fold_params = [
-                jax.tree.map(lambda x, g=g, k=k: x[g, k], fitted)
-                for k in range(num_folds)
-            ]
-            held_out[label] = reliable_scores(
-                estimates,
-                score,
-                fit.num_draws,
-                rows,
-                fold_params,
-                model,
-                guide,
-                plate,
-                data,
-                random.fold_in(score_key, 1),
-            )
-            final_loss[label] = losses[g]
-    return held_out, final_loss
 
 
 def _select(dataset: xr.Dataset, rule: str, reference: str | None) -> str:

@@ -2,20 +2,40 @@ r"""Stacking of cross-validated candidates (Yao, Vehtari, Simpson & Gelman 2018)
 
 Choosing one candidate of :func:`~numpyro_pvi.selection.cross_validate`
 throws the others away. Stacking keeps them all: it chooses weights on the
-simplex that maximise the held-out log score of the *mixture* of the
-candidates' posterior predictives,
+simplex that maximise the held-out score of the *mixture* of the
+candidates' posterior predictives, :math:`\hat w = \arg\max_{w \in
+\Delta_C} \sum_{i=1}^n S(\sum_c w_c\, p_c(\cdot \mid y_{-k(i)}), y_i)`,
+where :math:`p_c(\cdot \mid y_{-k(i)})` is candidate :math:`c`'s predictive
+fitted without the fold :math:`k(i)` holding observation :math:`i`.
+
+**Log score.** The objective is :math:`\sum_i \log \sum_c w_c\,
+p_c(y_i \mid y_{-k(i)})`, concave in :math:`w`, from the candidates'
+pointwise held-out log densities.
+
+**CRPS, energy and quadratic scores** (``Score.mixture_is_quadratic``). The
+score of a mixture is quadratic in its weights: for a kernel score
+:math:`S(F, y) = -\mathbb{E}\rho(X, y) + \tfrac12\mathbb{E}\rho(X, X')`,
 
 .. math::
 
-    \hat w = \arg\max_{w \in \Delta_C} \sum_{i=1}^n
-    \log \sum_{c=1}^C w_c\, p_c(y_i \mid y_{-k(i)}),
+    S\Bigl(\sum_c w_c F_c, y\Bigr) = \sum_c w_c S(F_c, y)
+    + \tfrac12 \sum_{c \ne d} w_c w_d\, G_{cd}(y),
+    \qquad G_{cd} = \mathbb{E}\rho(X_c, X_d) - \tfrac12\mathbb{E}\rho(X_c, X_c')
+    - \tfrac12\mathbb{E}\rho(X_d, X_d') \ge 0
 
-where :math:`p_c(y_i \mid y_{-k(i)})` is candidate :math:`c`'s predictive
-density at :math:`y_i` fitted without the fold :math:`k(i)` holding it. The
-objective is concave in :math:`w`; it is solved on the softmax logits by
-L-BFGS (SciPy) with its analytic gradient. Its value at :math:`\hat w` is
-at least that of every single candidate (a vertex of the simplex), and more
-when the candidates err at different observations.
+on the simplex (:math:`G_{cd}` is half the energy distance of :math:`F_c`
+and :math:`F_d`; the quadratic score likewise, with :math:`G_{cd} =
+\lVert f_c - f_d \rVert^2`). ``cross_validate`` estimates :math:`G_{cd}`
+at every observation from the same draws as the candidates' scores, as
+:math:`4[S(\tfrac12 F_c + \tfrac12 F_d) - \tfrac12 S(F_c) - \tfrac12
+S(F_d)]`, and stacking maximises the quadratic :math:`w^\top \bar s +
+\tfrac12 w^\top \bar G w` (means over observations): a concave quadratic
+programme on the simplex (:math:`G` is conditionally negative definite).
+
+Both are solved on the softmax logits by L-BFGS (SciPy) with the analytic
+gradient. The value at :math:`\hat w` is at least that of every single
+candidate (a vertex of the simplex), and more when the candidates err at
+different observations.
 """
 
 from __future__ import annotations
@@ -43,6 +63,7 @@ __all__ = [
     "StackedGuide",
     "Stacking",
     "stack",
+    "stacked_pointwise",
     "stacking_weights",
     "stacking_weights_arrays",
 ]
@@ -59,14 +80,15 @@ class Stacking:
     :ivar weights: ``xarray.DataArray`` over ``candidate``: the weight of each
         candidate's posterior predictive in the stacked predictive (on the
         simplex).
-    :ivar pointwise: ``(n,)`` the stacked predictive's held-out log score at
+    :ivar pointwise: ``(n,)`` the stacked predictive's held-out score at
         each scored observation (the weights are fitted to these scores, so
         their sum is optimistic by about the number of free weights).
     :ivar single: the candidate with the best mean held-out score alone.
-    :ivar mean: the stacked predictive's mean held-out log score per
+    :ivar mean: the stacked predictive's mean held-out score per
         observation; ``single_mean`` the best single candidate's.
     :ivar se: the standard error of ``mean - single_mean`` (paired over
         observations).
+    :ivar score: the score's name (positively oriented: the CRPS negated).
     """
 
     weights: xr.DataArray
@@ -75,11 +97,12 @@ class Stacking:
     mean: float
     single_mean: float
     se: float
+    score: str = "log"
 
     def __repr__(self) -> str:
         lines = [
             "Stacking of the cross-validated candidates' posterior predictives "
-            "(weights maximise the held-out log score of their mixture)",
+            f"(weights maximise the held-out {self.score} score of their mixture)",
             f"  {'candidate':<24s} weight",
         ]
         for label, w in zip(
@@ -87,43 +110,49 @@ class Stacking:
         ):
             lines.append(f"  {str(label):<24s} {w:6.3f}")
         lines.append(
-            f"  held-out log score per observation: stacked {self.mean:.4f}, "
+            f"  held-out {self.score} score per observation: stacked {self.mean:.4f}, "
             f"best single ({self.single}) {self.single_mean:.4f}, "
             f"difference {self.mean - self.single_mean:+.4f} ± {self.se:.4f}"
         )
         return "\n".join(lines)
 
 
-def stacking_weights_arrays(log_scores: np.ndarray) -> np.ndarray:
+def stacking_weights_arrays(
+    scores: np.ndarray, pair_gains: np.ndarray | None = None
+) -> np.ndarray:
     r"""The stacking weights of ``C`` candidates from their pointwise held-out
-    log scores: the :math:`w \in \Delta_C` that maximises
-    :math:`\sum_i \log \sum_c w_c e^{s_{ci}}`.
+    scores.
 
-    :param log_scores: ``(C, n)`` held-out log predictive densities
-        :math:`s_{ci}` (finite).
+    Without ``pair_gains``, ``scores`` are log densities :math:`s_{ci}` and
+    the weights maximise :math:`\sum_i \log \sum_c w_c e^{s_{ci}}`; with
+    them, the weights maximise :math:`\sum_i [\sum_c w_c s_{ci} +
+    \tfrac12 \sum_{c \ne d} w_c w_d G_{cdi}]`, the score of the mixture for
+    a score that is quadratic in it (module docstring).
+
+    :param scores: ``(C, n)`` held-out scores (finite).
+    :param pair_gains: ``(C, C, n)`` the pairwise gains :math:`G_{cdi}`
+        (symmetric; the diagonal is ignored), or ``None`` for log scores.
     :return: ``(C,)`` weights on the simplex.
     """
-    s = np.asarray(log_scores, dtype=np.float64)
-    if s.ndim != 2 or s.shape[0] < 1 or s.shape[1] < 1:
-        raise ValueError(
-            f"stacking: expected (candidates, observations) log scores, got shape "
-            f"{s.shape}."
-        )
-    if not np.all(np.isfinite(s)):
-        raise ValueError(
-            "stacking: a held-out log score is not finite (NaN or -inf); "
-            "stacking needs every candidate's score at every observation."
-        )
+    s = _checked(scores, "held-out score", ndim=2)
     if s.shape[0] == 1:
         return np.ones(1)
-    s = s - s.max(axis=0, keepdims=True)  # per observation: the same optimum
+    if pair_gains is None:
+        objective = _log_mixture(s - s.max(axis=0, keepdims=True))
+    else:
+        g = _checked(pair_gains, "pairwise gain", ndim=3)
+        if g.shape != (s.shape[0],) * 2 + s.shape[1:]:
+            raise ValueError(
+                f"stacking: pair gains of shape {g.shape} do not match scores of "
+                f"shape {s.shape}; expected {(s.shape[0],) * 2 + s.shape[1:]}."
+            )
+        g = g.mean(axis=2)
+        objective = _quadratic(s.mean(axis=1), g - np.diag(np.diag(g)))
 
     def negative(z: np.ndarray) -> tuple[float, np.ndarray]:
-        log_w = z - logsumexp(z)
-        mix = logsumexp(log_w[:, None] + s, axis=0)  # (n,)
-        resp = np.exp(log_w[:, None] + s - mix)  # (C, n) responsibilities
-        grad = -(resp.sum(axis=1) - s.shape[1] * np.exp(log_w))
-        return -float(mix.sum()), grad
+        w = softmax(z)
+        value, grad_w = objective(w)
+        return -value, -w * (grad_w - w @ grad_w)  # through the softmax
 
     start = np.zeros(s.shape[0])
     result = optimize.minimize(
@@ -132,14 +161,66 @@ def stacking_weights_arrays(log_scores: np.ndarray) -> np.ndarray:
     return softmax(result.x)
 
 
-def stacking_weights(cv: CrossValidation) -> Stacking:
-    """Stacking weights of the candidates of a cross-validation with the
-    log score (Yao, Vehtari, Simpson & Gelman 2018).
+def _checked(values: np.ndarray, what: str, ndim: int) -> np.ndarray:
+    x = np.asarray(values, dtype=np.float64)
+    if x.ndim != ndim or min(x.shape, default=0) < 1:
+        raise ValueError(
+            f"stacking: expected {ndim}-dimensional {what}s "
+            "((candidates, observations) scores; (candidates, candidates, "
+            f"observations) gains), got shape {x.shape}."
+        )
+    if not np.all(np.isfinite(x)):
+        raise ValueError(
+            f"stacking: a {what} is not finite (NaN or -inf); stacking needs "
+            "every candidate's score at every observation."
+        )
+    return x
 
-    :param cv: the result of :func:`~numpyro_pvi.selection.cross_validate`
-        with ``score="log"``.
+
+def _log_mixture(s: np.ndarray) -> Callable:
+    """``w -> (Σ_i log Σ_c w_c e^{s_ci}, gradient in w)``."""
+
+    def objective(w: np.ndarray) -> tuple[float, np.ndarray]:
+        with np.errstate(divide="ignore"):
+            mix = logsumexp(np.log(w)[:, None] + s, axis=0)  # (n,)
+        return float(mix.sum()), np.exp(s - mix).sum(axis=1)
+
+    return objective
+
+
+def _quadratic(mean: np.ndarray, gains: np.ndarray) -> Callable:
+    """``w -> (w·mean + w·G w / 2, gradient in w)``."""
+
+    def objective(w: np.ndarray) -> tuple[float, np.ndarray]:
+        gw = gains @ w
+        return float(w @ mean + 0.5 * w @ gw), mean + gw
+
+    return objective
+
+
+def stacked_pointwise(
+    weights: np.ndarray, scores: np.ndarray, pair_gains: np.ndarray | None = None
+) -> np.ndarray:
+    """``(n,)`` the stacked predictive's score at each observation, from the
+    candidates' ``(C, n)`` scores (and ``(C, C, n)`` pairwise gains), as in
+    :func:`stacking_weights_arrays`."""
+    w = np.asarray(weights, dtype=np.float64)
+    if pair_gains is None:
+        with np.errstate(divide="ignore"):  # a weight of exactly 0
+            return logsumexp(np.log(w)[:, None] + scores, axis=0)
+    off = pair_gains * (1 - np.eye(w.size))[:, :, None]
+    return w @ scores + 0.5 * np.einsum("c,d,cdn->n", w, w, off)
+
+
+def stacking_weights(cv: CrossValidation) -> Stacking:
+    """Stacking weights of the candidates of a cross-validation (Yao,
+    Vehtari, Simpson & Gelman 2018): with the log score, or a score whose
+    mixture score is quadratic in the weights (CRPS, energy, quadratic; see
+    the module docstring for the objective and its solver).
+
+    :param cv: the result of :func:`~numpyro_pvi.selection.cross_validate`.
     :return: a :class:`Stacking`: the weights, the stacked predictive's
-        pointwise held-out log scores and the comparison with the best single
+        pointwise held-out scores and the comparison with the best single
         candidate.
 
     **References**
@@ -147,6 +228,8 @@ def stacking_weights(cv: CrossValidation) -> Stacking:
     1. *Using stacking to average Bayesian predictive distributions*,
        Yuling Yao, Aki Vehtari, Daniel Simpson, Andrew Gelman (Bayesian
        Analysis 2018).
+    2. Gneiting, T. & Raftery, A. E. (2007). *Strictly proper scoring rules,
+       prediction, and estimation*. JASA 102(477), 359-378 (kernel scores).
     """
     if not isinstance(cv, CrossValidation):
         raise TypeError(
@@ -154,23 +237,26 @@ def stacking_weights(cv: CrossValidation) -> Stacking:
             f"{type(cv).__name__}."
         )
     scores: Any = cv.scores
-    if scores.attrs["score"] != "log":
+    name = scores.attrs["score"]
+    quadratic = "pair_gain" in scores
+    if name != "log" and not quadratic:
         raise ValueError(
-            f"stacking_weights: this cross-validation scored "
-            f"{scores.attrs['score']!r}; stacking weights are fitted to held-out "
-            "log scores (the score of a mixture of predictives is not a "
-            "function of the candidates' scores for other rules): "
-            "cross-validate with score='log'."
+            f"stacking_weights: this cross-validation scored {name!r}, a score "
+            "whose value for a mixture of predictives is neither the log score "
+            "nor quadratic in the weights (Score.mixture_is_quadratic), so "
+            "stacking cannot solve for its weights from the candidates' "
+            "held-out scores: cross-validate with score='log', 'crps', "
+            "'energy' or 'quadratic'."
         )
     observed = np.asarray(scores["observed"].values, bool)
     labels = [str(c) for c in scores["candidate"].values]
-    log_scores = np.asarray(scores["pointwise"].values)[:, observed]
-    weights = stacking_weights_arrays(log_scores)
-    with np.errstate(divide="ignore"):  # a weight of exactly 0
-        pointwise = logsumexp(np.log(weights)[:, None] + log_scores, axis=0)
-    means = log_scores.mean(axis=1)
+    pointwise_c = np.asarray(scores["pointwise"].values)[:, observed]
+    gains = np.asarray(scores["pair_gain"].values)[..., observed] if quadratic else None
+    weights = stacking_weights_arrays(pointwise_c, gains)
+    pointwise = stacked_pointwise(weights, pointwise_c, gains)
+    means = pointwise_c.mean(axis=1)
     best = int(np.argmax(means))
-    diff = pointwise - log_scores[best]
+    diff = pointwise - pointwise_c[best]
     return Stacking(
         xr.DataArray(weights, dims=["candidate"], coords={"candidate": labels}),
         pointwise,
@@ -178,6 +264,7 @@ def stacking_weights(cv: CrossValidation) -> Stacking:
         float(pointwise.mean()),
         float(means[best]),
         float(diff.std(ddof=1) / np.sqrt(diff.size)) if diff.size > 1 else np.nan,
+        name,
     )
 
 
@@ -270,7 +357,7 @@ def stack(
     :param optim: the optimiser of each fit.
     :param args: the model's positional arguments (all the data).
     :param cv: the result of :func:`~numpyro_pvi.selection.cross_validate`
-        with ``score="log"``.
+        (a score :func:`stacking_weights` accepts).
     :param fit: how each fit runs (:class:`~numpyro_pvi.FitRecipe`).
     :param min_weight: candidates with a smaller weight are left out.
     :param kwargs: the model's keyword arguments.

@@ -1,5 +1,7 @@
-"""Stacking of cross-validated candidates: known answers of the weights, and
-the stacked predictive scored held out on a misspecified model."""
+"""Stacking of cross-validated candidates: known answers of the weights (log
+score, and the CRPS against scoringrules' closed form of a Normal mixture),
+the quadratic identity of the mixture's score estimates, and the stacked
+predictive scored held out on a misspecified model."""
 
 import jax
 import jax.numpy as jnp
@@ -11,14 +13,17 @@ import pytest
 from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
-from numpyro_pvi import FitRecipe, PredictiveELBO, predictive_score
+from numpyro_pvi import FitRecipe, PredictiveELBO, StratifiedELBO, predictive_score
+from numpyro_pvi._core import ParticleSpec, guide_draws, mixture_terms, pair_gain
+from numpyro_pvi.guides import AutoGaussianMixture
+from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
 from numpyro_pvi.selection import (
     StackedGuide,
     cross_validate,
     stack,
     stacking_weights,
 )
-from numpyro_pvi.selection.stacking import stacking_weights_arrays
+from numpyro_pvi.selection.stacking import stacked_pointwise, stacking_weights_arrays
 
 
 def _stacked(w, s):
@@ -64,11 +69,154 @@ def test_stacked_score_is_at_least_every_single_candidate(seed):
     assert _stacked(w, s) >= s.mean(axis=1).max() - 1e-9
 
 
+def _normal_crps_terms(y, mu, sd):
+    """Positively oriented CRPS of N(mu_c, sd_c) at y, (C, n), and the
+    pairwise gains G_cd = E|X_c - X_d| - E|X_c - X_c'|/2 - E|X_d - X_d'|/2."""
+    import scoringrules as sr
+
+    mu, sd = np.asarray(mu, float), np.asarray(sd, float)
+    s = np.stack(
+        [-sr.crps_normal(y, m, v, backend="numpy") for m, v in zip(mu, sd, strict=True)]
+    )
+
+    def abs_mean(m, v):  # E|X| of X ~ N(m, v^2)
+        from scipy.stats import norm
+
+        return m * (2 * norm.cdf(m / v) - 1) + 2 * v * norm.pdf(m / v)
+
+    b = abs_mean(mu[:, None] - mu[None, :], np.hypot(sd[:, None], sd[None, :]))
+    g = b - 0.5 * np.diag(b)[:, None] - 0.5 * np.diag(b)[None, :]
+    return s, np.broadcast_to(g[:, :, None], g.shape + y.shape).copy()
+
+
+def test_crps_stacking_matches_scoringrules_mixture_crps_on_a_grid():
+    import scoringrules as sr
+
+    rng = np.random.default_rng(3)
+    y = np.r_[rng.normal(-1.0, 0.5, 70), rng.normal(1.5, 0.5, 30)]
+    mu, sd = [-1.0, 1.5], [0.5, 0.7]
+    s, g = _normal_crps_terms(y, mu, sd)
+    w = stacking_weights_arrays(s, g)
+    grid = np.linspace(0.0, 1.0, 2001)
+    crps = [
+        sr.crps_mixnorm(
+            y, np.array(mu), np.array(sd), np.array([v, 1 - v]), backend="numpy"
+        ).mean()
+        for v in grid
+    ]
+    assert abs(w[0] - grid[int(np.argmin(crps))]) < 1e-3
+    # the quadratic form is the mixture's CRPS at every weight
+    for v in (0.2, 0.5, w[0]):
+        mixed = sr.crps_mixnorm(
+            y, np.array(mu), np.array(sd), np.array([v, 1 - v]), backend="numpy"
+        )
+        np.testing.assert_allclose(
+            stacked_pointwise(np.array([v, 1 - v]), s, g), -mixed, rtol=1e-6
+        )
+    assert stacked_pointwise(w, s, g).mean() > s.mean(axis=1).max() + 0.05
+
+
+def test_crps_stacking_halves_for_candidates_right_on_half_the_data_each():
+    y = np.r_[np.full(50, -2.0), np.full(50, 2.0)]
+    s, g = _normal_crps_terms(y, [-2.0, 2.0], [0.3, 0.3])
+    w = stacking_weights_arrays(s, g)
+    np.testing.assert_allclose(w, [0.5, 0.5], atol=1e-6)
+    assert stacked_pointwise(w, s, g).mean() > s.mean(axis=1).max()
+
+
+def test_crps_stacking_gives_the_true_predictive_weight_near_one():
+    """The expected CRPS of (1 - t) F + t G under F is flat at t = 0 (it
+    falls as t² times the energy distance), so the true predictive's weight
+    tends to one as the data grow, at rate n^(-1/2): the other weights are
+    noise of that order."""
+    for n, floor in ((200, 0.85), (2000, 0.97)):
+        y = np.random.default_rng(4).normal(0.0, 1.0, n)
+        for mu, sd in (([0.0, 3.0, -4.0], [1.0, 1.0, 2.0]), ([0.0, 0.5], [1.0, 1.0])):
+            s, g = _normal_crps_terms(y, mu, sd)
+            assert stacking_weights_arrays(s, g)[0] > floor, (n, mu, sd)
+
+
+def _regression(x, y=None):
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    with numpyro.plate("n", x.shape[0]):
+        numpyro.sample("y", dist.Normal(b * x, s), obs=y)
+
+
+def _counts(x, y=None):
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("n", x.shape[0]):
+        numpyro.sample("y", dist.Binomial(5, logits=b * x), obs=y)
+
+
+_X = jnp.linspace(-1.0, 1.0, 7)
+_IDENTITY_CASES = {
+    "crps-closed-form": (_regression, 2 * _X, CRPS(), AutoNormal),
+    "crps-all-pairs": (_regression, 2 * _X, CRPS(estimator="all-pairs"), AutoNormal),
+    "crps-derangement": (
+        _regression,
+        2 * _X,
+        CRPS(estimator="derangement"),
+        AutoNormal,
+    ),
+    "energy-beta-0.5": (_regression, 2 * _X, EnergyScore(0.5), AutoNormal),
+    "quadratic-counts": (
+        _counts,
+        jnp.array([0.0, 1, 2, 3, 4, 5, 5]),
+        QuadraticScore(),
+        AutoNormal,
+    ),
+    "crps-counts": (
+        _counts,
+        jnp.array([0.0, 1, 2, 3, 4, 5, 5]),
+        CRPS(estimator="all-pairs"),
+        AutoNormal,
+    ),
+    "crps-mixture-guide": (
+        _regression,
+        2 * _X,
+        CRPS(estimator="all-pairs"),
+        lambda m: AutoGaussianMixture(m, num_components=2),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_IDENTITY_CASES))
+def test_mixture_score_estimate_is_the_quadratic_of_the_pair_gain(case):
+    """The score's own estimate of w q_a + (1 - w) q_b from the two fits'
+    draws (stratified, weights w and 1 - w) equals w S_a + (1 - w) S_b +
+    w (1 - w) G_ab with the pair gain from the same draws, at every w: the
+    identity the CRPS, energy and quadratic stacking rests on."""
+    model, y, score, make_guide = _IDENTITY_CASES[case]
+    guide = make_guide(model)
+    mixture = isinstance(guide, AutoGaussianMixture)
+    loss = StratifiedELBO() if mixture else Trace_ELBO()
+    svi = numpyro.infer.SVI(model, guide, optax.adam(0.1), loss)
+    fits = [
+        svi.run(jax.random.PRNGKey(k), n, _X, y, progress_bar=False).params
+        for k, n in ((0, 30), (1, 300))
+    ]
+    spec = ParticleSpec(8, score.requires, None, objective="test")
+    a, b = (
+        guide_draws(jax.random.PRNGKey(3), p, model, guide, (_X, y), {}, spec)
+        for p in fits
+    )
+    s_a, s_b, gain = score.estimate(a), score.estimate(b), pair_gain(score, a, b)
+    assert np.all(np.isfinite(gain)) and np.any(np.abs(gain) > 1e-4)
+    for w in (0.1, 0.35, 0.8):
+        direct = score.estimate(mixture_terms(a, b, w))
+        np.testing.assert_allclose(
+            direct, w * s_a + (1 - w) * s_b + w * (1 - w) * gain, atol=2e-5
+        )
+
+
 def test_stacking_refuses_non_finite_scores_and_other_scores():
     with pytest.raises(ValueError, match="not finite"):
         stacking_weights_arrays(np.array([[0.0, -np.inf], [0.0, 0.0]]))
     with pytest.raises(TypeError, match="cross_validate"):
         stacking_weights({"a": 1})
+    with pytest.raises(ValueError, match="do not match"):
+        stacking_weights_arrays(np.zeros((2, 3)), np.zeros((2, 2, 4)))
 
 
 def _model(x, y=None):
@@ -84,9 +232,53 @@ def _data(key, n):
     return x, 0.7 * x + 2.0 * jax.random.t(ke, 4.0, (n,))
 
 
+@pytest.mark.xdist_group("stacking")
+def test_crps_cross_validation_keeps_pair_gains_from_the_same_draws():
+    """Two identical candidates (the same objective, the same key: the same
+    fits) have a gain of zero at every observation, which they
+    would not if the pairs drew other particles than the scores or were
+    assembled at the wrong fits; a different candidate has gains."""
+    x, y = _data(jax.random.PRNGKey(0), 40)
+    cv = cross_validate(
+        jax.random.PRNGKey(2),
+        _model,
+        AutoNormal(_model),
+        optax.adam(0.05),
+        x,
+        y,
+        fit=FitRecipe(num_steps=100, num_draws=64, progress_bar=False),
+        num_folds=4,
+        score="crps",
+        candidates={
+            "VI": Trace_ELBO(),
+            "PVI": PredictiveELBO("crps", lam=0.0),
+            "VI again": Trace_ELBO(),
+        },
+    )
+    gains = cv.scores["pair_gain"]
+    assert gains.dims == ("candidate", "other", "observation")
+    # zero up to float32 rounding of the scores (about 1), times four
+    np.testing.assert_allclose(
+        gains.sel(candidate="VI", other="VI again"), 0.0, atol=2e-5
+    )
+    np.testing.assert_array_equal(gains.values, gains.values.transpose(1, 0, 2))
+    assert np.all(np.diagonal(gains.values) == 0.0)
+    assert np.abs(gains.sel(candidate="VI", other="PVI").values).max() > 1e-3
+    stacking = stacking_weights(cv)
+    assert "crps score" in repr(stacking)
+    assert stacking.mean >= stacking.single_mean - 1e-9
+    vertex = stacked_pointwise(
+        np.array([1.0, 0.0, 0.0]),
+        cv.scores["pointwise"].values,
+        cv.scores["pair_gain"].values,
+    )
+    np.testing.assert_allclose(vertex, cv.scores["pointwise"].sel(candidate="VI"))
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("stacking")
-def test_stacked_predictive_scores_at_least_the_chosen_candidate_held_out():
+@pytest.mark.parametrize("score", ["log", "crps"])
+def test_stacked_predictive_scores_at_least_the_chosen_candidate_held_out(score):
     x, y = _data(jax.random.PRNGKey(0), 150)
     x_test, y_test = _data(jax.random.PRNGKey(1), 3000)
     guide = AutoNormal(_model)
@@ -101,11 +293,12 @@ def test_stacked_predictive_scores_at_least_the_chosen_candidate_held_out():
         y,
         fit=recipe,
         num_folds=5,
+        score=score,
         candidates={
             "VI": Trace_ELBO(),
-            "PVI": PredictiveELBO("log", lam=0.0),
+            "PVI": PredictiveELBO(score, lam=0.0),
             "PVI posterior λ=1": PredictiveELBO(
-                "log", regularizer="posterior", lam=1.0
+                score, regularizer="posterior", lam=1.0
             ),
         },
     )
@@ -116,11 +309,13 @@ def test_stacked_predictive_scores_at_least_the_chosen_candidate_held_out():
     np.testing.assert_allclose(stacked.weights.sum(), 1.0, atol=1e-6)
     assert "weight" in repr(stacked.stacking)
     key = jax.random.PRNGKey(4)
-    mixed = predictive_score(key, stacked.params, _model, stacked.guide, x_test, y_test)
+    mixed = predictive_score(
+        key, stacked.params, _model, stacked.guide, x_test, y_test, score=score
+    )
     chosen = stacked.candidate_params.get(cv.best_label)
     if chosen is None:  # the chosen candidate's weight was below min_weight
         chosen = _refit(cv, guide, optim, x, y, recipe)
-    single = predictive_score(key, chosen, _model, guide, x_test, y_test)
+    single = predictive_score(key, chosen, _model, guide, x_test, y_test, score=score)
     diff = np.asarray(mixed.score) - np.asarray(single.score)
     # paired over the test points, plus both estimates' Monte Carlo error
     se = np.sqrt(diff.var(ddof=1) * diff.size + mixed.total_se**2 + single.total_se**2)
