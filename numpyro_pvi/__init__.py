@@ -11,7 +11,7 @@ from numpyro_pvi.evaluation import PredictiveScore, predictive_score
 from numpyro_pvi.pacm import PACmELBO
 from numpyro_pvi.predictive import PredictiveELBO
 from numpyro_pvi.recipes import FitRecipe, Replications
-from numpyro_pvi.sharding import shard_data
+from numpyro_pvi.sharding import shard_data, shard_particles
 from numpyro_pvi.snis import SNISForwardKL
 from numpyro_pvi.softcvi import SoftCVIELBO
 from numpyro_pvi.stratified import StratifiedELBO
@@ -34,4 +34,5 @@ __all__ = [
     "scores",
     "selection",
     "shard_data",
+    "shard_particles",
 ]

@@ -1,4 +1,6 @@
-"""Data-parallel objectives: place data arrays along the data plate across devices.
+"""Data- and particle-parallel objectives across devices.
+
+**Data.** Place data arrays along the data plate across devices.
 
 The objectives keep every per-observation quantity as an array along the data
 plate, so when the model's data arguments are sharded along that axis XLA's
@@ -15,15 +17,33 @@ Across hosts, call :func:`jax.distributed.initialize` first and build each
 array from the process-local shards (for example with
 :func:`jax.make_array_from_process_local_data`) on a mesh over
 :func:`jax.devices`; the same call then runs data-parallel over all hosts.
+
+**Particles.** :func:`shard_particles` returns a ``vectorize_particles``
+for any ELBO (this package's objectives and NumPyro's own): the particles'
+random keys are split across the devices of a mesh axis and the particles
+are ``vmap``-ed there, so each device draws and evaluates its share of the
+particles (for all observations, or for its share of them on a
+two-axis mesh with sharded data) and only the sums over particles cross
+devices::
+
+    mesh = jax.make_mesh((2, 2), ("particles", "data"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    x, y = shard_data(x, y, mesh=mesh, axis_name="data")
+    loss = PredictiveELBO("crps", num_particles=256,
+                          vectorize_particles=shard_particles(mesh, "particles"))
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["data_mesh", "shard_data"]
+__all__ = ["data_mesh", "shard_data", "shard_particles"]
 
 
 def data_mesh(devices: list | None = None, axis_name: str = "data") -> Mesh:
@@ -60,18 +80,7 @@ def shard_data(
     :return: the sharded arrays (a single array when one was given).
     """
     mesh = data_mesh() if mesh is None else mesh
-    if axis_name is None:
-        if len(mesh.axis_names) != 1:
-            raise ValueError(
-                f"shard_data: the mesh has axes {mesh.axis_names}; pass "
-                "axis_name=... to say which one splits the observations."
-            )
-        (axis_name,) = mesh.axis_names
-    elif axis_name not in mesh.axis_names:
-        raise ValueError(
-            f"shard_data: axis_name={axis_name!r} is not an axis of the mesh "
-            f"{mesh.axis_names}."
-        )
+    axis_name = _mesh_axis(mesh, axis_name, "shard_data", "the observations")
     num_devices = mesh.shape[axis_name]
     if not arrays:
         raise ValueError("shard_data: pass at least one array.")
@@ -102,3 +111,85 @@ def shard_data(
         spec[axis % ndim] = axis_name
         out.append(jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec))))
     return out[0] if len(out) == 1 else tuple(out)
+
+
+def shard_particles(
+    mesh: Mesh | None = None, axis_name: str | None = None
+) -> Callable[[Callable, Any], Any]:
+    """A ``vectorize_particles`` that splits the particles across devices.
+
+    Pass it to any objective, ``PredictiveELBO(..., vectorize_particles=
+    shard_particles(mesh))`` or NumPyro's ``Trace_ELBO(num_particles=...,
+    vectorize_particles=...)``: the particles' keys are placed along the mesh
+    axis (:func:`jax.lax.with_sharding_constraint`) and the particles
+    ``vmap``-ed, so XLA's partitioner draws and evaluates each device's
+    particles there; the objective's value and gradient are those of the
+    unsharded objective (up to the order of floating-point sums). The number
+    of particles (times the strata of a mixture guide) must be a multiple of
+    the axis's device count.
+
+    :param mesh: the device mesh (its particle axis of automatic sharding
+        type); default a one-axis mesh ``"particles"`` over all devices.
+    :param axis_name: the mesh axis the particles are split over; the mesh's
+        only axis by default.
+    :return: a ``(fn, keys) -> jax.vmap(fn)(keys)`` with the keys sharded.
+    """
+    mesh = data_mesh(axis_name="particles") if mesh is None else mesh
+    axis_name = _mesh_axis(mesh, axis_name, "shard_particles", "the particles")
+    if axis_name in _explicit_axes(mesh):
+        raise ValueError(
+            f"shard_particles: mesh axis '{axis_name}' has explicit sharding "
+            "(jax.make_mesh's default); the particles are placed by XLA's "
+            "partitioner, which needs an automatic axis: build the mesh with "
+            "jax.make_mesh(shape, names, axis_types=(jax.sharding.AxisType.Auto,) "
+            "* len(names)) or jax.sharding.Mesh(devices, names)."
+        )
+    return functools.partial(
+        _sharded_vmap,
+        sharding=NamedSharding(mesh, PartitionSpec(axis_name)),
+        axis=(axis_name, int(mesh.shape[axis_name])),
+    )
+
+
+def _sharded_vmap(
+    fn: Callable, keys: Any, *, sharding: NamedSharding, axis: tuple[str, int]
+) -> Any:
+    name, num_devices = axis
+    num = jax.tree.leaves(keys)[0].shape[0]
+    if num % num_devices:
+        raise ValueError(
+            f"shard_particles: {num} particles (times the strata of a mixture "
+            f"guide) are not a multiple of the {num_devices} devices of mesh axis "
+            f"'{name}'; use num_particles={num_devices * -(-num // num_devices)} "
+            "or a mesh axis whose size divides it."
+        )
+    return jax.vmap(fn)(jax.lax.with_sharding_constraint(keys, sharding))
+
+
+def _explicit_axes(mesh: Any) -> set[str]:
+    """The mesh axes of explicit sharding type (``jax.make_mesh``'s default
+    in recent JAX)."""
+    types = getattr(mesh, "axis_types", None) or ()
+    return {
+        str(n)
+        for n, t in zip(mesh.axis_names, types, strict=False)
+        if "Explicit" in str(t)
+    }
+
+
+def _mesh_axis(mesh: Mesh, axis_name: str | None, where: str, what: str) -> str:
+    """``axis_name``, checked to be an axis of ``mesh`` (default its only
+    axis)."""
+    if axis_name is None:
+        if len(mesh.axis_names) != 1:
+            raise ValueError(
+                f"{where}: the mesh has axes {mesh.axis_names}; pass "
+                f"axis_name=... to say which one splits {what}."
+            )
+        (axis_name,) = mesh.axis_names
+    elif axis_name not in mesh.axis_names:
+        raise ValueError(
+            f"{where}: axis_name={axis_name!r} is not an axis of the mesh "
+            f"{mesh.axis_names}."
+        )
+    return str(axis_name)

@@ -28,7 +28,7 @@ from numpyro.infer.autoguide import AutoNormal
 
 import numpyro_pvi
 from numpyro_pvi import Replications
-from numpyro_pvi.sharding import shard_data
+from numpyro_pvi.sharding import data_mesh, shard_data
 
 N, D = 64, 3
 SVI_RUNS = ("pvi-log", "pvi-crps", "softcvi")
@@ -132,6 +132,88 @@ def gathering_control(x) -> list[str]:
     return full_gathers(fn.lower(xs).compile().as_text(), (N, D))
 
 
+def particles_check(x, y) -> dict:
+    """Objectives with their particles split across the devices
+    (``shard_particles``), alone on a 4-device mesh and with the data on a
+    2 x 2 mesh: the largest relative difference of loss and gradient from
+    the unsharded objective, and whether the step has collectives."""
+    from numpyro.infer import Trace_ELBO
+
+    from numpyro_pvi.guides import AutoGaussianMixture
+    from numpyro_pvi.sharding import shard_particles
+
+    cases = {
+        "trace_elbo": (lambda v: Trace_ELBO(num_particles=8, vectorize_particles=v)),
+        "pvi-crps": lambda v: numpyro_pvi.PredictiveELBO(
+            "crps", num_particles=8, vectorize_particles=v
+        ),
+        "pacm": lambda v: numpyro_pvi.PACmELBO(num_particles=8, vectorize_particles=v),
+        "stratified-mixture": lambda v: numpyro_pvi.StratifiedELBO(
+            num_particles=2, vectorize_particles=v
+        ),
+    }
+    auto = jax.sharding.AxisType.Auto
+    meshes = {
+        "particles": (data_mesh(axis_name="particles"), False),
+        "particles_x_data": (
+            jax.make_mesh((2, 2), ("particles", "data"), axis_types=(auto, auto)),
+            True,
+        ),
+    }
+    out = {}
+    for name, make in cases.items():
+        if name == "stratified-mixture":  # 2 components x 2 particles
+            guide = AutoGaussianMixture(regression, num_components=2)
+        else:
+            guide = AutoNormal(regression)
+        plain = make(True)
+        svi = SVI(regression, guide, optax.adam(0.05), plain)
+        params = svi.get_params(svi.init(random.PRNGKey(1), x, y))
+
+        def value_and_grad(loss, guide=guide):
+            return jax.jit(
+                jax.value_and_grad(
+                    lambda p, xx, yy: loss.loss(
+                        random.PRNGKey(3), p, regression, guide, xx, yy
+                    )
+                )
+            )
+
+        reference = value_and_grad(plain)(params, x, y)
+        out[name] = {}
+        for mesh_name, (mesh, with_data) in meshes.items():
+            loss = make(shard_particles(mesh, "particles"))
+            xs, ys = (
+                shard_data(x, y, mesh=mesh, axis_name="data") if with_data else (x, y)
+            )
+            compiled = value_and_grad(loss).lower(params, xs, ys).compile()
+            out[name][mesh_name] = {
+                "max_rel_diff": _max_rel_diff(reference, compiled(params, xs, ys)),
+                "has_collectives": bool(
+                    re.search(r"all-reduce|reduce-scatter", compiled.as_text())
+                ),
+            }
+    uneven = numpyro_pvi.PredictiveELBO(
+        "crps",
+        num_particles=6,
+        vectorize_particles=shard_particles(meshes["particles"][0]),
+    )
+    guide = AutoNormal(regression)
+    svi = SVI(regression, guide, optax.adam(0.05), Trace_ELBO())
+    params = svi.get_params(svi.init(random.PRNGKey(1), x, y))
+    try:
+        uneven.loss(random.PRNGKey(3), params, regression, guide, x, y)
+        out["uneven_error"] = None
+    except ValueError as error:
+        out["uneven_error"] = str(error)
+    try:
+        shard_particles(jax.make_mesh((4,), ("particles",)))
+        out["explicit_error"] = None
+    except ValueError as error:
+        out["explicit_error"] = str(error)
+    return out
+
+
 def vsbc_model(n, y=None):
     mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
     log_s = numpyro.sample("log_s", dist.Normal(0.0, 0.5))
@@ -223,6 +305,7 @@ def main():
         y = y_bin if model is logistic else y_cont
         results[name] = check(loss, model, x, y, run_svi=name in SVI_RUNS)
     results["control_full_gathers"] = gathering_control(x)
+    results["particles"] = particles_check(x, y_cont)
     print(json.dumps(results))
 
 

@@ -1,6 +1,7 @@
 """Objectives on data sharded across (host) devices: same numbers, no gathers."""
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from numpyro_pvi.sharding import data_mesh, shard_data
@@ -60,3 +61,42 @@ def test_shard_data_rejects_sizes_it_would_have_to_pad():
         shard_data(x, axis=3, mesh=mesh)
     with pytest.raises(ValueError, match="not an axis"):
         shard_data(x, mesh=mesh, axis_name="batch")
+
+
+@on_four_devices
+@pytest.mark.parametrize(
+    "name", ["trace_elbo", "pvi-crps", "pacm", "stratified-mixture"]
+)
+@pytest.mark.parametrize("mesh", ["particles", "particles_x_data"])
+def test_particles_sharded_across_devices_match_unsharded(four_devices, name, mesh):
+    """shard_particles: the particles' keys split over 4 devices (and over 2
+    with the data over the other 2): the loss and its gradient equal the
+    unsharded objective's, and the step is partitioned (its sums cross
+    devices). NumPyro's Trace_ELBO takes it as well."""
+    entry = four_devices["particles"][name][mesh]
+    assert entry["max_rel_diff"] < 1e-5
+    assert entry["has_collectives"]
+
+
+@on_four_devices
+def test_shard_particles_refuses_what_it_cannot_place(four_devices):
+    errors = four_devices["particles"]
+    assert "6 particles" in errors["uneven_error"]
+    assert "num_particles=8" in errors["uneven_error"]
+    assert "AxisType.Auto" in errors["explicit_error"]
+
+
+def test_shard_particles_on_one_device_is_the_vectorized_objective():
+    import jax
+    from numpyro.infer import Trace_ELBO
+
+    from numpyro_pvi.sharding import shard_particles
+
+    fn = shard_particles()
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    out = fn(lambda k: jax.random.normal(k), keys)
+    np.testing.assert_array_equal(out, jax.vmap(lambda k: jax.random.normal(k))(keys))
+    elbo = Trace_ELBO(num_particles=4, vectorize_particles=fn)
+    assert elbo.vectorize_particles_fn is fn
+    with pytest.raises(ValueError, match="not an axis"):
+        shard_particles(data_mesh(), axis_name="particles")
