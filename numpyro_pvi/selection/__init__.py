@@ -4,7 +4,7 @@ predictive score, e.g. of PVI's regularizer and λ against VI."""
 from numpyro_pvi.selection._candidates import default_candidates
 from numpyro_pvi.selection._folds import mask_observations
 from numpyro_pvi.selection.cross_validation import CrossValidation, cross_validate
-from numpyro_pvi.selection.plot import plot_cross_validation
+from numpyro_pvi.selection.plot import plot_cross_validation, plot_stacking
 from numpyro_pvi.selection.stacking import (
     StackedFit,
     StackedGuide,
@@ -22,6 +22,7 @@ __all__ = [
     "default_candidates",
     "mask_observations",
     "plot_cross_validation",
+    "plot_stacking",
     "stack",
     "stacking_weights",
 ]

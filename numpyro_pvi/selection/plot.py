@@ -1,4 +1,4 @@
-"""The cross-validation curve over λ."""
+"""The cross-validation curve over λ, and the stacking weights."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from typing import Any
 import numpy as np
 
 from numpyro_pvi.selection.cross_validation import CrossValidation
+from numpyro_pvi.selection.stacking import Stacking
 
-__all__ = ["plot_cross_validation"]
+__all__ = ["plot_cross_validation", "plot_stacking"]
 
 
 def plot_cross_validation(cv: CrossValidation, *, axes: Any = None) -> Any:
@@ -73,3 +74,41 @@ def _draw_panel(ax: Any, cv: CrossValidation, var: str, err: str) -> None:
     best = labels.index(cv.best_label)
     x = lams[best] if np.isfinite(lams[best]) else ax.get_xlim()[0]
     ax.plot([x], [mean[best]], "o", ms=14, mfc="none", mec="k", label="selected")
+
+
+def plot_stacking(stacking: Stacking, *, ax: Any = None) -> Any:
+    """Plot the stacking weights: one bar per candidate, its weight in the
+    stacked predictive, with the stacked predictive's mean held-out score
+    against the best single candidate's (and the paired standard error of
+    the difference) in the title.
+
+    :param stacking: the result of
+        :func:`~numpyro_pvi.selection.stacking_weights`.
+    :param ax: a matplotlib axis (default: a new figure).
+    :return: the axis.
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(stacking, Stacking):
+        raise TypeError(
+            "plot_stacking: expected the result of stacking_weights, got "
+            f"{type(stacking).__name__}."
+        )
+    labels = [str(c) for c in stacking.weights["candidate"].values]
+    weights = np.asarray(stacking.weights.values)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 0.35 * len(labels) + 1.4))
+    colors = ["C1" if label == stacking.single else "C0" for label in labels]
+    ax.barh(labels, weights, color=colors)
+    for y, w in enumerate(weights):
+        ax.text(min(w, 0.85) + 0.01, y, f"{w:.2f}", va="center", fontsize="small")
+    ax.invert_yaxis()
+    ax.set_xlim(0.0, 1.0)
+    ax.set_xlabel(f"weight in the stacked predictive ({stacking.score} score)")
+    ax.set_title(
+        f"stacked {stacking.mean:.4f} vs best single {stacking.single_mean:.4f} "
+        f"(orange): {stacking.mean - stacking.single_mean:+.4f} ± "
+        f"{stacking.se:.4f}",
+        fontsize="medium",
+    )
+    return ax

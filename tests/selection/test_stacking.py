@@ -20,6 +20,7 @@ from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
 from numpyro_pvi.selection import (
     StackedGuide,
     cross_validate,
+    plot_stacking,
     stack,
     stacking_weights,
 )
@@ -266,6 +267,12 @@ def test_crps_cross_validation_keeps_pair_gains_from_the_same_draws():
     assert np.abs(gains.sel(candidate="VI", other="PVI").values).max() > 1e-3
     stacking = stacking_weights(cv)
     assert "crps score" in repr(stacking)
+    ax = plot_stacking(stacking)  # the bars are the weights
+    widths = [p.get_width() for p in ax.patches]
+    np.testing.assert_allclose(widths, stacking.weights.values)
+    assert f"{stacking.mean:.4f}" in ax.get_title()
+    with pytest.raises(TypeError, match="stacking_weights"):
+        plot_stacking(cv)
     assert stacking.mean >= stacking.single_mean - 1e-9
     vertex = stacked_pointwise(
         np.array([1.0, 0.0, 0.0]),
