@@ -155,6 +155,9 @@ class PredictiveELBO(ELBO):
     #: Whether the optimum is the Bayesian posterior (read by diagnostics:
     #: PSIS k̂ of a fit that does not target it measures a chosen distance).
     targets_posterior: bool = False
+    #: A traced indicator of the posterior regularizer (``with_lam(...,
+    #: posterior=)``: one program for the grids of both regularizers).
+    _posterior: jax.Array | None = None
 
     def __init__(
         self,
@@ -220,22 +223,57 @@ class PredictiveELBO(ELBO):
             num_particles=num_particles, vectorize_particles=vectorize_particles
         )
 
-    def with_lam(self, lam: float | jax.Array) -> PredictiveELBO:
+    def with_lam(
+        self, lam: float | jax.Array, *, posterior: jax.Array | None = None
+    ) -> PredictiveELBO:
         """This objective with the regularizer's weight :math:`\\lambda` set
         to ``lam``, every other option kept.
 
         ``lam`` may be a traced scalar (inside ``jit`` or ``vmap``): the
         regularizer is then always computed, so one compiled program fits a
         whole grid of :math:`\\lambda` (as
-        :func:`~numpyro_pvi.selection.cross_validate` does).
+        :func:`~numpyro_pvi.selection.cross_validate` does). With
+        ``posterior`` (a traced 0/1 scalar) the regularizer is the posterior
+        one where it is 1 and the prior one where it is 0, so one program
+        fits the grids of both regularizers.
 
         :param lam: the weight, ``>= 0`` when a Python number.
+        :param posterior: ``None`` (keep the regularizer), or a traced
+            indicator of the posterior regularizer (an objective with a
+            regularizer).
         """
         if not isinstance(lam, jax.Array):
             lam = check_real_or_array(lam, "lam", self._objective_name(), low=0.0)
         new = copy.copy(self)
         new.lam = lam
+        if posterior is not None:
+            if self.regularizer is None:
+                raise ValueError(
+                    f"{self._objective_name()}.with_lam: posterior= chooses "
+                    "between the prior and the posterior regularizer; this "
+                    "objective has none (regularizer=None)."
+                )
+            new.regularizer = "posterior"
+            new._posterior = posterior
         return new
+
+    def differs_only_in_regularization(self, other: object) -> bool:
+        """Whether ``other`` is this objective but for :math:`\\lambda` and
+        the choice between the prior and the posterior regularizer: then
+        ``self.with_lam(other.lam, posterior=...)`` is ``other``'s
+        objective."""
+        if type(other) is not type(self) or None in (
+            self.regularizer,
+            getattr(other, "regularizer", None),
+        ):
+            return False
+        skip = ("lam", "regularizer")
+        mine = {k: v for k, v in vars(self).items() if k not in skip}
+        theirs = {k: v for k, v in vars(other).items() if k not in skip}
+        try:
+            return bool(mine == theirs)
+        except (TypeError, ValueError):  # array-valued options: not comparable
+            return False
 
     def differs_only_in_lam(self, other: object) -> bool:
         """Whether ``other`` is this objective but for :math:`\\lambda` (the
@@ -432,6 +470,8 @@ class PredictiveELBO(ELBO):
             # KL(q || prior), or the negative ELBO: E_q[log q - log p(θ, y)]
             log_p = log_joint(terms) if self.regularizer == "posterior" else None
             log_p = terms.log_prior if log_p is None else log_p
+            if self._posterior is not None:  # a grid of both regularizers
+                log_p = jnp.where(self._posterior > 0, log_p, terms.log_prior)
             kl = expected_log_q(terms) - jnp.sum(terms.weights.particle * log_p)
             objective = objective - self.lam * kl
         return -objective, stats

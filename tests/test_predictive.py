@@ -133,6 +133,38 @@ def test_regularizers_match_their_definitions(regularizer):
     np.testing.assert_allclose(value, -(score - lam * reg[regularizer]), rtol=1e-5)
 
 
+def test_one_program_for_both_regularizers_equals_each():
+    """with_lam(lam, posterior=flag) under vmap over (λ, flag): the grid
+    cross_validate compiles once for the prior and the posterior
+    regularizers gives each objective's own loss and gradient."""
+    x, y = _data(n=10)
+    guide = AutoNormal(regression)
+    params = _params(guide, regression, x, y)
+    prior = PredictiveELBO("crps", num_particles=6, regularizer="prior", lam=0.3)
+    posterior = PredictiveELBO("crps", num_particles=6, regularizer="posterior")
+    assert prior.differs_only_in_regularization(posterior.with_lam(2.0))
+    assert not prior.differs_only_in_regularization(PredictiveELBO("log"))
+    assert not prior.differs_only_in_regularization(
+        PredictiveELBO("crps", num_particles=6, regularizer=None)
+    )
+
+    def value_and_grad(loss):
+        return jax.value_and_grad(
+            lambda p: loss.loss(random.PRNGKey(3), p, regression, guide, x, y)
+        )(params)
+
+    values = jnp.array([[0.3, 0.0], [2.0, 1.0]])
+    both = jax.jit(
+        jax.vmap(lambda v: value_and_grad(prior.with_lam(v[0], posterior=v[1])))
+    )(values)
+    for i, loss in enumerate((prior, posterior.with_lam(2.0))):
+        expected = value_and_grad(loss)
+        for a, b in zip(jax.tree.leaves(both), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_allclose(a[i], b, rtol=2e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="has none"):
+        PredictiveELBO("crps", regularizer=None).with_lam(1.0, posterior=jnp.ones(()))
+
+
 @pytest.mark.slow
 def test_subsampled_loss_is_unbiased_for_full_data_loss():
     x, y = _data(n=40)

@@ -121,18 +121,11 @@ def _constant(loss: Any, _: Any) -> Any:
 
 def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
     """Group the candidates into :class:`Grid` s: PVI objectives equal but for
-    λ share one; every other candidate is a grid of one."""
+    λ and the choice of the prior or posterior regularizer share one (both
+    traced); every other candidate is a grid of one."""
     groups: list[list[tuple[str, ELBO]]] = []
     for label, loss in candidates.items():
-        home = next(
-            (
-                g
-                for g in groups
-                if isinstance(loss, PredictiveELBO)
-                and loss.differs_only_in_lam(g[0][1])
-            ),
-            None,
-        )
+        home = next((g for g in groups if _same_grid(loss, g[0][1])), None)
         if home is None:
             groups.append([(label, loss)])
         else:
@@ -141,12 +134,28 @@ def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
     for group in groups:
         labels = tuple(label for label, _ in group)
         first = group[0][1]
-        if isinstance(first, PredictiveELBO):
-            values = np.asarray([float(loss.lam) for _, loss in group])
-            out.append(Grid(labels, values, first.with_lam))
-        else:
+        if not isinstance(first, PredictiveELBO):
             out.append(Grid(labels, np.zeros(1), functools.partial(_constant, first)))
+            continue
+        lams = np.asarray([float(loss.lam) for _, loss in group])
+        posterior = [loss.regularizer == "posterior" for _, loss in group]
+        if len(set(posterior)) == 1:  # one regularizer: λ alone is traced
+            out.append(Grid(labels, lams, first.with_lam))
+        else:
+            values = np.stack([lams, np.asarray(posterior, float)], axis=1)
+            out.append(Grid(labels, values, functools.partial(_both, first)))
     return out
+
+
+def _same_grid(loss: ELBO, first: ELBO) -> bool:
+    return isinstance(loss, PredictiveELBO) and (
+        loss.differs_only_in_lam(first) or loss.differs_only_in_regularization(first)
+    )
+
+
+def _both(first: PredictiveELBO, value: jax.Array) -> ELBO:
+    """The grid of both regularizers: ``value`` is ``(λ, posterior)``."""
+    return first.with_lam(value[0], posterior=value[1])
 
 
 def reference_label(candidates: Mapping[str, ELBO]) -> str | None:

@@ -69,6 +69,10 @@ CANDIDATES = {
     "VI": Trace_ELBO(num_particles=4),
     "prior lam=0.1": PredictiveELBO(num_particles=4, lam=0.1),
     "prior lam=1": PredictiveELBO(num_particles=4, lam=1.0),
+    # with the prior ones: one program for both regularizers' grids
+    "posterior lam=1": PredictiveELBO(
+        num_particles=4, regularizer="posterior", lam=1.0
+    ),
 }
 STEPS, DRAWS = 30, 64
 
