@@ -38,7 +38,7 @@ from numpyro_pvi.selection._programs import (
     lower_scores,
     pair_gain_scorer,
     pointwise_scorer,
-    run_grid,
+    run_grids,
     split_scores,
 )
 
@@ -225,10 +225,7 @@ def held_out_scores(
             programs, compiled[0 : 2 * n : 2], compiled[1 : 2 * n : 2], strict=True
         )
     ]
-    fits = [
-        (p.grid, *run_grid(p, num_steps=fit.num_steps, progress_bar=fit.progress_bar))
-        for p in programs
-    ]
+    fits = run_grids(programs, num_steps=fit.num_steps, progress_bar=fit.progress_bar)
     params = [fitted for _, fitted, _ in fits]
     pointwise = split_scores(compiled[2 * n](score_key, params, data.dynamic), params)
     held_out, final_loss = {}, {}

@@ -182,6 +182,25 @@ def run_grid(
     return params, np.asarray(losses)
 
 
+def run_grids(
+    programs: list[GridProgram], *, num_steps: int, progress_bar: bool
+) -> list[tuple[Grid, Any, np.ndarray]]:
+    """:func:`run_grid` of every program, as many at once as there are cores
+    (each program's steps are small: XLA runs them on one core).
+
+    :return: per program its grid, fitted parameters and final losses.
+    """
+
+    def one(program: GridProgram) -> tuple[Grid, Any, np.ndarray]:
+        params, losses = run_grid(
+            program, num_steps=num_steps, progress_bar=progress_bar
+        )
+        return program.grid, params, losses
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return list(pool.map(one, programs))
+
+
 def pointwise_scorer(
     model: Callable,
     guide: Callable,
