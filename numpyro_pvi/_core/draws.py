@@ -57,7 +57,7 @@ def check_fitted_call(
             + "; ".join(problems)
             + "."
         )
-    if needs_density and getattr(guide, "has_density", True) is False:
+    if needs_density and not has_own_density(guide):
         raise ValueError(
             f"{function} reads the guide's log density at its draws, but this "
             f"guide ({type(guide).__name__}) has none that is its own (e.g. a "
@@ -67,6 +67,14 @@ def check_fitted_call(
         )
     check_finite_params(function, params)
     return dict(params), model, guide
+
+
+def has_own_density(guide: Any) -> bool:
+    """Whether the guide's log density at its draws is its own: ``False``
+    for a guide that declares ``has_density = False`` (a
+    :class:`~numpyro_pvi.selection.StackedGuide`, whose draws come from one
+    component at a time), ``True`` for every other guide."""
+    return getattr(guide, "has_density", True) is not False
 
 
 def check_finite_params(function: str, param_map: Mapping[str, Any]) -> None:

@@ -20,6 +20,7 @@ from numpyro_pvi._core import (
     check_loss_target,
     data_sites,
     deprecation,
+    has_own_density,
     observed_sites,
     plate_of,
     structured_draws,
@@ -71,6 +72,14 @@ PSIS_LOO_NOTE = (
     "same draws: arviz_stats.loo_approximate_posterior(data, "
     "data.sample_stats.lp, data.sample_stats.log_q) (ArviZ >= 1.0) corrects "
     "PSIS-LOO for the variational approximation."
+)
+#: The root attribute ``guide_density`` of an export of a guide without a
+#: density of its own.
+NO_DENSITY_NOTE = (
+    "none: the draws come from a mixture of fits (a StackedGuide), each from "
+    "one component, so no log_q is stored and the log-likelihood is kept out "
+    "of ArviZ's LOO (the mixture does not target the posterior); the draws, "
+    "posterior_predictive and predictions serve predictive checks."
 )
 
 
@@ -179,12 +188,13 @@ def to_inference_data(
        Andersen, Jonasson, Vehtari (ICML 2019).
     """
     where = "to_inference_data"
-    params, model, guide = check_fitted_call(
-        where, params, model, guide, needs_density=True
-    )
+    params, model, guide = check_fitted_call(where, params, model, guide)
     num_draws = check_int(num_draws, "num_draws", where, minimum=1)
     data_plate = check_data_plate(data_plate, where)
     targets = check_loss_target(loss, where)
+    own_density = has_own_density(guide)
+    if not own_density:  # a mixture of fits (StackedGuide): not the posterior
+        targets = False
     spec = ParticleSpec(
         num_draws,
         frozenset({LOG_LIK, LATENTS, OBSERVED}),
@@ -201,7 +211,10 @@ def to_inference_data(
         psis_loo=PSIS_LOO_NOTE,
         **objective_attrs(loss, targets),
     )
-    groups = export_groups(terms, tr, data_plate, targets)
+    if not own_density:
+        attrs["objective"] = type(guide).__name__
+        attrs["guide_density"] = NO_DENSITY_NOTE
+    groups = export_groups(terms, tr, data_plate, targets, log_q=own_density)
     plate = plate_of(tr, data_plate)
     observed = data_sites(observed_sites(tr), plate)[0]
     observed_values = present(terms.observed, "observed")
@@ -228,12 +241,15 @@ def export_groups(
     tr: dict[str, Any],
     data_plate: str | int | None,
     targets: bool | None,
+    *,
+    log_q: bool = True,
 ) -> dict[str, xr.Dataset]:
     """The groups of :func:`to_inference_data` from draws ``terms`` (with
     ``log_lik``, ``latents`` and ``observed``, at ``data_plate``) and the
     model's structure ``tr``: ``posterior``, the pointwise log-likelihood
     (``log_likelihood``, or :data:`NOT_POSTERIOR_LOG_LIKELIHOOD` when
-    ``targets`` is false), ``sample_stats`` and ``observed_data``."""
+    ``targets`` is false), ``sample_stats`` (``lp``, and ``log_q`` unless
+    the guide has no density of its own) and ``observed_data``."""
     plate = plate_of(tr, data_plate)
     dims = site_dims(tr)
     # the observations' sites (observed sites outside the data plate are
@@ -255,10 +271,8 @@ def export_groups(
             dims={log_lik_name: [obs_dim]},
         ),
         "sample_stats": draws_dataset(
-            {
-                "lp": np.asarray(log_joint(terms), dtype=np.float64),
-                "log_q": np.asarray(terms.log_q, dtype=np.float64),
-            }
+            {"lp": np.asarray(log_joint(terms), dtype=np.float64)}
+            | ({"log_q": np.asarray(terms.log_q, dtype=np.float64)} if log_q else {})
         ),
         "observed_data": ADAPTER.dict_to_dataset(
             {name: np.asarray(observed_values[name]) for name in observed},

@@ -278,10 +278,13 @@ class StackedGuide:
     ``"stacked_params"``, holds every candidate's parameters stacked along a
     leading axis (``StackedFit.params``). Use it wherever a fitted
     guide's predictive is read (:func:`~numpyro_pvi.predictive_score`,
-    ``numpyro.infer.Predictive``); it has no density of its own (the
-    component's density is not the mixture's), so the functions that read a
-    guide's density (``psis``, ``psis_resample``, ``report``,
-    ``to_inference_data``) refuse it with an error that says so.
+    ``numpyro.infer.Predictive``, and
+    :func:`~numpyro_pvi.diagnostics.to_inference_data` for ArviZ's
+    predictive checks, which exports it without ``log_q`` and with its
+    log-likelihood kept out of ArviZ's LOO); it has no density of its own
+    (the component's density is not the mixture's), so the functions that
+    read a guide's density (``psis``, ``psis_resample``, ``report``) refuse
+    it with an error that says so.
 
     :param guide: the candidates' guide (one guide, fitted once per
         candidate).
@@ -289,8 +292,8 @@ class StackedGuide:
     """
 
     #: its log density at its draws is not the mixture's: the functions that
-    #: read a guide's density (psis, psis_resample, report,
-    #: to_inference_data) refuse it
+    #: read a guide's density (psis, psis_resample, report) refuse it, and
+    #: to_inference_data stores no log_q
     has_density = False
 
     def __init__(self, guide: Callable, weights: Any) -> None:

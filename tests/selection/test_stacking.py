@@ -354,9 +354,7 @@ def test_stacked_guide_draws_each_candidate_with_its_weight():
     assert abs(frac - 0.75) < 4 * np.sqrt(0.75 * 0.25 / 4000)
 
 
-@pytest.mark.parametrize(
-    "call", ["psis", "psis_resample", "report", "to_inference_data"]
-)
+@pytest.mark.parametrize("call", ["psis", "psis_resample", "report"])
 def test_functions_that_read_the_guide_density_refuse_a_stacked_guide(call):
     from numpyro_pvi import diagnostics
 
@@ -374,3 +372,47 @@ def test_functions_that_read_the_guide_density_refuse_a_stacked_guide(call):
         getattr(diagnostics, call)(
             jax.random.PRNGKey(0), params, _model, stacked, x, jnp.zeros(5)
         )
+
+
+@pytest.mark.py312
+def test_a_stacked_guide_exports_its_predictive_for_arviz_without_a_density():
+    """to_inference_data of the stacked predictive: draws from both
+    candidates, a posterior_predictive for ArviZ's checks, no log_q, and its
+    log-likelihood kept out of ArviZ's LOO (approximate_loo refuses it)."""
+    import arviz as az
+    import matplotlib.pyplot as plt
+
+    from numpyro_pvi import diagnostics
+
+    guide = AutoNormal(_model)
+    x = jnp.linspace(-1, 1, 5)
+    numpyro.handlers.seed(guide, 0)(x)
+    params = {
+        "stacked_params": {
+            "w_auto_loc": jnp.array([-1.0, 1.0]),
+            "w_auto_scale": jnp.array([0.01, 0.01]),
+        }
+    }
+    data = diagnostics.to_inference_data(
+        jax.random.PRNGKey(0),
+        params,
+        _model,
+        StackedGuide(guide, [0.5, 0.5]),
+        x,
+        jnp.zeros(5),
+        num_draws=400,
+    )
+    w = np.asarray(diagnostics.get_group(data, "posterior")["w"]).ravel()
+    assert abs(np.mean(w > 0) - 0.5) < 4 * np.sqrt(0.25 / 400)
+    assert "log_q" not in diagnostics.get_group(data, "sample_stats")
+    with pytest.raises(KeyError, match="no group 'log_likelihood'"):
+        diagnostics.get_group(data, "log_likelihood")
+    assert "y" in diagnostics.get_group(data, "pointwise_log_likelihood")
+    assert diagnostics.get_group(data, "posterior_predictive")["y"].shape[-1] == 5
+    assert data.attrs["objective"] == "StackedGuide"
+    assert "mixture of fits" in data.attrs["guide_density"]
+    with pytest.raises(ValueError, match="does not target the Bayesian posterior"):
+        diagnostics.approximate_loo(data)
+    if not hasattr(az, "plot_ppc_dist"):  # ArviZ 0.2x; 1.x: arviz_plots
+        assert np.size(az.plot_ppc(data, num_pp_samples=20)) >= 1
+    plt.close("all")
