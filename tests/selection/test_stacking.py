@@ -3,6 +3,8 @@ score, and the CRPS against scoringrules' closed form of a Normal mixture),
 the quadratic identity of the mixture's score estimates, and the stacked
 predictive scored held out on a misspecified model."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,13 @@ from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import FitRecipe, PredictiveELBO, StratifiedELBO, predictive_score
-from numpyro_pvi._core import ParticleSpec, guide_draws, mixture_terms, pair_gain
+from numpyro_pvi._core import (
+    ParticleSpec,
+    guide_draws,
+    mixture_terms,
+    pair_gain,
+    svi_scan,
+)
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
 from numpyro_pvi.selection import (
@@ -151,52 +159,58 @@ def _counts(x, y=None):
 
 
 _X = jnp.linspace(-1.0, 1.0, 7)
+_Y = {"line": 2 * _X, "counts": jnp.array([0.0, 1, 2, 3, 4, 5, 5])}
+
+
+def _mixture(model):
+    return AutoGaussianMixture(model, num_components=2)
+
+
 _IDENTITY_CASES = {
-    "crps-closed-form": (_regression, 2 * _X, CRPS(), AutoNormal),
-    "crps-all-pairs": (_regression, 2 * _X, CRPS(estimator="all-pairs"), AutoNormal),
+    "crps-closed-form": (_regression, "line", CRPS(), AutoNormal),
+    "crps-all-pairs": (_regression, "line", CRPS(estimator="all-pairs"), AutoNormal),
     "crps-derangement": (
         _regression,
-        2 * _X,
+        "line",
         CRPS(estimator="derangement"),
         AutoNormal,
     ),
-    "energy-beta-0.5": (_regression, 2 * _X, EnergyScore(0.5), AutoNormal),
-    "quadratic-counts": (
-        _counts,
-        jnp.array([0.0, 1, 2, 3, 4, 5, 5]),
-        QuadraticScore(),
-        AutoNormal,
-    ),
-    "crps-counts": (
-        _counts,
-        jnp.array([0.0, 1, 2, 3, 4, 5, 5]),
-        CRPS(estimator="all-pairs"),
-        AutoNormal,
-    ),
-    "crps-mixture-guide": (
-        _regression,
-        2 * _X,
-        CRPS(estimator="all-pairs"),
-        lambda m: AutoGaussianMixture(m, num_components=2),
-    ),
+    "energy-beta-0.5": (_regression, "line", EnergyScore(0.5), AutoNormal),
+    "quadratic-counts": (_counts, "counts", QuadraticScore(), AutoNormal),
+    "crps-counts": (_counts, "counts", CRPS(estimator="all-pairs"), AutoNormal),
+    "crps-mixture-guide": (_regression, "line", CRPS(estimator="all-pairs"), _mixture),
 }
 
 
+@functools.cache
+def _two_fits(model, make_guide, y_key):
+    """Two fits of one guide (30 and 300 steps), shared by the cases with
+    the same model and guide (one compiled fit each)."""
+    y = _Y[y_key]
+    guide = make_guide(model)
+    mixture = isinstance(guide, AutoGaussianMixture)
+    loss = StratifiedELBO() if mixture else Trace_ELBO()
+    svi = numpyro.infer.SVI(model, guide, optax.adam(0.1), loss)
+    state = svi.init(jax.random.PRNGKey(0), _X, y)
+    steps = jax.jit(lambda st: svi_scan(svi, st, num_steps=30, args=(_X, y))[0])
+    fits = []
+    for blocks in (1, 9):  # after 30 and 300 steps
+        for _ in range(blocks):
+            state = steps(state)
+        fits.append(svi.get_params(state))
+    return guide, fits
+
+
+@pytest.mark.xdist_group("stacking")
 @pytest.mark.parametrize("case", list(_IDENTITY_CASES))
 def test_mixture_score_estimate_is_the_quadratic_of_the_pair_gain(case):
     """The score's own estimate of w q_a + (1 - w) q_b from the two fits'
     draws (stratified, weights w and 1 - w) equals w S_a + (1 - w) S_b +
     w (1 - w) G_ab with the pair gain from the same draws, at every w: the
     identity the CRPS, energy and quadratic stacking rests on."""
-    model, y, score, make_guide = _IDENTITY_CASES[case]
-    guide = make_guide(model)
-    mixture = isinstance(guide, AutoGaussianMixture)
-    loss = StratifiedELBO() if mixture else Trace_ELBO()
-    svi = numpyro.infer.SVI(model, guide, optax.adam(0.1), loss)
-    fits = [
-        svi.run(jax.random.PRNGKey(k), n, _X, y, progress_bar=False).params
-        for k, n in ((0, 30), (1, 300))
-    ]
+    model, y_key, score, make_guide = _IDENTITY_CASES[case]
+    guide, fits = _two_fits(model, make_guide, y_key)
+    y = _Y[y_key]
     spec = ParticleSpec(8, score.requires, None, objective="test")
     a, b = (
         guide_draws(jax.random.PRNGKey(3), p, model, guide, (_X, y), {}, spec)
