@@ -57,13 +57,14 @@ test-fast: $(VENV)/.installed-test
 
 # Everything: the two virtual environments (and Chromium) are installed side
 # by side; the quick checks run first, then the legs, then the documentation
-# and the release.
+# and the release side by side (one is Sphinx, the other mostly pip).
 test:
 	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV) chromium
 	$(MAKE) lint typecheck
 	$(MAKE) test-default
 	$(MAKE) test-py312
-	$(MAKE) docs docs-check release-check
+	$(MAKE) -j2 docs release-check
+	$(MAKE) docs-check
 
 # The default leg: every test (fast and slow tiers) and the float64 rerun of
 # what float32 cannot show.
