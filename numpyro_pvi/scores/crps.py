@@ -22,6 +22,7 @@ from numpyro_pvi.scores.pair_sums import (
     crps_fair,
     derangement_pair_mean,
     pair_abs_sum,
+    pair_norm_sum,
     weighted_pair_abs_sum,
 )
 
@@ -80,6 +81,22 @@ def _closed_form(terms: ParticleTerms) -> jax.Array:
     scale = present(terms.y_scale, "y_scale")[..., 0]
     obs_term = normal_abs_mean(present(terms.y_obs, "y_obs")[:, 0] - loc, scale)
     return _with_next(terms, obs_term, (loc, scale), _normal_pair)
+
+
+def _all_pairs(terms: ParticleTerms, x: jax.Array, y: jax.Array) -> jax.Array:
+    """The fair all-pairs estimator from ``(M, b)`` scalar simulations
+    (sign sums: one cheap comparison per pair)."""
+    if terms.num_strata == 1:  # weights 1/M: the fair estimator
+        return -crps_fair(x, y)
+    v, k, m = strata(terms)
+    abs_err = particle_sum(jnp.abs(x - y), v)
+    # (1/2) sum_{i != j} v_i v_j |x_i - x_j| over all pairs, plus the
+    # within-stratum correction (M/(M-1) - 1) (w_k/M)^2 sum_{m != m'}
+    between = weighted_pair_abs_sum(x, v)
+    within = jax.vmap(pair_abs_sum)(x.reshape(k, m, -1))  # (K, b)
+    v_k = v.reshape(k, m, -1)[:, 0, :]  # w_k(x_i) / M
+    correction = jnp.sum(jnp.square(v_k) * within, axis=0) / (m - 1)
+    return -abs_err + between + correction
 
 
 class CRPS(Score):
@@ -233,18 +250,7 @@ class CRPS(Score):
             return _closed_form(terms)
         if self.estimator == "derangement":
             return _derangement(terms, y_sim[..., 0], y_obs[:, 0], jnp.abs)
-        if terms.num_strata == 1:  # weights 1/M: the fair estimator
-            return -crps_fair(y_sim[..., 0], y_obs[:, 0])
-        x = y_sim[..., 0]
-        v, k, m = strata(terms)
-        abs_err = particle_sum(jnp.abs(x - y_obs[:, 0]), v)
-        # (1/2) sum_{i != j} v_i v_j |x_i - x_j| over all pairs, plus the
-        # within-stratum correction (M/(M-1) - 1) (w_k/M)^2 sum_{m != m'}
-        between = weighted_pair_abs_sum(x, v)
-        within = jax.vmap(pair_abs_sum)(x.reshape(k, m, -1))  # (K, b)
-        v_k = v.reshape(k, m, -1)[:, 0, :]  # w_k(x_i) / M
-        correction = jnp.sum(jnp.square(v_k) * within, axis=0) / (m - 1)
-        return -abs_err + between + correction
+        return _all_pairs(terms, y_sim[..., 0], y_obs[:, 0])
 
 
 def _pow_norm(x: jax.Array, beta: float) -> jax.Array:
@@ -254,10 +260,6 @@ def _pow_norm(x: jax.Array, beta: float) -> jax.Array:
     zero = sq == 0
     safe = jnp.where(zero, 1.0, sq)
     return jnp.where(zero, 0.0, safe ** (0.5 * beta))
-
-
-# elements of one chunk of the (rows, M, b, d) pairwise-difference array
-_ENERGY_CHUNK = 1 << 22
 
 
 class EnergyScore(Score):
@@ -281,9 +283,15 @@ class EnergyScore(Score):
         + \frac{1}{2M(M-1)} \sum_{j \ne k}
         \|y^{\rm sim}_j - y^{\rm sim}_k\|^\beta,
 
-    in :math:`O(M^2 b\, d)` time, in chunks of rows to bound memory. Under
+    in :math:`O(M^2 b\, d)` time and :math:`O(M b\, d)` memory, its value
+    and gradient from one pass over the pairs
+    (:func:`~numpyro_pvi.scores.pair_sums.pair_norm_sum`). Under
     stratified sampling (mixture guides) the pairs are weighted as in
     :class:`CRPS`: :math:`v_j v_l`, times :math:`M/(M-1)` within a component.
+
+    In one dimension with :math:`\beta = 1` the estimate is the CRPS's
+    all-pairs estimate, computed as :class:`CRPS` computes it (sign sums, a
+    comparison per pair in place of a square root and a division).
 
     ``estimator="derangement"`` pairs each draw with the next one only, as
     for :class:`CRPS`: unbiased, :math:`O(M b\, d)`, more variance.
@@ -325,34 +333,15 @@ class EnergyScore(Score):
             return _derangement(
                 terms, y_sim, y_obs, lambda diff: _pow_norm(diff, self.beta)
             )
-        m, b, d = y_sim.shape
-        rows = max(1, min(m, _ENERGY_CHUNK // max(m * b * d, 1)))
+        if y_sim.shape[-1] == 1 and self.beta == 1.0:  # the CRPS
+            return _all_pairs(terms, y_sim[..., 0], y_obs[:, 0])
         if terms.num_strata > 1:
-            return self._stratified(terms, y_sim, y_obs, rows)
-        obs_term = particle_sum(_pow_norm(y_sim - y_obs, self.beta)) / m
-
-        def row(x_j: jax.Array) -> jax.Array:  # sum_k ||x_j - x_k||^beta
-            return particle_sum(_pow_norm(x_j - y_sim, self.beta))
-
-        pair_sum = particle_sum(jax.lax.map(row, y_sim, batch_size=rows))
-        return -obs_term + pair_sum / (2 * m * (m - 1))
-
-    def _stratified(
-        self, terms: ParticleTerms, y_sim: jax.Array, y_obs: jax.Array, rows: int
-    ) -> jax.Array:
-        """Pairs weighted ``v_i v_j``, times ``M/(M-1)`` within a stratum."""
-        v, _, m = strata(terms)
-        stratum = jnp.arange(v.shape[0]) // m
-        obs_term = particle_sum(_pow_norm(y_sim - y_obs, self.beta), v)
-
-        def row(args: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
-            x_j, v_j, k_j = args  # v_j sum_i c_ij v_i ||x_j - x_i||^beta
-            c = jnp.where(stratum == k_j, m / (m - 1), 1.0)[:, None]
-            dist = _pow_norm(x_j - y_sim, self.beta)  # (N, b)
-            return v_j * particle_sum(dist, c * v)
-
-        pair_sum = particle_sum(jax.lax.map(row, (y_sim, v, stratum), batch_size=rows))
-        return -obs_term + 0.5 * pair_sum
+            v, _, m = strata(terms)
+        else:
+            m = y_sim.shape[0]
+            v = jnp.full((m, 1), 1.0 / m, y_sim.dtype)
+        obs_term = particle_sum(_pow_norm(y_sim - y_obs, self.beta) * v)
+        return -obs_term + pair_norm_sum(y_sim, v, m, self.beta)
 
     def __repr__(self) -> str:
         if self.estimator == "all-pairs":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ __all__ = [
     "crps_fair",
     "derangement_pair_mean",
     "pair_abs_sum",
+    "pair_norm_sum",
     "weighted_pair_abs_sum",
 ]
 
@@ -110,6 +112,88 @@ def _weighted_pair_abs_sum_jvp(
     return value, particle_sum(v * c * dx + a * dv)
 
 
+def _norm_pair_sums(
+    x: jax.Array, v: jax.Array, stratum_size: int, beta: float, with_grad: bool
+) -> tuple[jax.Array, ...]:
+    r""":math:`R_j = \sum_k c_{jk} v_k \|x_j - x_k\|^\beta` ``(N, b)`` and,
+    ``with_grad``, :math:`G_j = \sum_k c_{jk} v_k\, \beta
+    \|x_j - x_k\|^{\beta - 2} (x_j - x_k)` ``(N, b, d)``, with :math:`c_{jk}
+    = S/(S-1)` for two draws of one stratum of ``stratum_size`` :math:`S`,
+    else 1. One pass over the ``(N, b, d)`` draws per particle ``k`` in a
+    ``fori_loop`` (no ``(N, N, b)`` intermediate); no gradient flows through
+    it. A pair of equal draws adds 0 to both."""
+    x, v = jax.lax.stop_gradient(x), jax.lax.stop_gradient(v)
+    n = x.shape[0]
+    stratum = jnp.arange(n) // stratum_size
+    same = stratum_size / (stratum_size - 1)
+
+    def body(k: jax.Array, acc: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        diff = x - jax.lax.dynamic_index_in_dim(x, k, 0, keepdims=True)
+        sq = jnp.square(diff) if scalar else jnp.sum(jnp.square(diff), axis=-1)
+        zero = sq == 0
+        safe = jnp.where(zero, 1.0, sq)
+        norm = jnp.sqrt(safe) if beta == 1.0 else safe ** (0.5 * beta)
+        norm = jnp.where(zero, 0.0, norm)
+        weight = jnp.where(stratum == stratum[k], same, 1.0)[:, None]
+        weight = weight * jax.lax.dynamic_index_in_dim(v, k, 0, keepdims=True)
+        if not with_grad:
+            return (acc[0] + weight * norm,)
+        slope = jnp.where(zero, 0.0, beta * norm / safe)  # β ||d||^(β-2)
+        step = weight * slope if scalar else (weight * slope)[..., None]
+        return acc[0] + weight * norm, acc[1] + step * diff
+
+    # one value per draw: the event axis is dropped (a trailing axis of one
+    # element makes XLA's CPU backend lay out the draws' producers anew)
+    scalar = x.shape[-1] == 1
+    if scalar:
+        x = x[..., 0]
+    shape = jnp.broadcast_shapes(v.shape, x.shape if scalar else x.shape[:-1])
+    init = (jnp.zeros(shape, x.dtype),)
+    if with_grad:
+        init += (jnp.zeros(shape if scalar else shape + x.shape[-1:], x.dtype),)
+    return jax.lax.fori_loop(0, n, body, init, unroll=8)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+def pair_norm_sum(
+    x: jax.Array, v: jax.Array, stratum_size: int, beta: float
+) -> jax.Array:
+    r""":math:`\tfrac12 \sum_{j \ne k} c_{jk} v_j v_k \|x_j - x_k\|^\beta`
+    over the leading axis of the ``(N, b, d)`` draws, ``(b,)``.
+
+    :math:`c_{jk} = S/(S-1)` for two draws of one stratum (``N = K S``
+    draws, ``S`` = ``stratum_size`` consecutive per stratum), else 1: with
+    weights :math:`v = 1/S` and one stratum this is the fair pair term
+    :math:`\frac{1}{2S(S-1)} \sum_{j \ne k} \|x_j - x_k\|^\beta`. Its
+    derivatives are :math:`v_j G_j` in :math:`x_j` and :math:`R_j` in
+    :math:`v_j` (:func:`_norm_pair_sums`): value and gradient come from one
+    pass over the pairs, :math:`O(N^2 b\, d)` time and :math:`O(N b\, d)`
+    memory.
+
+    :param x: ``(N, b, d)`` draws.
+    :param v: ``(N, b)`` or ``(N, 1)`` weights.
+    :param stratum_size: ``S >= 2``, a divisor of ``N``.
+    :param beta: the exponent, ``0 < beta < 2``.
+    """
+    (r,) = _norm_pair_sums(x, v, stratum_size, beta, with_grad=False)
+    return 0.5 * particle_sum(r * v)
+
+
+@pair_norm_sum.defjvp
+def _pair_norm_sum_jvp(
+    stratum_size: int,
+    beta: float,
+    primals: tuple[jax.Array, jax.Array],
+    tangents: tuple[jax.Array, jax.Array],
+) -> tuple[jax.Array, jax.Array]:
+    x, v = primals
+    dx, dv = tangents
+    r, g = _norm_pair_sums(x, v, stratum_size, beta, with_grad=True)
+    g_dx = g * dx[..., 0] if g.ndim < dx.ndim else jnp.sum(g * dx, axis=-1)
+    tangent = particle_sum(v * g_dx + r * dv)
+    return 0.5 * particle_sum(r * v), tangent
+
+
 def derangement_pair_mean(
     x: Any,
     pair: Callable[[Any, Any], jax.Array],
@@ -153,12 +237,17 @@ def derangement_pair_mean(
         d = pair(x, shifted)
         return particle_sum(d) / d.shape[0]
     k = omega.shape[0]
-    xs = tree.tree_map(lambda t: t.reshape((k, -1) + t.shape[1:]), x)  # (K, M, ..)
-    shifted = tree.tree_map(lambda t: jnp.roll(t, 1, axis=1), xs)
+    m = tree.tree_leaves(x)[0].shape[0] // k
+    # static slices, pair by pair: their gradients are sums of slices, where
+    # broadcasts over the strata would transpose to reductions over a middle
+    # axis (slow on XLA's CPU backend)
+    strata_draws = [
+        tree.tree_map(lambda t, a=a: t[a * m : (a + 1) * m], x) for a in range(k)
+    ]
+    shifted = [tree.tree_map(lambda t: jnp.roll(t, 1, axis=0), s) for s in strata_draws]
     total = jnp.zeros(())
     for a in range(k):  # K is a small Python integer
-        x_a = tree.tree_map(lambda t, a=a: t[a], xs)
-        d = jax.vmap(lambda xl, xa=x_a: particle_sum(pair(xa, xl)))(shifted)
-        m = tree.tree_leaves(xs)[0].shape[1]
-        total = total + omega[a] * jnp.sum(omega * d, axis=0) / m  # (b,)
+        for c in range(k):
+            d = particle_sum(pair(strata_draws[a], shifted[c])) / m  # (b,)
+            total = total + omega[a] * omega[c] * d
     return total

@@ -36,27 +36,45 @@ def _log_overlap(overlap: jax.Array) -> jax.Array:
     return jnp.where(zero, -jnp.inf, jnp.log(jnp.where(zero, 1.0, overlap)))
 
 
-def _support_sums(pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
-    r"""``(K, b)`` totals :math:`T_j = \sum_m f_m(j)` and ``(b,)``
-    :math:`\sum_j [T_j^2 - \sum_m f_m(j)^2]` of the ``(M, K, b)`` pmf.
+def _support_sums(
+    pmf: jax.Array, weights: jax.Array | None = None
+) -> tuple[jax.Array, jax.Array]:
+    r"""``(K, b)`` totals :math:`T_j = \sum_m w_m f_m(j)` and ``(b,)``
+    :math:`\sum_j [T_j^2 - \sum_m w_m^2 f_m(j)^2]` of the ``(M, K, b)`` pmf
+    (weights ``(M, b)``, or 1 when ``None``).
 
     Two contractions over the particles of the whole array (slices taken one
     support value at a time each have for gradient a zero-padded copy of the
     whole array, :math:`O(K^2)` memory traffic: 26× ``Trace_ELBO`` on a
     binomial likelihood with 11 values). Two values need the second only: a
     pmf sums to one over its support, so :math:`f_m(0) = 1 - f_m(1)`,
-    :math:`T_0 = M - T_1` and :math:`\sum_m f_m(0)^2 = M - 2T_1 + \sum_m
-    f_m(1)^2` (two particle sums of one ``(M, b)`` slice).
+    :math:`T_0 = \sum_m w_m - T_1` and :math:`\sum_m w_m^2 f_m(0)^2 =
+    \sum_m w_m^2 - 2\sum_m w_m^2 f_m(1) + \sum_m w_m^2 f_m(1)^2` (particle
+    sums of one ``(M, b)`` slice; with weights, no sum over the support
+    axis, whose gradient in the weights XLA's CPU backend reduces slowly).
     """
     m, k = pmf.shape[:2]
+    sq_weights = None if weights is None else jnp.square(weights)
     if k == 2:
         f = pmf[:, 1]
-        t1, own = particle_sum(f), particle_sum(jnp.square(f))
-        t0 = m - t1
-        sum_sq = jnp.square(t0) + jnp.square(t1) - m + 2.0 * t1 - 2.0 * own
+        t1, own = particle_sum(f, weights), particle_sum(jnp.square(f), sq_weights)
+        if weights is None:
+            t0, own0 = m - t1, m - 2.0 * t1 + own
+        else:
+            t0 = particle_sum(weights) - t1
+            own0 = particle_sum(sq_weights) - 2.0 * particle_sum(f, sq_weights) + own
+        sum_sq = jnp.square(t0) + jnp.square(t1) - own0 - own
         return jnp.stack([t0, t1]), sum_sq
-    total, own = particle_sum(pmf), particle_sum(jnp.square(pmf))
+    if weights is not None:
+        weights, sq_weights = weights[:, None], sq_weights[:, None]
+    total = particle_sum(pmf, weights)
+    own = particle_sum(jnp.square(pmf), sq_weights)
     return total, jnp.sum(jnp.square(total) - own, axis=0)
+
+
+def _at_observed(totals: jax.Array, obs_support: jax.Array) -> jax.Array:
+    """``(b,)`` the totals at the observed values (``obs_support`` ``(K, b)``)."""
+    return jnp.sum(jnp.where(obs_support, totals, 0.0), axis=0)
 
 
 class QuadraticScore(Score):
@@ -136,8 +154,8 @@ class QuadraticScore(Score):
         if c == 1 and terms.obs_support is not None:
             # q(y_i) = T_{y_i} / M: the observed value's pmf is in the totals
             totals, sum_sq = _support_sums(terms.pmf[..., 0])
-            at_obs = jnp.where(terms.obs_support[..., 0], totals, 0.0)
-            return (2.0 * jnp.sum(at_obs, axis=0) - sum_sq / (m - 1)) / m
+            at_obs = _at_observed(totals, terms.obs_support[..., 0])
+            return (2.0 * at_obs - sum_sq / (m - 1)) / m
         q_obs = _predictive_pmf(terms)  # (b,)
         if c == 1:
             sum_sq = _support_sums(terms.pmf[..., 0])[1] / (m * (m - 1))
@@ -160,16 +178,19 @@ class QuadraticScore(Score):
         v, k, m = strata(terms)
         pmf = present(terms.pmf, "pmf")  # (N, K, b, c)
         n, _, b, c = pmf.shape
-        q_obs = _predictive_pmf(terms)
         if c == 1:
             f = pmf[..., 0]  # (N, K, b)
-            wf = v[:, None, :] * f
-            total = jnp.sum(jnp.square(particle_sum(wf)) - particle_sum(wf**2), 0)
-            f_k = f.reshape((k, m) + f.shape[1:])  # (strata, M, K, b)
-            within = jnp.square(jnp.sum(f_k, axis=1)) - jnp.sum(f_k**2, axis=1)
-            v_k = v.reshape(k, m, b)[:, 0, :]  # w_k(x_i) / M
-            within = jnp.sum(jnp.square(v_k) * jnp.sum(within, 1), 0) / (m - 1)
-            return 2.0 * q_obs - total - within
+            totals, total = _support_sums(f, v)
+            within = jnp.zeros_like(total)
+            for s in range(k):  # the strata (a small Python integer): slices
+                sum_sq = _support_sums(f[s * m : (s + 1) * m])[1]
+                within = within + jnp.square(v[s * m]) * sum_sq
+            if terms.obs_support is not None:  # q(y_i): the observed value's total
+                q_obs = _at_observed(totals, terms.obs_support[..., 0])
+            else:
+                q_obs = _predictive_pmf(terms)
+            return 2.0 * q_obs - total - within / (m - 1)
+        q_obs = _predictive_pmf(terms)
         overlap = jnp.einsum("mkbc,nkbc->mnbc", pmf, pmf)  # (N, N, b, c)
         log_overlap = _log_overlap(overlap)
         stratum = jnp.arange(n) // m

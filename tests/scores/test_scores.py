@@ -4,6 +4,7 @@ Closed forms (Gneiting & Raftery 2007), unbiasedness of the fair estimators,
 properness, the PVI normal toy (Lai & Yao 2024) and bad input.
 """
 
+import functools
 import math
 import re
 
@@ -136,21 +137,82 @@ def test_weighted_pair_sum_value_and_gradients_match_all_pairs():
     )
 
 
+def _naive_norm_pair_sum(x, v, stratum_size, beta):
+    """(1/2) sum_{j != k} c_jk v_j v_k ||x_j - x_k||^beta through the (N, N, b)
+    array (a zero, not NaN, gradient at a tie)."""
+    n = x.shape[0]
+    stratum = jnp.arange(n) // stratum_size
+    same = stratum[:, None] == stratum[None]
+    c = jnp.where(same, stratum_size / (stratum_size - 1), 1.0)[..., None]
+    sq = jnp.sum(jnp.square(x[:, None] - x[None]), axis=-1)
+    safe = jnp.where(sq == 0, 1.0, sq)
+    norm = jnp.where(sq == 0, 0.0, safe ** (0.5 * beta))
+    return 0.5 * jnp.sum(c * v[:, None] * v[None] * norm, axis=(0, 1))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("beta", [0.5, 1.0, 1.7])
+@pytest.mark.parametrize("strata", [1, 3])
+def test_norm_pair_sum_value_and_gradients_match_all_pairs(beta, strata):
+    # The energy score's pair term (one pass, custom derivative) against the
+    # explicit pair array: value, d/dx and d/dv by reverse and forward mode,
+    # with a tie (two equal draws: zero, not NaN, gradient) and weights per
+    # observation (a mixture guide's strata) or per particle.
+    x = random.normal(random.PRNGKey(7), (12, 5, 3))
+    x = x.at[1].set(x[0])
+    v = random.uniform(random.PRNGKey(8), (12, 5))
+    size = 12 // strata
+
+    def got(x, v):
+        return pair_sums.pair_norm_sum(x, v, size, beta)
+
+    def want(x, v):
+        return _naive_norm_pair_sum(x, v, size, beta)
+
+    np.testing.assert_allclose(got(x, v), want(x, v), rtol=RTOL)
+    grads = [
+        jax.grad(lambda x, v, f=f: f(x, v).sum(), (0, 1))(x, v) for f in (got, want)
+    ]
+    for g, w in zip(*grads, strict=True):
+        assert np.all(np.isfinite(g))
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL)
+    fwd = [jax.jacfwd(f, (0, 1))(x, v[:, :1]) for f in (got, want)]
+    for g, w in zip(*fwd, strict=True):
+        np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL)
+
+
 @pytest.mark.numerics
 def test_energy_beta_one_in_one_dimension_equals_crps():
+    # EnergyScore(1.0) of scalar draws takes the CRPS's sign sums: value and
+    # gradient equal the norms' pair sum it takes in several dimensions
     x = random.normal(random.PRNGKey(2), (33, 7, 1)) * 3.0
     y = random.normal(random.PRNGKey(3), (7, 1))
     terms = _terms(y_sim=x, y_obs=y)
+
+    def by_norms(x):
+        v = jnp.full((33, 1), 1 / 33)
+        obs = jnp.sum(jnp.abs(x - y)[..., 0] * v, axis=0)
+        return -obs + pair_sums.pair_norm_sum(x, v, 33, 1.0)
+
+    def energy(x):
+        return EnergyScore(1.0).estimate(terms._replace(y_sim=x))
+
+    np.testing.assert_allclose(energy(x), CRPS().estimate(terms), rtol=RTOL, atol=0)
+    np.testing.assert_allclose(energy(x), by_norms(x), rtol=RTOL, atol=RTOL)
     np.testing.assert_allclose(
-        EnergyScore(1.0).estimate(terms), CRPS().estimate(terms), rtol=RTOL, atol=0
+        jax.grad(lambda x: energy(x).sum())(x),
+        jax.grad(lambda x: by_norms(x).sum())(x),
+        rtol=RTOL,
+        atol=RTOL,
     )
 
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("beta", [0.5, 1.0, 1.7])
-def test_energy_score_matches_definition_in_several_dimensions(beta):
-    x = random.normal(random.PRNGKey(4), (8, 5, 3))
-    y = random.normal(random.PRNGKey(5), (5, 3))
+@pytest.mark.parametrize("d", [1, 3])
+def test_energy_score_matches_definition_in_several_dimensions(beta, d):
+    x = random.normal(random.PRNGKey(4), (8, 5, d))
+    y = random.normal(random.PRNGKey(5), (5, d))
     x = x.at[1].set(x[0])  # a tie: |x_0 - x_1| = 0 must not give NaN
     terms = _terms(y_sim=x, y_obs=y)
     got = EnergyScore(beta).estimate(terms)
@@ -338,6 +400,55 @@ def multi_component_model(y_pair, y_cat):
     with numpyro.plate("data", y_cat.shape[0]):
         numpyro.sample("y_pair", dist.Bernoulli(p).expand([2]).to_event(1), obs=y_pair)
         numpyro.sample("y_cat", dist.Categorical(logits=logits), obs=y_cat)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("support", [2, 4])
+def test_stratified_quadratic_from_support_sums_equals_pair_overlaps(support):
+    # Mixture-guide strata (3 strata of 4 draws, weights varying by
+    # observation): the support sums (one component per observation, the
+    # observed value's total read from them) against the pair overlaps the
+    # several-components path takes (a point-mass component appended leaves
+    # every overlap unchanged), value and gradient in the pmf's logits (two
+    # support values read one, the other being one minus it) and in the
+    # components' log weights log w_k(x_i) (a stratum's draws share its
+    # weight, so only their sum over the stratum is defined).
+    k, m, b = 3, 4, 5
+    logits = random.normal(random.PRNGKey(11), (k * m, support, b))
+    y = random.randint(random.PRNGKey(12), (b,), 0, support)
+    obs = (jnp.arange(support)[:, None] == y)[..., None]  # (V, b, 1)
+    log_omega = jax.nn.log_softmax(random.normal(random.PRNGKey(13), (k, b)), axis=0)
+    point = jnp.zeros((support, 1, 1)).at[0].set(1.0)
+
+    @functools.partial(jax.jit, static_argnums=2)
+    def score(logits, log_omega, several):
+        pmf = jax.nn.softmax(logits, axis=1)[..., None]  # (N, V, b, 1)
+        log_lik = jnp.log(jnp.sum(jnp.where(obs, pmf, 0.0), axis=1))  # (N, b, 1)
+        log_v = jnp.repeat(log_omega - jnp.log(m), m, axis=0)  # (N, b)
+        weights = Weights(jnp.full((k * m,), 1.0 / (k * m)), log_v, jnp.ones(b))
+        if several:
+            pmf = jnp.concatenate([pmf, jnp.broadcast_to(point, pmf.shape)], -1)
+        terms = ParticleTerms(
+            log_prior=jnp.zeros(k * m),
+            log_q=jnp.zeros(k * m),
+            log_lik=log_lik[..., 0],
+            weights=weights,
+            num_strata=k,
+            pmf=pmf,
+            obs_support=None if several else obs,
+        )
+        return QuadraticScore().estimate(terms)
+
+    got, want = (score(logits, log_omega, several) for several in (False, True))
+    np.testing.assert_allclose(got, want, rtol=RTOL, atol=RTOL)
+    grads = [
+        jax.jit(jax.grad(lambda p, w, s=s: score(p, w, s).sum(), (0, 1)))(
+            logits, log_omega
+        )
+        for s in (False, True)
+    ]
+    for g, w in zip(*grads, strict=True):
+        np.testing.assert_allclose(g, w, rtol=10 * RTOL, atol=10 * RTOL)
 
 
 @pytest.mark.numerics
