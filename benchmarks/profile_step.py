@@ -144,7 +144,7 @@ def profile_step(
     key_data, key_init = random.split(random.PRNGKey(seed))
     model, args = MODELS[model_name].make(key_data)
     if objective == "Trace_ELBO":
-        loss = _baseline(num_particles)
+        loss = _baseline(num_particles, guide_name)
     else:
         loss = OBJECTIVES[objective].make(num_particles)
     svi = SVI(model, GUIDES[guide_name](model), optax.adam(1e-3), loss=loss)

@@ -12,9 +12,9 @@ import numpyro.distributions as dist
 from jax import random
 from numpyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 
-from numpyro_pvi.guides import AutoFlow
+from numpyro_pvi.guides import AutoFlow, AutoGaussianMixture
 
-__all__ = ["GUIDES", "MODELS", "BenchModel"]
+__all__ = ["GUIDES", "MIXTURE_GUIDES", "MODELS", "BenchModel"]
 
 
 class BenchModel(NamedTuple):
@@ -156,6 +156,35 @@ def make_binomial(rng_key: jax.Array, n: int = 10_000, d: int = 20):
 
 
 #: Benchmark problems.
+EXAMPLE_HIDDEN = 5
+
+
+def bnn_example_model(x: jax.Array, y: jax.Array) -> None:
+    """NumPyro's ``examples/bnn.py``: two tanh layers of 5 units, unit normal
+    weights, a Gamma prior on the observation precision, ``(N, 1)``
+    observations with ``to_event(1)``."""
+    h = EXAMPLE_HIDDEN
+    w1 = numpyro.sample("w1", dist.Normal(jnp.zeros((x.shape[1], h)), 1.0))
+    z1 = jnp.tanh(x @ w1)
+    w2 = numpyro.sample("w2", dist.Normal(jnp.zeros((h, h)), 1.0))
+    z2 = jnp.tanh(z1 @ w2)
+    w3 = numpyro.sample("w3", dist.Normal(jnp.zeros((h, 1)), 1.0))
+    prec_obs = numpyro.sample("prec_obs", dist.Gamma(3.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample(
+            "Y", dist.Normal(z2 @ w3, 1.0 / jnp.sqrt(prec_obs)).to_event(1), obs=y
+        )
+
+
+def make_bnn_example(rng_key: jax.Array, n: int = 100):
+    """The example's data: a noisy cubic of 3 inputs (a bias column)."""
+    x = jnp.linspace(-1.0, 1.0, n)
+    features = jnp.power(x[:, None], jnp.arange(3.0))
+    w = 0.5 * random.normal(rng_key, (3,))
+    y = features @ w + 0.5 * jnp.power(0.5 + x, 2.0) * jnp.sin(4.0 * x)
+    return bnn_example_model, (features, ((y - y.mean()) / y.std())[:, None])
+
+
 MODELS: dict[str, BenchModel] = {
     "glm": BenchModel(
         "glm", "linear regression, N=10000, D=20 (cheap likelihood)", make_glm
@@ -164,6 +193,12 @@ MODELS: dict[str, BenchModel] = {
         "bnn",
         f"BNN 20-{BNN_HIDDEN}-1 tanh, N=10000 (likelihood-dominated)",
         make_bnn,
+    ),
+    "bnn_example": BenchModel(
+        "bnn_example",
+        f"NumPyro's examples/bnn.py: 3-{EXAMPLE_HIDDEN}-{EXAMPLE_HIDDEN}-1 tanh, "
+        "N=100 (per-step overhead)",
+        make_bnn_example,
     ),
     "logistic": BenchModel(
         "logistic",
@@ -195,4 +230,9 @@ GUIDES: dict[str, Callable] = {
     "AutoNormal": AutoNormal,
     "AutoMultivariateNormal": AutoMultivariateNormal,
     "AutoFlow": AutoFlow,
+    "AutoGaussianMixture": AutoGaussianMixture,  # K = 2 components
 }
+
+#: Guides with components: their baseline is ``StratifiedELBO`` (``M`` draws
+#: per component, as every objective takes with them), not ``Trace_ELBO``.
+MIXTURE_GUIDES = frozenset({"AutoGaussianMixture"})

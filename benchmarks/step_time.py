@@ -1,8 +1,10 @@
 """Step time of each objective relative to ``Trace_ELBO``.
 
 For every (model, guide, number of particles M) the benchmark builds one
-``SVI`` per objective plus the ``Trace_ELBO(num_particles=M)`` baseline with
-the same model, guide and data, jits ``svi.update``, warms each up (compile
+``SVI`` per objective plus the ``Trace_ELBO(num_particles=M)`` baseline
+(``StratifiedELBO(num_particles=M)`` for the mixture guide: ``M`` draws from
+each component, as the objectives take them) with the same model, guide and
+data, jits ``svi.update``, warms each up (compile
 plus a few steps, excluded), and then times blocks of steps in interleaved
 repetitions (baseline, objective 1, objective 2, ..., baseline, ...). The
 ratio reported is the median step time of the objective divided by the
@@ -14,6 +16,7 @@ Usage::
     python -m benchmarks.step_time                      # everything
     python -m benchmarks.step_time --objectives pvi_log --particles 8 --reps 9
     python -m benchmarks.step_time --models glm --guides AutoNormal
+    python -m benchmarks.step_time --models bnn,glm --guides AutoGaussianMixture
     python -m benchmarks.step_time --crps-scaling       # package vs naive CRPS
 
 Add an objective by adding an :class:`Objective` to :data:`OBJECTIVES` (a
@@ -39,8 +42,14 @@ from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.elbo import ELBO
 
-from benchmarks.step_models import GUIDES, MODELS
-from numpyro_pvi import PACmELBO, PredictiveELBO, SNISForwardKL, SoftCVIELBO
+from benchmarks.step_models import GUIDES, MIXTURE_GUIDES, MODELS
+from numpyro_pvi import (
+    PACmELBO,
+    PredictiveELBO,
+    SNISForwardKL,
+    SoftCVIELBO,
+    StratifiedELBO,
+)
 from numpyro_pvi.scores import CRPS
 
 __all__ = [
@@ -71,7 +80,11 @@ class Objective(NamedTuple):
     models: tuple[str, ...] | None = None
 
 
-def _baseline(num_particles: int) -> ELBO:
+def _baseline(num_particles: int, guide_name: str = "AutoNormal") -> ELBO:
+    """``Trace_ELBO``, or ``StratifiedELBO`` for a guide with components (the
+    same draws per component as the objectives)."""
+    if guide_name in MIXTURE_GUIDES:
+        return StratifiedELBO(num_particles=num_particles)
     return Trace_ELBO(num_particles=num_particles)
 
 
@@ -84,17 +97,27 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "pvi_crps",
             lambda m: PredictiveELBO("crps", num_particles=m),
-            models=("glm", "bnn", "hetero"),  # needs a reparameterised likelihood
+            models=(
+                "glm",
+                "bnn",
+                "bnn_example",
+                "hetero",
+            ),  # needs a reparameterised likelihood
         ),
         Objective(
             "pvi_crps_derangement",
             lambda m: PredictiveELBO(CRPS(estimator="derangement"), num_particles=m),
-            models=("glm", "bnn", "hetero"),
+            models=("glm", "bnn", "bnn_example", "hetero"),
         ),
         Objective(
             "pvi_crps_all_pairs",
             lambda m: PredictiveELBO(CRPS(estimator="all-pairs"), num_particles=m),
-            models=("glm", "bnn", "hetero"),
+            models=("glm", "bnn", "bnn_example", "hetero"),
+        ),
+        Objective(
+            "pvi_energy",
+            lambda m: PredictiveELBO("energy", num_particles=m),
+            models=("glm", "bnn", "bnn_example", "hetero"),
         ),
         Objective(
             "pvi_quadratic",
@@ -194,7 +217,9 @@ def time_case(
     model, args = MODELS[model_name].make(key_data)
     guide_cls = GUIDES[guide_name]
     names = ["Trace_ELBO"] + [o.name for o in objectives]
-    losses = [_baseline(num_particles)] + [o.make(num_particles) for o in objectives]
+    losses = [_baseline(num_particles, guide_name)] + [
+        o.make(num_particles) for o in objectives
+    ]
     runners = [
         _Runner(model, guide_cls(model), loss, args, key_init, target_seconds, clock)
         for loss in losses
@@ -408,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
     print(f"load average (1/5/15 min) at start: {_load()}")
     print(f"clock: {'process CPU time' if args.cpu_time else 'wall time'}")
     print(
-        "| model | guide | M | Trace_ELBO ms/step | objective | ms/step | "
+        "| model | guide | M | baseline ms/step | objective | ms/step | "
         "ratio (median) | paired ratio 25-75% |"
     )
     print("|---|---|---:|---:|---|---:|---:|---|")
