@@ -285,7 +285,7 @@ class EnergyScore(Score):
 
     in :math:`O(M^2 b\, d)` time and :math:`O(M b\, d)` memory, its value
     and gradient from one pass over the pairs
-    (:func:`~numpyro_pvi.scores.pair_sums.pair_norm_sum`). Under
+    (``scores.pair_sums.pair_norm_sum``). Under
     stratified sampling (mixture guides) the pairs are weighted as in
     :class:`CRPS`: :math:`v_j v_l`, times :math:`M/(M-1)` within a component.
 
