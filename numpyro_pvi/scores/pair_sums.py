@@ -148,7 +148,7 @@ def _norm_pair_sums(
     if scalar:
         x = x[..., 0]
     shape = jnp.broadcast_shapes(v.shape, x.shape if scalar else x.shape[:-1])
-    init = (jnp.zeros(shape, x.dtype),)
+    init: tuple[jax.Array, ...] = (jnp.zeros(shape, x.dtype),)
     if with_grad:
         init += (jnp.zeros(shape if scalar else shape + x.shape[-1:], x.dtype),)
     return jax.lax.fori_loop(0, n, body, init, unroll=8)

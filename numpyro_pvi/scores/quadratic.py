@@ -54,21 +54,24 @@ def _support_sums(
     axis, whose gradient in the weights XLA's CPU backend reduces slowly).
     """
     m, k = pmf.shape[:2]
-    sq_weights = None if weights is None else jnp.square(weights)
     if k == 2:
         f = pmf[:, 1]
-        t1, own = particle_sum(f, weights), particle_sum(jnp.square(f), sq_weights)
         if weights is None:
+            t1, own = particle_sum(f), particle_sum(jnp.square(f))
             t0, own0 = m - t1, m - 2.0 * t1 + own
         else:
+            sq = jnp.square(weights)
+            t1, own = particle_sum(f, weights), particle_sum(jnp.square(f), sq)
             t0 = particle_sum(weights) - t1
-            own0 = particle_sum(sq_weights) - 2.0 * particle_sum(f, sq_weights) + own
+            own0 = particle_sum(sq) - 2.0 * particle_sum(f, sq) + own
         sum_sq = jnp.square(t0) + jnp.square(t1) - own0 - own
         return jnp.stack([t0, t1]), sum_sq
-    if weights is not None:
-        weights, sq_weights = weights[:, None], sq_weights[:, None]
-    total = particle_sum(pmf, weights)
-    own = particle_sum(jnp.square(pmf), sq_weights)
+    if weights is None:
+        total, own = particle_sum(pmf), particle_sum(jnp.square(pmf))
+    else:
+        w = weights[:, None]
+        total = particle_sum(pmf, w)
+        own = particle_sum(jnp.square(pmf), jnp.square(w))
     return total, jnp.sum(jnp.square(total) - own, axis=0)
 
 
