@@ -155,7 +155,6 @@ def make_binomial(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return binomial_model, (x, y.astype(jnp.float32))
 
 
-#: Benchmark problems.
 EXAMPLE_HIDDEN = 5
 
 
@@ -185,6 +184,7 @@ def make_bnn_example(rng_key: jax.Array, n: int = 100):
     return bnn_example_model, (features, ((y - y.mean()) / y.std())[:, None])
 
 
+#: Benchmark problems.
 MODELS: dict[str, BenchModel] = {
     "glm": BenchModel(
         "glm", "linear regression, N=10000, D=20 (cheap likelihood)", make_glm
