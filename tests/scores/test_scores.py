@@ -181,6 +181,35 @@ def test_norm_pair_sum_value_and_gradients_match_all_pairs(beta, strata):
         np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL)
 
 
+def _temp_bytes(f, *args):
+    """Scratch memory of the compiled value and gradient of ``f``."""
+    compiled = jax.jit(jax.value_and_grad(f)).lower(*args).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+def test_norm_pair_sum_memory_is_linear_in_the_particles():
+    # The energy score's pair term claims O(M b d) memory for its value and
+    # gradient: no (M, M, b, d) difference array. The explicit pair sum,
+    # which does hold one, fails the same bounds.
+    b, d = 500, 3
+
+    def one_pass(x):
+        v = jnp.full((x.shape[0], 1), 1.0 / x.shape[0])
+        return pair_sums.pair_norm_sum(x, v, x.shape[0], 1.0).sum()
+
+    def explicit(x):
+        sq = jnp.sum(jnp.square(x[:, None] - x[None]), axis=-1)
+        return jnp.sum(jnp.sqrt(sq + 1.0))
+
+    def bounded(f):
+        temp = {m: _temp_bytes(f, jnp.ones((m, b, d))) for m in (64, 128)}
+        pair_array = 128 * 128 * b * d * jnp.ones(()).dtype.itemsize
+        return temp[128] < pair_array / 4 and temp[128] < 2.5 * temp[64]
+
+    assert bounded(one_pass)
+    assert not bounded(explicit)
+
+
 @pytest.mark.numerics
 def test_energy_beta_one_in_one_dimension_equals_crps():
     # EnergyScore(1.0) of scalar draws takes the CRPS's sign sums: value and
