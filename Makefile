@@ -30,8 +30,8 @@ LEG312_VENV := $(VENV312)/.installed-test
 DEFAULT_LEG := -m "not py312_only"
 endif
 
-.PHONY: demo test test-fast test-default test-py312 lint typecheck docs docs-check \
-	release-check chromium bench clean
+.PHONY: demo test test-fast test-default test-float64 test-py312 lint typecheck docs \
+	docs-check release-check chromium bench clean clean-cache
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,29 +48,50 @@ $(VENV)/.installed-test: pyproject.toml | $(VPY)
 demo: $(VENV)/.installed
 	$(VPY) -m numpyro_pvi.demo
 
+# JAX's persistent compilation cache of the test processes (xdist workers,
+# notebook kernels, device subprocesses, the doctests), kept between runs and
+# shared by every clone on the machine, as pip keeps its wheels: a run loads
+# the programs an earlier run compiled (HLO, compile options, JAX, jaxlib and
+# the CPU in the key) instead of compiling them. Unused entries are pruned
+# after two weeks, and the whole cache when it passes JAX_CACHE_MAX_MB;
+# `make clean-cache` empties it, JAX_CACHE= (empty) runs without it.
+JAX_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numpyro-pvi/jax
+JAX_CACHE_MAX_MB ?= 2048
+ifneq ($(JAX_CACHE),)
+TEST_ENV := JAX_COMPILATION_CACHE_DIR=$(JAX_CACHE) JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
+PRUNE_CACHE := .ci/prune-cache $(JAX_CACHE) $(JAX_CACHE_MAX_MB)
+else
+TEST_ENV :=
+PRUNE_CACHE := true
+endif
+
 # After every change: every module's unit and contract tests (CONTRIBUTING.md).
-# Compiled programs are kept in .cache/jax between runs: a warm run loads
-# them instead of compiling.
 test-fast: $(VENV)/.installed-test
 	$(VPY) -m ruff check numpyro_pvi tests benchmarks tutorials docs .ci
-	JAX_COMPILATION_CACHE_DIR=$(CURDIR)/.cache/jax $(VPY) $(PYTEST) -m "not slow"
+	$(PRUNE_CACHE)
+	$(TEST_ENV) $(VPY) $(PYTEST) -m "not slow"
 
 # Everything: the two virtual environments (and Chromium) are installed side
-# by side; the quick checks run first, then the legs, then the documentation
-# and the release side by side (one is Sphinx, the other mostly pip).
+# by side; then the quick checks, the three test legs, the documentation and
+# the release run side by side (the single-threaded ones - mypy, Sphinx,
+# pip - fill the cores the legs leave idle at their starts and ends); each
+# prints its output when it ends. The built site is opened last.
 test:
 	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV) chromium
-	$(MAKE) lint typecheck
-	$(MAKE) test-default
-	$(MAKE) test-py312
-	$(MAKE) -j2 docs release-check
+	$(PRUNE_CACHE)
+	@echo "make test: lint, types, the default, float64 and Python 3.12 legs," \
+	    "the documentation and the release side by side; each prints when it ends"
+	$(MAKE) -j8 --output-sync=target lint typecheck test-default test-float64 \
+	    test-py312 docs release-check
 	$(MAKE) docs-check
 
-# The default leg: every test (fast and slow tiers) and the float64 rerun of
-# what float32 cannot show.
+# The default leg: every test, fast and slow tiers.
 test-default: $(VENV)/.installed-test
-	$(VPY) $(PYTEST) --durations=15 $(DEFAULT_LEG)
-	JAX_ENABLE_X64=1 $(VPY) $(PYTEST) -m numerics
+	$(TEST_ENV) $(VPY) $(PYTEST) --durations=15 $(DEFAULT_LEG)
+
+# The float64 rerun of what float32 cannot show.
+test-float64: $(VENV)/.installed-test
+	$(TEST_ENV) JAX_ENABLE_X64=1 $(VPY) $(PYTEST) -m numerics
 
 $(VENV312)/.installed-test: pyproject.toml
 	$(PYTHON312) -m venv $(VENV312)
@@ -87,7 +108,7 @@ test-py312: $(VENV312)/.installed-test
 	$(VPY312) -c "import arviz, jax, sys; print('Python', sys.version.split()[0], \
 	    '| ArviZ', arviz.__version__, '| JAX', jax.__version__); \
 	    sys.exit(int(arviz.__version__.split('.')[0]) < 1 and 'ArviZ 1.x expected')"
-	$(VPY312) $(PYTEST) --durations=10 -m "py312 or py312_only"
+	$(TEST_ENV) $(VPY312) $(PYTEST) --durations=10 -m "py312 or py312_only"
 endif
 
 # pre-commit's hooks (ruff, ruff format, codespell) on every file; the
@@ -103,7 +124,7 @@ typecheck: $(VENV)/.installed-test
 # errors; the prose's examples run as doctests.
 docs: $(VENV)/.installed-test
 	$(VPY) -m sphinx -b html -E -W --keep-going -n -q docs docs/_build/html
-	$(VPY) -m sphinx -b doctest -E -W --keep-going -q docs docs/_build/doctest
+	$(TEST_ENV) $(VPY) -m sphinx -b doctest -E -W --keep-going -q docs docs/_build/doctest
 
 # The built site in headless Chromium: internal links, figures, math.
 docs-check: $(VENV)/.installed-test chromium
@@ -136,3 +157,6 @@ bench: $(VENV)/.installed-bench
 clean:
 	rm -rf $(VENV) $(VENV312) build dist *.egg-info .pytest_cache .ruff_cache .cache \
 	    docs/_build docs/api/generated
+
+clean-cache:
+	rm -rf $(JAX_CACHE)
