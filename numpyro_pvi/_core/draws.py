@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -190,9 +192,10 @@ def compiled(fn: Callable, args: tuple, kwargs: dict, **static: Any) -> Callable
     non-array arguments. A model that computes with its arguments in Python
     (``len(np.unique(x))``, ``if flag:``; as :meth:`numpyro.infer.SVI.run`
     allows, since it closes over them) cannot take them traced: it then gets
-    them as constants, in a program compiled once for the callable returned
-    (and again for the next callable). The same happens when a non-array
-    argument is not hashable.
+    them as constants, in a program cached per the arguments' values (a
+    second diagnostic of the same data compiles nothing; new values compile
+    anew). A non-array argument that is not hashable gets a program per
+    callable returned.
 
     :param fn: the function (hashable: a module-level function).
     :param static: hashable compile-time options.
@@ -204,7 +207,6 @@ def compiled(fn: Callable, args: tuple, kwargs: dict, **static: Any) -> Callable
         hash(cache_key)
     except TypeError:  # an unhashable constant
         cache_key = None
-    constant = jax.jit(lambda k, p, *i: fn(k, p, args, kwargs, *i, **static))
 
     def call(rng_key: jax.Array, param_map: dict, *inputs: Any) -> Any:
         if cache_key is not None and cache_key not in _NEEDS_CONSTANTS:
@@ -220,15 +222,64 @@ def compiled(fn: Callable, args: tuple, kwargs: dict, **static: Any) -> Callable
                 )
             except CONCRETE_VALUE_ERRORS:
                 _NEEDS_CONSTANTS.add(cache_key)
+        constant = _constant_program(fn, args, kwargs, static, cache_key, dynamic)
         return constant(rng_key, param_map, *inputs)
 
     return call
 
 
+#: Programs compiled with the model arguments as constants, per function,
+#: options and the arguments' values: a second call with equal arguments
+#: (another diagnostic of the same fit, the same data again) runs the
+#: program compiled for the first. The least recently used go first: each
+#: holds its arguments.
+_CONSTANT_PROGRAMS: OrderedDict[tuple, Callable] = OrderedDict()
+_MAX_CONSTANT_PROGRAMS = 32
+
+
+def _constant_program(
+    fn: Callable,
+    args: tuple,
+    kwargs: dict,
+    static: dict[str, Any],
+    cache_key: tuple | None,
+    dynamic: list,
+) -> Callable:
+    """``fn`` jit-compiled with ``args`` and ``kwargs`` as constants, cached
+    per ``cache_key`` and the values of the arrays ``dynamic`` (uncached when
+    either is unavailable: an unhashable constant, a traced array)."""
+    digest = None if cache_key is None else _values_digest(dynamic)
+    key = None if cache_key is None or digest is None else (cache_key, digest)
+    if key is not None and key in _CONSTANT_PROGRAMS:
+        _CONSTANT_PROGRAMS.move_to_end(key)
+        return _CONSTANT_PROGRAMS[key]
+    program = jax.jit(lambda k, p, *i: fn(k, p, args, kwargs, *i, **static))
+    if key is not None:
+        _CONSTANT_PROGRAMS[key] = program
+        if len(_CONSTANT_PROGRAMS) > _MAX_CONSTANT_PROGRAMS:
+            _CONSTANT_PROGRAMS.popitem(last=False)
+    return program
+
+
+def _values_digest(arrays: list) -> str | None:
+    """A digest of the arrays' dtypes, shapes and values, or ``None`` when
+    one is traced."""
+    digest = hashlib.blake2b(digest_size=20)
+    for x in arrays:
+        if isinstance(x, jax.core.Tracer):
+            return None
+        values = np.ascontiguousarray(np.asarray(x))
+        digest.update(f"{values.dtype.str}{values.shape}".encode())
+        digest.update(values.tobytes())
+    return digest.hexdigest()
+
+
 def cached_program_count() -> int:
     """How many programs :func:`compiled` holds compiled (for tests: a new
-    call with arrays of the same shapes compiles none)."""
-    return _cached_program._cache_size()  # type: ignore[attr-defined]
+    call with arrays of the same shapes compiles none; for a model that
+    computes with its arguments in Python, a call with the same values)."""
+    traced = _cached_program._cache_size()  # type: ignore[attr-defined]
+    return traced + len(_CONSTANT_PROGRAMS)
 
 
 @functools.partial(jax.jit, static_argnames=("fn", "structure", "options"))

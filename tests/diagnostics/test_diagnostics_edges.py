@@ -3,9 +3,11 @@ subsampled plates, observed values computed in the model, float64
 log-likelihoods for ArviZ, argument order, recompilation, unconverged VSBC
 replications, plots that keep their labels."""
 
+import contextlib
 import warnings
 
 import arviz as az
+import jax
 import jax.numpy as jnp
 import matplotlib
 import numpy as np
@@ -156,6 +158,51 @@ def test_predictive_score_compiles_once_per_shape(fit):
             assert scores.adapted[3]
             size = cached_program_count()
     assert cached_program_count() == size
+
+
+@contextlib.contextmanager
+def _lowered_programs():
+    """The programs JAX lowers inside the block (to compile them or to look
+    them up in the persistent cache): one event each."""
+    events: list[float] = []
+
+    def listener(event: str, duration: float, **_: object) -> None:
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            events.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        yield events
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def grouped(group, y=None):
+    """Python on an argument (the number of groups from its values)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0).expand([len(np.unique(group))]))
+    with numpyro.plate("data", group.shape[0]):
+        numpyro.sample("y", dist.Normal(mu[group], 1.0), obs=y)
+
+
+def test_python_on_arguments_compiles_once_per_data_values():
+    """The arguments are the program's constants: the same values again
+    (another diagnostic of the same data) compile nothing; new values of the
+    same shapes get a program of their own, not the stale one."""
+    group, y = jnp.array([0, 0, 1, 1, 2, 2]), jnp.linspace(-1.0, 1.0, 6)
+    guide = AutoNormal(grouped)
+    svi = SVI(grouped, guide, optax.adam(0.1), Trace_ELBO())
+    params = svi.get_params(svi.init(random.PRNGKey(0), group, y))
+    first = predictive_score(random.PRNGKey(1), params, grouped, guide, group, y)
+    size = cached_program_count()
+    same = jnp.array(np.asarray(y))  # other arrays, equal values
+    with _lowered_programs() as lowered:
+        again = predictive_score(random.PRNGKey(1), params, grouped, guide, group, same)
+    assert lowered == [] and cached_program_count() == size
+    np.testing.assert_array_equal(again.score, first.score)
+    far = predictive_score(random.PRNGKey(1), params, grouped, guide, group, y + 10)
+    assert cached_program_count() > size
+    # ten prior sds from the guide: far lower log scores than at y
+    assert np.all(far.score < first.score - 20.0)
 
 
 # -- small things ------------------------------------------------------------
