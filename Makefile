@@ -72,17 +72,19 @@ test-fast: $(VENV)/.installed-test
 	$(TEST_ENV) $(VPY) $(PYTEST) -m "not slow"
 
 # Everything: the two virtual environments (and Chromium) are installed side
-# by side; then the quick checks, the three test legs, the documentation and
-# the release run side by side (the single-threaded ones - mypy, Sphinx,
-# pip - fill the cores the legs leave idle at their starts and ends); each
-# prints its output when it ends. The built site is opened last.
+# by side; the quick checks run first, then the test legs one after the
+# other, then the documentation and the release side by side (one is Sphinx,
+# the other mostly pip). The legs are not run side by side: oversubscribed
+# cores slow the four-device subprocesses (their collectives wait on every
+# device's thread) 3-5 times, more than the idle ends of a leg cost
+# (benchmarks/RESULTS.md, "Seventh pass").
 test:
 	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV) chromium
 	$(PRUNE_CACHE)
-	@echo "make test: lint, types, the default, float64 and Python 3.12 legs," \
-	    "the documentation and the release side by side; each prints when it ends"
-	$(MAKE) -j8 --output-sync=target lint typecheck test-default test-float64 \
-	    test-py312 docs release-check
+	$(MAKE) lint typecheck
+	$(MAKE) test-default test-float64
+	$(MAKE) test-py312
+	$(MAKE) -j2 docs release-check
 	$(MAKE) docs-check
 
 # The default leg: every test, fast and slow tiers.
@@ -121,10 +123,12 @@ typecheck: $(VENV)/.installed-test
 	$(VPY) -m mypy
 
 # The documentation site: warnings (broken cross-references included) are
-# errors; the prose's examples run as doctests.
+# errors; the prose's examples run as doctests (from the doctrees the HTML
+# build has just read).
 docs: $(VENV)/.installed-test
-	$(VPY) -m sphinx -b html -E -W --keep-going -n -q docs docs/_build/html
-	$(TEST_ENV) $(VPY) -m sphinx -b doctest -E -W --keep-going -q docs docs/_build/doctest
+	$(VPY) -m sphinx -b html -E -W --keep-going -n -q -d docs/_build/doctrees docs docs/_build/html
+	$(TEST_ENV) $(VPY) -m sphinx -b doctest -W --keep-going -q -d docs/_build/doctrees \
+	    docs docs/_build/doctest
 
 # The built site in headless Chromium: internal links, figures, math.
 docs-check: $(VENV)/.installed-test chromium
