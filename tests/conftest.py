@@ -15,11 +15,15 @@ Compilation, not run time, dominates most tests (small models, few steps):
   (``JAX_TRACEBACK_IN_LOCATIONS_LIMIT=0``; they serve XLA dumps and
   profiles, not tests): lowering is about 5% faster;
 * every process of one test run (xdist workers, notebook kernels,
-  subprocesses) shares one persistent compilation cache in a temporary
-  directory, so a computation compiled once in the run is loaded, not
-  compiled again.
+  subprocesses) shares one persistent compilation cache, so a computation
+  compiled once is loaded, not compiled again: ``make test`` and ``make
+  test-fast`` keep it between runs in ``~/.cache/numpyro-pvi/jax``
+  (``JAX_COMPILATION_CACHE_DIR``); a plain ``pytest`` uses a temporary
+  directory for the run.
 
-Both are defaults: set the environment variables to override them.
+All are defaults: set the environment variables to override them. They are
+read when JAX is imported: a pytest plugin that imports JAX before this file
+(e.g. a profiler's) leaves the main process with JAX's own defaults.
 """
 
 import atexit
