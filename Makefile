@@ -141,7 +141,7 @@ chromium:
 # sdist and wheel built and checked; the wheel installed in a fresh virtual
 # environment outside the repository runs the README's quickstart.
 release-check: $(VENV)/.installed-test
-	$(VPY) .ci/check_release.py
+	$(TEST_ENV) $(VPY) .ci/check_release.py
 
 # POSTERIORDB: directory of the posteriordb JSON data (default: the shared
 # data directory beside the repository).
