@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = [
+    "BINOMIAL",
     "FIELDS",
     "GUIDE_DRAWS",
     "LATENTS",
@@ -68,6 +69,9 @@ Y_LOC_SCALE = "y_loc_scale"
 LOG_PMF = "log_pmf"
 #: The pmf over a finite support, ``pmf`` (probabilities, no logarithm).
 PMF = "pmf"
+#: Logits and total counts of Binomial likelihoods, ``binomial_logits`` and
+#: ``binomial_count`` (with ``obs_support``).
+BINOMIAL = "binomial"
 #: ``log q`` at the draws with their gradient stopped, ``log_q_fixed``.
 LOG_Q_FIXED = "log_q_fixed"
 #: The model's latent values, ``latents``.
@@ -94,6 +98,8 @@ OBSERVED = "observed"
 #: ``y_loc_scale``   ``y_loc``, ``y_scale``, ``y_obs``
 #: ``log_pmf``       ``log_pmf``, ``obs_support``
 #: ``pmf``           ``pmf``, ``obs_support``
+#: ``binomial``      ``binomial_logits``, ``binomial_count``,
+#:                   ``obs_support``
 #: ``log_q_fixed``   ``log_q_fixed``
 #: ``latents``       ``latents``
 #: ``weight``        ``weights.observation``
@@ -107,6 +113,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         Y_LOC_SCALE: ("y_loc", "y_scale", "y_obs"),
         LOG_PMF: ("log_pmf", "obs_support"),
         PMF: ("pmf", "obs_support"),
+        BINOMIAL: ("binomial_logits", "binomial_count", "obs_support"),
         LOG_Q_FIXED: ("log_q_fixed",),
         LATENTS: ("latents",),
         OBS_WEIGHT: ("weights.observation",),
@@ -193,7 +200,14 @@ class ParticleTerms(NamedTuple):
     :ivar pmf: ``(M, V, b, c)`` the same pmf as probabilities (``0``
         padding), computed without a logarithm where the likelihood's
         parameter gives it directly (Bernoulli).
-    :ivar obs_support: ``(V, b, c)`` (with ``log_pmf`` or ``pmf``) whether
+    :ivar binomial_logits: ``(M, b, c)`` the logits of ``p(y_i | θ_j)``
+        when every observed site is Binomial (logits or probabilities; laid
+        out like ``pmf``'s components, ``0`` at a masked component); ``None``
+        otherwise.
+    :ivar binomial_count: its total counts, likewise (``0`` at a masked
+        component: the point mass at 0 of ``pmf``).
+    :ivar obs_support: ``(V, b, c)`` (with ``log_pmf``, ``pmf`` or
+        ``binomial``) whether
         each observed component equals each support value: ``f_j(y_i)`` is
         ``pmf[j]`` where it is ``True``.
     :ivar log_q_fixed: ``(M,)`` ``log q_φ`` at the draws with their gradient
@@ -223,6 +237,8 @@ class ParticleTerms(NamedTuple):
     y_scale: jax.Array | None = None
     log_pmf: jax.Array | None = None
     pmf: jax.Array | None = None
+    binomial_logits: jax.Array | None = None
+    binomial_count: jax.Array | None = None
     obs_support: jax.Array | None = None
     log_q_fixed: jax.Array | None = None
     latents: dict[str, jax.Array] | None = None

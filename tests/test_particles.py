@@ -11,6 +11,7 @@ from jax import random
 from numpyro.infer.autoguide import AutoDelta, AutoNormal
 
 from numpyro_pvi.particles import (
+    BINOMIAL,
     FIELDS,
     LOG_LIK,
     LOG_PMF,
@@ -345,12 +346,21 @@ def _bernoulli_model(y):
         numpyro.sample("y", dist.Bernoulli(logits=theta), obs=y)
 
 
+def _binomial_model(y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Binomial(3, logits=theta), obs=y)
+
+
 @pytest.mark.parametrize("request_name", sorted(FIELDS))
 def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
     """``particles.FIELDS`` is the protocol: a request fills its fields and
     no other optional field (``mask`` and ``entropy`` are every call's)."""
-    finite = request_name in (LOG_PMF, PMF)
-    model = _bernoulli_model if finite else _normal_model
+    model = {
+        LOG_PMF: _bernoulli_model,
+        PMF: _bernoulli_model,
+        BINOMIAL: _binomial_model,
+    }.get(request_name, _normal_model)
     y = jnp.array([0.0, 1.0, 1.0, 0.0])
     terms = _terms(
         model, AutoNormal(model), y, num_particles=2, requests=(request_name,)

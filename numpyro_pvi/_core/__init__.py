@@ -70,7 +70,12 @@ from numpyro_pvi._core.particles import (
     particle_terms,
     split_particle_key,
 )
-from numpyro_pvi._core.pmf import support_log_pmf, support_pmf
+from numpyro_pvi._core.pmf import (
+    UNROLLED_SUPPORT,
+    binomial_support_sums,
+    support_log_pmf,
+    support_pmf,
+)
 from numpyro_pvi._core.psis import good_k, psis_smooth
 from numpyro_pvi._core.recipes import (
     CHAIN_METHODS,
@@ -169,6 +174,8 @@ __all__ = [
     "sum_log_density",
     "support_log_pmf",
     "support_pmf",
+    "binomial_support_sums",
+    "UNROLLED_SUPPORT",
     "svi_scan",
     "unpack_latent",
     "validate_latent_sites",

@@ -41,6 +41,7 @@ from numpyro_pvi._core.data_plate import (
     site_log_lik,
 )
 from numpyro_pvi._core.site_values import (
+    binomial_logits_count,
     normal_loc_scale,
     observation_mask,
     observed_support,
@@ -60,6 +61,7 @@ from numpyro_pvi._core.tracing import (
     trace_particle,
 )
 from numpyro_pvi.particles import (
+    BINOMIAL,
     GUIDE_DRAWS,
     LATENTS,
     LOG_LIK,
@@ -279,7 +281,9 @@ class _ParticleTracer:
             else None,
             log_omega_bar,
             log_omega,
-            observed_support(observed, plate) if requests & {LOG_PMF, PMF} else None,
+            observed_support(observed, plate)
+            if requests & {LOG_PMF, PMF, BINOMIAL}
+            else None,
         )
 
     def _strata_weights(
@@ -404,6 +408,13 @@ _PER_PARTICLE: dict[str, Callable[[_Particle], dict[str, Any]]] = {
     Y_LOC_SCALE: _y_loc_scale,
     LOG_PMF: lambda p: {"log_pmf": site_log_pmf(p.observed, p.plate)},
     PMF: lambda p: {"pmf": site_pmf(p.observed, p.plate)},
+    BINOMIAL: lambda p: dict(
+        zip(
+            ("binomial_logits", "binomial_count"),
+            binomial_logits_count(p.observed, p.plate),
+            strict=True,
+        )
+    ),
     LOG_Q_FIXED: _log_q_fixed,
     GUIDE_DRAWS: lambda p: {"guide_draws": p.guide_values()},
     LATENTS: lambda p: {

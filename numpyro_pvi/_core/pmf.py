@@ -19,11 +19,19 @@ in place of the two softplus and two exponentials of the log path. Every
 other likelihood's are the exponentials of :func:`support_log_pmf` (for
 Categorical, the exponentials of the normalised logits one class at a time
 were measured faster than a softmax read back class by class).
+
+For a Binomial likelihood the quadratic score needs only the particle sums
+of the pmf and of its square at each support value:
+:func:`binomial_support_sums` computes them from the logits and counts
+without the ``(M, K, b)`` pmf, by the ratio of consecutive terms, block of
+particles by block of particles.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -147,3 +155,103 @@ def support_pmf(
     if isinstance(log_pmf, list):
         return [jnp.exp(v) for v in log_pmf]
     return jnp.exp(log_pmf)
+
+
+def _binomial_terms(
+    logits: jax.Array, count: jax.Array, size: int
+) -> tuple[list[jax.Array], jax.Array]:
+    r"""The ``size`` arrays :math:`f_k = \binom{n}{k} p^k (1-p)^{n-k}` and
+    :math:`p`, by the ratio of consecutive terms from the likelier end:
+    with :math:`u = e^{-|\ell|}` and :math:`a = \max(p, 1-p)^n =
+    (1 + u)^{-n}`, :math:`f_0 = a`, :math:`f_{k+1} = f_k\, u\, (n-k)/(k+1)`
+    when :math:`\ell \le 0`, and :math:`f_n = a`, :math:`f_{k-1} = f_k\, u\,
+    k/(n-k+1)` otherwise. Three transcendental functions per element
+    instead of one exponential per support value; the anchor
+    :math:`a \ge 2^{-n}` does not underflow for supports of at most
+    :data:`UNROLLED_SUPPORT` values, and no term exceeds 1. The ratios
+    depend on the counts only (``(b,)``: data, not particles)."""
+    u = jnp.exp(-jnp.abs(logits))
+    a = jnp.exp(-count * jnp.log1p(u))
+    # computed once, not inside every support value's fused loop
+    u, a = jax.lax.optimization_barrier((u, a))
+    up = [a]
+    for k in range(size - 1):
+        up.append(up[-1] * u * (jnp.clip(count - k, 0) / (k + 1)))
+    down: list[jax.Array] = [a] * size
+    below = jnp.zeros_like(a)
+    for k in reversed(range(size)):
+        ratio = jnp.where(count > k, (k + 1) / jnp.maximum(count - k, 1), 0.0)
+        below = jnp.where(count == k, a, below * u * ratio)
+        down[k] = below
+    low = logits <= 0
+    p = jnp.where(low, u, 1.0) / (1.0 + u)
+    return [jnp.where(low, f, g) for f, g in zip(up, down, strict=True)], p
+
+
+#: Particles per pass of :func:`binomial_support_sums` (at most): the
+#: terms of a block of particles stay in cache while they are summed.
+PARTICLE_BLOCK = 16
+
+
+def _blocks(x: jax.Array) -> jax.Array:
+    """``(M, b)`` -> ``(M / B, B, b)`` with ``B`` the largest divisor of
+    ``M`` that divides :data:`PARTICLE_BLOCK`."""
+    block = math.gcd(x.shape[0], PARTICLE_BLOCK)
+    return x.reshape((x.shape[0] // block, block) + x.shape[1:])
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def binomial_support_sums(
+    logits: jax.Array, count: jax.Array, size: int
+) -> tuple[jax.Array, jax.Array]:
+    r"""``(K, b)`` totals :math:`T_k = \sum_m f_m(k)` and sums of squares
+    :math:`\sum_m f_m(k)^2` over the particles of Binomial pmfs
+    :math:`f_m(k) = \binom{n}{k} p_m^k (1 - p_m)^{n - k}`, ``k < size``,
+    without the ``(M, K, b)`` pmf: a loop over blocks of particles sums the
+    terms of each block (:func:`_binomial_terms`) while they are in cache,
+    and the gradient, :math:`\partial f_k / \partial \ell = f_k (k - n
+    p)`, is computed block by block likewise. The ``(M, K, b)`` pmf and its
+    gradient were memory-bound (``benchmarks/RESULTS.md``).
+
+    :param logits: ``(M, b)`` the particles' logits :math:`\ell_m`.
+    :param count: ``(b,)`` the total counts :math:`n` (integer-valued
+        floats, data: no gradient).
+    :param size: ``K``, at most :data:`UNROLLED_SUPPORT` (``n < K``).
+    """
+    blocks = _blocks(logits)
+
+    def add_block(i: jax.Array, sums: tuple[jax.Array, jax.Array]):
+        f, _ = _binomial_terms(blocks[i], count, size)
+        totals = jnp.stack([x.sum(0) for x in f])
+        return sums[0] + totals, sums[1] + jnp.stack([(x * x).sum(0) for x in f])
+
+    zeros = jnp.zeros((size,) + logits.shape[1:], logits.dtype)
+    return jax.lax.fori_loop(0, blocks.shape[0], add_block, (zeros, zeros))
+
+
+def _sums_fwd(
+    logits: jax.Array, count: jax.Array, size: int
+) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+    return binomial_support_sums(logits, count, size), (logits, count)
+
+
+def _sums_bwd(
+    size: int,
+    residuals: tuple[jax.Array, jax.Array],
+    cotangents: tuple[jax.Array, jax.Array],
+) -> tuple[jax.Array, None]:
+    logits, count = residuals
+    d_totals, d_own = cotangents
+
+    def block_gradient(block: jax.Array) -> jax.Array:
+        f, p = _binomial_terms(block, count, size)
+        mean = count * p
+        d_block = jnp.zeros_like(block)
+        for k, fk in enumerate(f):
+            d_block = d_block + fk * (d_totals[k] + 2.0 * d_own[k] * fk) * (k - mean)
+        return d_block
+
+    return jax.lax.map(block_gradient, _blocks(logits)).reshape(logits.shape), None
+
+
+binomial_support_sums.defvjp(_sums_fwd, _sums_bwd)

@@ -445,6 +445,40 @@ def site_pmf(
     )
 
 
+def _binomial_logits_count(
+    site: dict[str, Any], plate: DataPlate
+) -> tuple[jax.Array, jax.Array] | None:
+    """``(b, c)`` logits and total counts of a Binomial site's components
+    (``None`` for any other distribution); a masked component has count 0,
+    the point mass at 0 of :func:`site_pmf`."""
+    if not isinstance(_innermost(site["fn"]), (BinomialLogits, BinomialProbs)):
+        return None
+    base, _, rows = _enumerable(site, plate)
+    logits = base.logits  # BinomialProbs: the logits of its clamped probs
+    count = jnp.asarray(base.total_count, dtype=jnp.result_type(logits))
+    logits, count = rows(logits), rows(jax.lax.stop_gradient(count))
+    mask = _component_mask(site, plate)
+    if mask is not None:
+        logits, count = jnp.where(mask, logits, 0.0), jnp.where(mask, count, 0.0)
+    return logits, count
+
+
+def binomial_logits_count(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[jax.Array, jax.Array] | tuple[None, None]:
+    """``(b, c)`` logits and total counts of every observed site, laid out
+    like :func:`site_pmf`'s components, when all of them are Binomial (what
+    :func:`~numpyro_pvi._core.pmf.binomial_support_sums` reads instead of
+    the pmf); ``(None, None)`` otherwise."""
+    pairs = [_binomial_logits_count(s, plate) for s in observed]
+    if not pairs or any(p is None for p in pairs):
+        return None, None
+    logits, count = (
+        jnp.concatenate(x, axis=-1) for x in zip(*cast(list, pairs), strict=True)
+    )
+    return logits, count
+
+
 def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
     """``(K, b, c)`` whether each observed scalar component equals each value
     of its finite support (laid out like :func:`site_log_pmf` and

@@ -7,7 +7,9 @@ import math
 import jax
 import jax.numpy as jnp
 
+from numpyro_pvi._core import UNROLLED_SUPPORT, binomial_support_sums
 from numpyro_pvi.particles import (
+    BINOMIAL,
     LOG_LIK,
     PMF,
     ParticleTerms,
@@ -75,6 +77,23 @@ def _support_sums(
     return total, jnp.sum(jnp.square(total) - own, axis=0)
 
 
+def _binomial_sums(terms: ParticleTerms) -> tuple[jax.Array, jax.Array] | None:
+    """:func:`_support_sums` of one Binomial component per observation from
+    the logits and counts (no ``(M, K, b)`` pmf); ``None`` where that does
+    not apply (another likelihood, several components, a long support)."""
+    logits, count = terms.binomial_logits, terms.binomial_count
+    support = terms.obs_support
+    if logits is None or count is None or support is None:
+        return None
+    size = support.shape[0]
+    if logits.shape[-1] != 1 or size > UNROLLED_SUPPORT:
+        return None
+    # the counts are data, the same for every particle (the support's size
+    # is read from them when the program is compiled)
+    totals, own = binomial_support_sums(logits[..., 0], count[0, :, 0], size)
+    return totals, jnp.sum(jnp.square(totals) - own, axis=0)
+
+
 def _at_observed(totals: jax.Array, obs_support: jax.Array) -> jax.Array:
     """``(b,)`` the totals at the observed values (``obs_support`` ``(K, b)``)."""
     return jnp.sum(jnp.where(obs_support, totals, 0.0), axis=0)
@@ -124,6 +143,13 @@ class QuadraticScore(Score):
     support (:math:`O(M b K)` for one component). This assumes no observed
     site's distribution depends on the observed value of another.
 
+    For one Binomial component per observation the totals
+    :math:`\sum_m f_m(j)` and :math:`\sum_m f_m(j)^2` come from the
+    logits and counts (``terms.binomial_logits``,
+    a ratio recurrence per block of particles) instead of the
+    ``(M, K, b)`` pmf: the same numbers, without writing the pmf and its
+    gradient to memory.
+
     Under stratified sampling (mixture guides, ``M`` draws per component
     :math:`k`, :math:`v_a = \omega_{k(a)}(x_i)/M`) :math:`q(y_i) \approx
     \sum_a v_a f_a(y_i)` and the pair estimate weights :math:`\langle f_a,
@@ -141,7 +167,7 @@ class QuadraticScore(Score):
     """
 
     name = "quadratic"
-    requires = frozenset({LOG_LIK, PMF})
+    requires = frozenset({LOG_LIK, PMF, BINOMIAL})
     min_particles = 2
     mixture_is_quadratic = True
 
@@ -156,7 +182,10 @@ class QuadraticScore(Score):
         m, _, _, c = terms.pmf.shape
         if c == 1 and terms.obs_support is not None:
             # q(y_i) = T_{y_i} / M: the observed value's pmf is in the totals
-            totals, sum_sq = _support_sums(terms.pmf[..., 0])
+            sums = _binomial_sums(terms)
+            if sums is None:
+                sums = _support_sums(terms.pmf[..., 0])
+            totals, sum_sq = sums
             at_obs = _at_observed(totals, terms.obs_support[..., 0])
             return (2.0 * at_obs - sum_sq / (m - 1)) / m
         q_obs = _predictive_pmf(terms)  # (b,)

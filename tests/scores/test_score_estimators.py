@@ -620,3 +620,105 @@ def test_support_sums_equal_their_definition(k):
     np.testing.assert_allclose(totals, probs.sum(0), rtol=RTOL)
     want = jnp.sum(jnp.square(probs.sum(0)) - jnp.square(probs).sum(0), axis=0)
     np.testing.assert_allclose(sum_sq, want, rtol=10 * RTOL, atol=10 * RTOL)
+
+
+# --------------------------------------------------------------------------
+# Binomial support sums from the logits (no (M, K, b) pmf)
+# --------------------------------------------------------------------------
+
+
+def _binomial_sums_by_definition(logits, count, size):
+    """Totals and sums of squares of exp(NumPyro's log pmf), (K, b)."""
+    k = jnp.arange(size, dtype=logits.dtype)[:, None, None]
+    log_pmf = dist.Binomial(count, logits=logits).log_prob(jnp.minimum(k, count))
+    f = jnp.where(k <= count, jnp.exp(log_pmf), 0.0)  # (K, M, b)
+    return f.sum(1), jnp.square(f).sum(1)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("num_particles", [1, 5, 48])  # blocks of 1, 1 and 16
+def test_binomial_support_sums_equal_their_definition(num_particles):
+    """Counts from 0 to 10 (11 support values), logits far out on both
+    sides (±40, where one end's probability underflows) and at 0: the
+    ratio recurrences from the likelier end give the pmf's totals and sums
+    of squares, and their gradient, to rounding."""
+    count = jnp.array([0.0, 1.0, 3.0, 10.0, 10.0, 7.0, 10.0, 5.0])
+    logits = 4.0 * random.normal(random.PRNGKey(7), (num_particles, count.size))
+    logits = logits.at[0, 3].set(40.0).at[0, 4].set(-40.0).at[0, 5].set(0.0)
+    got = pmf.binomial_support_sums(logits, count, 11)
+    want = _binomial_sums_by_definition(logits, count, 11)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, rtol=10 * RTOL, atol=10 * RTOL)
+    # the gradient of a weighted sum of both, against autodiff of the
+    # definition (away from logit 0, where NumPyro's |l| has a kink)
+    logits = jnp.where(logits == 0.0, 0.3, logits)
+    weights = random.normal(random.PRNGKey(8), (2, 11, count.size))
+
+    def weighted(sums):
+        return lambda x: sum(
+            jnp.sum(w * s) for w, s in zip(weights, sums(x), strict=True)
+        )
+
+    got = jax.grad(weighted(lambda x: pmf.binomial_support_sums(x, count, 11)))(logits)
+    want = jax.grad(weighted(lambda x: _binomial_sums_by_definition(x, count, 11)))(
+        logits
+    )
+    np.testing.assert_allclose(got, want, rtol=100 * RTOL, atol=100 * RTOL)
+    assert np.all(np.isfinite(got))
+
+
+def _binomial_model(kind):
+    def model(x, y, count):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        logits = 2.0 * (x @ w)
+        with numpyro.plate("data", x.shape[0]):
+            if kind == "probs":
+                fn = dist.Binomial(count, probs=jax.nn.sigmoid(logits))
+            else:
+                fn = dist.Binomial(count, logits=logits)
+            if kind == "masked":
+                fn = fn.mask(jnp.array([True, False, True, True, False]))
+            numpyro.sample("y", fn, obs=y)
+
+    return model
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("kind", ["logits", "probs", "masked"])
+def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(kind):
+    """The quadratic score of a Binomial likelihood reads the logits and
+    counts (``binomial_logits``) when it can: the same value and gradient
+    as from the pmf over the support, with counts that vary between
+    observations (one of them 0) and masked observations."""
+    model = _binomial_model(kind)
+    y = jnp.minimum(Y_CAT.astype(float), COUNTS)
+    args = (X, y, COUNTS)
+    guide = AutoNormal(model, init_scale=0.5)
+    params = _init_params(model, guide, Trace_ELBO(), args, 3)
+    score = QuadraticScore()
+
+    def estimate(p, from_logits):
+        terms = run_particles(
+            random.PRNGKey(4),
+            p,
+            model,
+            guide,
+            args,
+            {},
+            num_particles=6,
+            requests=QuadraticScore.requires,
+        )
+        assert terms.binomial_logits is not None and terms.pmf is not None
+        return score.estimate(
+            terms if from_logits else terms._replace(binomial_logits=None)
+        )
+
+    fast, slow = estimate(params, True), estimate(params, False)
+    np.testing.assert_allclose(fast, slow, rtol=10 * RTOL, atol=10 * RTOL)
+    weights = jnp.arange(1.0, 6.0)
+    grads = [
+        jax.grad(lambda p, f=f: jnp.sum(estimate(p, f) * weights))(params)
+        for f in (True, False)
+    ]
+    for a, b in zip(*(jax.tree.leaves(g) for g in grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=100 * RTOL, atol=100 * RTOL)
