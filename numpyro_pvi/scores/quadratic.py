@@ -77,21 +77,56 @@ def _support_sums(
     return total, jnp.sum(jnp.square(total) - own, axis=0)
 
 
-def _binomial_sums(terms: ParticleTerms) -> tuple[jax.Array, jax.Array] | None:
-    """:func:`_support_sums` of one Binomial component per observation from
-    the logits and counts (no ``(M, K, b)`` pmf); ``None`` where that does
-    not apply (another likelihood, several components, a long support)."""
+def _binomial_strata(terms: ParticleTerms) -> list[tuple[jax.Array, jax.Array]]:
+    """Per stratum (one without strata), the ``(K, b)`` particle sums of
+    the pmf and of its square for one Binomial component per observation,
+    from the logits and counts (no ``(M, K, b)`` pmf); ``[]`` where that
+    does not apply (another likelihood, several components, a long
+    support)."""
     logits, count = terms.binomial_logits, terms.binomial_count
     support = terms.obs_support
     if logits is None or count is None or support is None:
-        return None
+        return []
     size = support.shape[0]
     if logits.shape[-1] != 1 or size > UNROLLED_SUPPORT:
-        return None
+        return []
     # the counts are data, the same for every particle (the support's size
     # is read from them when the program is compiled)
-    totals, own = binomial_support_sums(logits[..., 0], count[0, :, 0], size)
+    count = count[0, :, 0]
+    m = logits.shape[0] // terms.num_strata
+    return [
+        binomial_support_sums(logits[s * m : (s + 1) * m, :, 0], count, size)
+        for s in range(terms.num_strata)
+    ]
+
+
+def _binomial_sums(terms: ParticleTerms) -> tuple[jax.Array, jax.Array] | None:
+    """:func:`_support_sums` (unweighted) from :func:`_binomial_strata`."""
+    strata_sums = _binomial_strata(terms)
+    if not strata_sums:
+        return None
+    ((totals, own),) = strata_sums
     return totals, jnp.sum(jnp.square(totals) - own, axis=0)
+
+
+def _binomial_stratified(
+    terms: ParticleTerms, v: jax.Array, m: int
+) -> tuple[jax.Array, jax.Array, jax.Array] | None:
+    """The weighted totals ``(K, b)``, their pair term and the strata's own
+    pair terms ``(b,)`` of :meth:`QuadraticScore._stratified` from
+    :func:`_binomial_strata` (each stratum's draws share one weight
+    ``v``)."""
+    strata_sums = _binomial_strata(terms)
+    if not strata_sums:
+        return None
+    weights = [v[s * m] for s in range(len(strata_sums))]  # (b,) each
+    totals = sum(w * t for w, (t, _) in zip(weights, strata_sums, strict=True))
+    own = sum(jnp.square(w) * o for w, (_, o) in zip(weights, strata_sums, strict=True))
+    within = sum(
+        jnp.square(w) * jnp.sum(jnp.square(t) - o, axis=0)
+        for w, (t, o) in zip(weights, strata_sums, strict=True)
+    )
+    return totals, jnp.sum(jnp.square(totals) - own, axis=0), within
 
 
 def _at_observed(totals: jax.Array, obs_support: jax.Array) -> jax.Array:
@@ -211,12 +246,16 @@ class QuadraticScore(Score):
         pmf = present(terms.pmf, "pmf")  # (N, K, b, c)
         n, _, b, c = pmf.shape
         if c == 1:
-            f = pmf[..., 0]  # (N, K, b)
-            totals, total = _support_sums(f, v)
-            within = jnp.zeros_like(total)
-            for s in range(k):  # the strata (a small Python integer): slices
-                sum_sq = _support_sums(f[s * m : (s + 1) * m])[1]
-                within = within + jnp.square(v[s * m]) * sum_sq
+            binomial = _binomial_stratified(terms, v, m)
+            if binomial is not None:
+                totals, total, within = binomial
+            else:
+                f = pmf[..., 0]  # (N, K, b)
+                totals, total = _support_sums(f, v)
+                within = jnp.zeros_like(total)
+                for s in range(k):  # the strata (a small Python integer): slices
+                    sum_sq = _support_sums(f[s * m : (s + 1) * m])[1]
+                    within = within + jnp.square(v[s * m]) * sum_sq
             if terms.obs_support is not None:  # q(y_i): the observed value's total
                 q_obs = _at_observed(totals, terms.obs_support[..., 0])
             else:

@@ -684,16 +684,28 @@ def _binomial_model(kind):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("kind", ["logits", "probs", "masked"])
-def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(kind):
+@pytest.mark.parametrize(
+    "kind, guide_cls",
+    [
+        ("logits", "AutoNormal"),
+        ("probs", "AutoNormal"),
+        ("masked", "AutoNormal"),
+        ("logits", "AutoGaussianMixture"),
+    ],
+)
+def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(kind, guide_cls):
     """The quadratic score of a Binomial likelihood reads the logits and
     counts (``binomial_logits``) when it can: the same value and gradient
     as from the pmf over the support, with counts that vary between
-    observations (one of them 0) and masked observations."""
+    observations (one of them 0), masked observations, and a mixture
+    guide's strata (weights that depend on the observation)."""
     model = _binomial_model(kind)
     y = jnp.minimum(Y_CAT.astype(float), COUNTS)
     args = (X, y, COUNTS)
-    guide = AutoNormal(model, init_scale=0.5)
+    if guide_cls == "AutoNormal":
+        guide = AutoNormal(model, init_scale=0.5)
+    else:
+        guide = AutoGaussianMixture(model, num_components=2, gating_covariates=X)
     params = _init_params(model, guide, Trace_ELBO(), args, 3)
     score = QuadraticScore()
 
@@ -709,6 +721,7 @@ def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(kind):
             requests=QuadraticScore.requires,
         )
         assert terms.binomial_logits is not None and terms.pmf is not None
+        assert terms.num_strata == (1 if guide_cls == "AutoNormal" else 2)
         return score.estimate(
             terms if from_logits else terms._replace(binomial_logits=None)
         )
