@@ -21,10 +21,11 @@ class Score:
     r"""Base class of positively oriented scoring rules estimated from particles.
 
     Subclasses set ``requires`` (a subset of ``{"log_lik", "y_sim",
-    "y_loc_scale", "log_pmf", "pmf"}``: per-observation log-likelihoods,
-    reparameterised simulated observations, the location and scale of Normal
-    likelihoods, or the pmf over a finite support as log probabilities or
-    probabilities) and implement
+    "y_loc_scale", "log_pmf", "pmf", "binomial"}``: per-observation
+    log-likelihoods, reparameterised simulated observations, the location
+    and scale of Normal likelihoods, the pmf over a finite support as log
+    probabilities or probabilities, or the logits and counts of Binomial
+    likelihoods) and implement
     :meth:`estimate`. ``min_particles`` is the smallest number of
     particles the estimator is defined for.
 
