@@ -370,3 +370,15 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
     if terms.weights.observation is not None:
         filled.add("weights.observation")
     assert filled == set(FIELDS[request_name])
+
+
+def test_the_per_particle_fields_are_the_tables_less_the_shared_ones():
+    """Held-out subsampling and mixtures of two fits' draws (``_core.held_out``)
+    concatenate or take every field with a particle axis: the request table's
+    fields less those read once for all particles (a field missing there
+    was silently left out of a mixture's strata)."""
+    from numpyro_pvi._core import held_out
+
+    shared = {"y_obs", "obs_support", "weights.observation", "observed"}
+    per_particle = {f for fields in FIELDS.values() for f in fields} - shared
+    assert set(held_out._PER_PARTICLE) == per_particle | {"log_prior", "log_q"}

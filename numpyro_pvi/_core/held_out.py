@@ -53,6 +53,8 @@ _PER_PARTICLE = (
     "y_scale",
     "log_pmf",
     "pmf",
+    "binomial_logits",
+    "binomial_count",
     "log_q_fixed",
     "latents",
     "guide_draws",
