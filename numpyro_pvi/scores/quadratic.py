@@ -119,13 +119,10 @@ def _binomial_stratified(
     strata_sums = _binomial_strata(terms)
     if not strata_sums:
         return None
-    weights = [v[s * m] for s in range(len(strata_sums))]  # (b,) each
-    totals = sum(w * t for w, (t, _) in zip(weights, strata_sums, strict=True))
-    own = sum(jnp.square(w) * o for w, (_, o) in zip(weights, strata_sums, strict=True))
-    within = sum(
-        jnp.square(w) * jnp.sum(jnp.square(t) - o, axis=0)
-        for w, (t, o) in zip(weights, strata_sums, strict=True)
-    )
+    w = jnp.stack([v[s * m] for s in range(len(strata_sums))])[:, None]  # (S, 1, b)
+    t, o = (jnp.stack(x) for x in zip(*strata_sums, strict=True))  # (S, K, b)
+    totals, own = jnp.sum(w * t, axis=0), jnp.sum(jnp.square(w) * o, axis=0)
+    within = jnp.sum(jnp.square(w[:, 0]) * jnp.sum(jnp.square(t) - o, axis=1), axis=0)
     return totals, jnp.sum(jnp.square(totals) - own, axis=0), within
 
 
