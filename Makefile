@@ -18,9 +18,10 @@ VPY312 := $(VENV312)/bin/python
 # what the leg runs: the tests marked `py312` (ArviZ containers and
 # JAX-version-dependent APIs) and `py312_only` (tutorial 06, run once).
 
-# -n auto: one worker per core; tests that share a module-scoped fit share
-# an xdist group, so one worker fits once.
-PYTEST := -m pytest -q -p no:cacheprovider -n auto --dist loadgroup
+# -n auto: one worker per core; each module is one unit of work (and each
+# notebook, corpus program and device subprocess), so that one worker makes
+# its fits and compilations once; the units run in tests/conftest.py's order.
+PYTEST := -m pytest -q -p no:cacheprovider -n auto --dist loadgroup --no-loadscope-reorder
 
 ifeq ($(PYTHON312),)
 LEG312_VENV :=

@@ -27,6 +27,7 @@ read when JAX is imported: a pytest plugin that imports JAX before this file
 """
 
 import atexit
+import collections
 import contextlib
 import importlib.util
 import json
@@ -67,6 +68,12 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# NumPyro's Trace_ELBO (and any code iterating over a set of site names)
+# orders its operations by Python's string hash: with the hash seed fixed,
+# one program lowers to the same module in every process of the run and of
+# later runs, so the compilation cache finds it. The processes this one
+# starts (xdist workers, notebook kernels, subprocesses) inherit it.
+os.environ.setdefault("PYTHONHASHSEED", "0")
 
 import numpy as np  # noqa: E402
 import numpyro  # noqa: E402
@@ -101,23 +108,47 @@ def _optimized_marker(request):
             yield
 
 
-#: The longest units of work, scheduled first (in this order): the sharding
-#: groups (four-device subprocesses, up to a minute each), the tutorial
-#: notebooks.
-_LONGEST_FIRST = ("four_devices", "four_devices_vsbc", "test_tutorials")
+#: Units of work that are not a module, scheduled first (in this order): the
+#: four-device subprocesses (shared by tests of two modules), the tutorial
+#: notebooks (one kernel each), the programs of the corpus (one group each).
+_LONGEST_FIRST = ("four_devices", "notebook-", "program-")
 
 
-def _schedule_rank(item: pytest.Item) -> int:
+def _unit(item: pytest.Item) -> str:
+    """The item's unit of work under ``--dist loadgroup``: its ``xdist_group``
+    if it names one, its module otherwise."""
     group = item.get_closest_marker("xdist_group")
-    names = {item.module.__name__} | ({group.args[0]} if group else set())
-    ranks = [i for i, name in enumerate(_LONGEST_FIRST) if name in names]
+    return group.args[0] if group else item.module.__name__
+
+
+def _schedule_rank(unit: str) -> int:
+    ranks = [i for i, name in enumerate(_LONGEST_FIRST) if unit.startswith(name)]
     return min(ranks, default=len(_LONGEST_FIRST))
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items):
-    """The longest units of work go first: under ``--dist loadgroup`` the
-    short tests then fill in the end of both workers."""
-    items.sort(key=_schedule_rank)
+    """One unit of work per module: under ``--dist loadgroup`` a module's
+    tests run in one worker, so that its module-scoped fits and the
+    compilations its shapes need are made once. (Eager operations are
+    compiled once per new shape per process, and lowering, which the
+    compilation cache does not save, is most of a test's time.)
+
+    The units run longest first (the subprocesses, then the notebooks and
+    the corpus, then the modules with the most tests), so that short ones
+    fill in the end of both workers; the Makefile passes
+    ``--no-loadscope-reorder`` to keep this order."""
+    units = {id(item): _unit(item) for item in items}
+    sizes = collections.Counter(units.values())
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(units[id(item)]))
+    items.sort(
+        key=lambda item: (
+            _schedule_rank(units[id(item)]),
+            -sizes[units[id(item)]],
+        )
+    )
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,6 @@ from numpyro_pvi import guides as pvi_guides
 from numpyro_pvi._core import deprecation
 from tests.arviz_generation import group
 
-pytestmark = pytest.mark.xdist_group("call_shapes")
-
 N = 12
 X = jnp.linspace(-1.0, 1.0, N)
 Y = 0.5 + X + 0.3 * random.normal(random.PRNGKey(0), (N,))

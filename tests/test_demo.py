@@ -10,9 +10,6 @@ import pytest
 
 from numpyro_pvi import demo
 
-# module-scoped fixtures: one xdist worker runs the whole module
-pytestmark = pytest.mark.xdist_group("demo")
-
 # PACmELBO runs the same computation as PredictiveELBO (prior regularizer,
 # lam = 1/beta; tested in test_predictive.py); leaving it out keeps this
 # test within its time budget. `make demo` fits both.

@@ -18,9 +18,6 @@ from numpyro.infer.autoguide import AutoNormal
 from numpyro_pvi import PredictiveELBO
 from numpyro_pvi.distributions import Simulator, setup_guide
 
-# module-scoped fixtures: one xdist worker runs the whole module
-pytestmark = pytest.mark.xdist_group("simulator")
-
 LIKELIHOOD_FREE = "this site is likelihood-free: use score='crps' or 'energy'"
 NOISE = 0.1
 

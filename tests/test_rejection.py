@@ -20,8 +20,6 @@ from jax import random
 
 from numpyro_pvi import PredictiveELBO
 
-pytestmark = pytest.mark.xdist_group("rejection")
-
 Y = jnp.array([0.0, 4.0])
 BOUND = 1.0 / math.sqrt(2.0 * math.pi)  # max of the N(θ, 1) density
 NUM_KEYS = 5_000

@@ -17,8 +17,6 @@ from numpyro.infer.autoguide import AutoDelta, AutoNormal
 from numpyro_pvi import Replications, StratifiedELBO, diagnostics
 from numpyro_pvi.guides import AutoGaussianMixture
 
-pytestmark = pytest.mark.xdist_group("stratified")
-
 POST_LOC, POST_VAR = 1.0, 0.5
 LOCS, SCALE = np.array([-1.0, 1.0]), 0.5
 

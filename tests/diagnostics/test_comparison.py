@@ -31,7 +31,7 @@ from numpyro_pvi.diagnostics import (
 from numpyro_pvi.selection import cross_validate
 from tests.arviz_generation import group_names
 
-pytestmark = [pytest.mark.xdist_group("comparison"), pytest.mark.py312]
+pytestmark = pytest.mark.py312
 
 
 def location_model(y):

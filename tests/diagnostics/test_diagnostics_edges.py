@@ -31,7 +31,7 @@ from numpyro_pvi.diagnostics.vsbc import loss_drift
 from tests.arviz_generation import elpd, group
 
 matplotlib.use("Agg")
-pytestmark = [pytest.mark.xdist_group("diagnostics_edges"), pytest.mark.py312]
+pytestmark = pytest.mark.py312
 
 N = 20
 X = jnp.linspace(-1.0, 1.0, N)

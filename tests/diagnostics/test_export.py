@@ -34,8 +34,7 @@ from tests.arviz_generation import (
 
 matplotlib.use("Agg")
 
-# module-scoped fixtures: one xdist worker runs the whole module
-pytestmark = [pytest.mark.xdist_group("export"), pytest.mark.py312]
+pytestmark = pytest.mark.py312
 
 # conjugate normal model: y_i ~ N(mu, SIGMA^2), mu ~ N(0, TAU0^2)
 Y = np.array([1.2, 0.3, -0.4, 2.1, 0.8, 1.5, -0.2, 0.9, 1.1, 0.4, 0.0, 4.5])

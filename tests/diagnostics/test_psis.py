@@ -29,8 +29,7 @@ from tests.arviz_generation import (
 
 matplotlib.use("Agg")
 
-# module-scoped fixtures: one xdist worker runs the whole module
-pytestmark = [pytest.mark.xdist_group("psis"), pytest.mark.py312]
+pytestmark = pytest.mark.py312
 
 # --------------------------------------------------------------------------
 # NumPyro's reference: target N(0, I_3), proposal N(0, s^2 I_3), 50 000 draws

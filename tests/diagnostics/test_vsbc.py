@@ -127,8 +127,6 @@ def test_holm_and_bh_corrections():
 # known answers: Bayesian linear regression with a biased guide for σ
 # --------------------------------------------------------------------------
 
-# the tests of the module fixtures `wide` and `narrow` run on one xdist worker
-regression_fits = pytest.mark.xdist_group("vsbc_regression_fits")
 
 N, K = 100, 3
 X = jax.random.normal(jax.random.PRNGKey(1), (N, K))
@@ -189,7 +187,6 @@ def narrow():
     return _regression_vsbc(0.005, 40)
 
 
-@regression_fits
 def test_biased_sigma_is_flagged_over_and_coefficients_are_not(wide):
     sym = group(wide, "vsbc_symmetry")
     assert sym["direction"].sel(component="sigma").item() == "over"
@@ -199,7 +196,6 @@ def test_biased_sigma_is_flagged_over_and_coefficients_are_not(wide):
     assert float(np.median(wide.vsbc["sigma"])) < 0.5
 
 
-@regression_fits
 def test_narrow_unbiased_guide_passes_symmetry_with_u_shaped_histogram(narrow):
     sym = group(narrow, "vsbc_symmetry")
     assert sym["direction"].sel(component="sigma").item() == "ok"
@@ -217,7 +213,6 @@ def test_narrow_unbiased_guide_passes_symmetry_with_u_shaped_histogram(narrow):
         assert stats.kstest(p, "uniform").pvalue > 1e-3
 
 
-@regression_fits
 def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     idata = narrow
     assert isinstance(idata, CONTAINER)
@@ -265,7 +260,6 @@ def test_layout_and_netcdf_round_trip(narrow, tmp_path):
     assert list(back.vsbc_symmetry["direction"].values) == list(sym["direction"].values)
 
 
-@regression_fits
 @pytest.mark.parametrize("kind", ["hist", "ecdf"])
 def test_plot_vsbc_panels(narrow, kind):
     before = narrow.vsbc["beta"].values.copy()
@@ -590,7 +584,6 @@ def test_bad_input(overrides, match):
         _call(**overrides)
 
 
-@regression_fits
 def test_plot_vsbc_bad_input(narrow):
     with pytest.raises(ValueError, match="kind"):
         plot_vsbc(narrow, kind="rank")
@@ -598,7 +591,6 @@ def test_plot_vsbc_bad_input(narrow):
         plot_vsbc(narrow, var_names=["tau"])
 
 
-@regression_fits
 def test_prior_sbc_group_is_where_arviz_calibration_plots_read(narrow):
     """``prior_sbc`` holds the p values in ArviZ's SBC layout (sample dims
     chain, draw); on ArviZ ≥ 1.0 ``arviz_plots.plot_ecdf_pit`` draws them."""

@@ -23,9 +23,6 @@ from numpyro.infer.autoguide import AutoMultivariateNormal, AutoNormal
 from benchmarks import candidates, dense_guide, harness, posteriordb
 from numpyro_pvi import predictive_score
 
-# module-scoped fixtures: one xdist worker runs the whole module
-pytestmark = pytest.mark.xdist_group("posteriordb_harness")
-
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT.parent / "shared" / "data" / "posteriordb"
 

@@ -54,9 +54,9 @@ ON_ARVIZ_1 = "06_did_it_work"
 
 
 def _smoke_param(path: Path):
-    marks = [pytest.mark.slow] + (
-        [pytest.mark.py312_only] if path.stem == ON_ARVIZ_1 else []
-    )
+    # one unit of work per notebook (its own kernel): the two workers share them
+    marks = [pytest.mark.slow, pytest.mark.xdist_group(f"notebook-{path.stem}")]
+    marks += [pytest.mark.py312_only] if path.stem == ON_ARVIZ_1 else []
     return pytest.param(path, marks=marks, id=path.stem)
 
 

@@ -469,7 +469,6 @@ def xor_fits():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("gm_pvi_xor_fits")
 def test_xor_small_beta_keeps_four_components_and_beats_posterior(xor_fits):
     fits, lpds, lpd_vi = xor_fits
     fit = fits[0.01]
@@ -481,7 +480,6 @@ def test_xor_small_beta_keeps_four_components_and_beats_posterior(xor_fits):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("gm_pvi_xor_fits")
 def test_xor_large_beta_approaches_posterior_predictive(xor_fits):
     fits, lpds, lpd_vi = xor_fits
     gain = lpds[0.01].mean() - lpd_vi.mean()

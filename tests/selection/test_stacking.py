@@ -201,7 +201,6 @@ def _two_fits(model, make_guide, y_key):
     return guide, fits
 
 
-@pytest.mark.xdist_group("stacking")
 @pytest.mark.parametrize("case", list(_IDENTITY_CASES))
 def test_mixture_score_estimate_is_the_quadratic_of_the_pair_gain(case):
     """The score's own estimate of w q_a + (1 - w) q_b from the two fits'
@@ -247,7 +246,6 @@ def _data(key, n):
     return x, 0.7 * x + 2.0 * jax.random.t(ke, 4.0, (n,))
 
 
-@pytest.mark.xdist_group("stacking")
 def test_crps_cross_validation_keeps_pair_gains_from_the_same_draws():
     """Two identical candidates (the same objective, the same key: the same
     fits) have a gain of zero at every observation, which they
@@ -297,7 +295,6 @@ def test_crps_cross_validation_keeps_pair_gains_from_the_same_draws():
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("stacking")
 @pytest.mark.parametrize("score", ["log", "crps"])
 def test_stacked_predictive_scores_at_least_the_chosen_candidate_held_out(score):
     x, y = _data(jax.random.PRNGKey(0), 150)
