@@ -15,15 +15,18 @@ The notebooks read ``NUMPYRO_PVI_SMOKE=1`` from the environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import subprocess
 import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
 import nbformat
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_client.utils import run_sync
 from nbclient import NotebookClient
 
 SMOKE_ENV = "NUMPYRO_PVI_SMOKE"
@@ -50,10 +53,33 @@ def add_fast_compile_flag(env: MutableMapping[str, str]) -> None:
         env["XLA_FLAGS"] = f"{flags} {FAST_COMPILE_XLA_FLAG}".strip()
 
 
+@contextlib.contextmanager
+def shared_kernel() -> Iterator[AsyncKernelManager]:
+    """A ``python3`` kernel that runs several notebooks of one directory in
+    turn (``execute_notebook(..., kernel=km)``), shut down on exit.
+
+    The first notebook run in it starts it, with that run's environment and
+    directory; each run begins with ``%reset -f``, so a notebook sees none of
+    the previous one's names, while the modules it imports and the programs
+    JAX compiled for it stay loaded.
+    """
+    km = AsyncKernelManager(kernel_name="python3")
+    try:
+        yield km
+    finally:
+        if km.has_kernel:
+            run_sync(km.shutdown_kernel)(now=True)
+
+
 def execute_notebook(
-    path: str | os.PathLike, *, smoke: bool, timeout: int = 900
+    path: str | os.PathLike,
+    *,
+    smoke: bool,
+    timeout: int = 900,
+    kernel: AsyncKernelManager | None = None,
 ) -> tuple[nbformat.NotebookNode, float]:
-    """Execute a notebook in its own directory with a fresh ``python3`` kernel.
+    """Execute a notebook in its own directory with a fresh ``python3`` kernel,
+    or in ``kernel`` (:func:`shared_kernel`) after ``%reset -f``.
 
     The kernel inherits this process's environment with ``JAX_PLATFORMS=cpu``
     and ``NUMPYRO_PVI_SMOKE`` set to ``"1"`` (smoke) or ``"0"`` (full run).
@@ -75,14 +101,23 @@ def execute_notebook(
         add_fast_compile_flag(env)
     else:
         env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
+    if kernel is not None:
+        nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
     client = NotebookClient(
         nb,
+        km=kernel,
         timeout=timeout,
         kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
     )
     start = time.perf_counter()
-    client.execute(env=env)
+    try:
+        client.execute(env=env)
+    finally:
+        if kernel is not None:
+            del nb.cells[0]
+            if client.kc is not None:
+                client.kc.stop_channels()
     return nb, time.perf_counter() - start
 
 

@@ -1,5 +1,9 @@
 """Execute every tutorial notebook in smoke mode; a cell error fails the test.
 
+A test process runs its notebooks in one kernel, each after ``%reset -f``
+(the committed outputs come from a fresh kernel per notebook:
+``python tutorials/execute.py``).
+
 The notebooks read ``NUMPYRO_PVI_SMOKE=1`` to cut optimisation steps and
 replications. The committed notebooks carry the outputs of a full run, which
 is checked too (every code cell executed, in order, without an error output).
@@ -60,9 +64,19 @@ def _smoke_param(path: Path):
     return pytest.param(path, marks=marks, id=path.stem)
 
 
+@pytest.fixture(scope="session")
+def notebook_kernel(tutorial_runner):
+    """One kernel per test process runs its notebooks in turn (each after
+    ``%reset -f``): the imports and the compilations are made once."""
+    with tutorial_runner.shared_kernel() as km:
+        yield km
+
+
 @pytest.mark.parametrize("path", [_smoke_param(p) for p in NOTEBOOKS])
-def test_notebook_executes_in_smoke_mode(path, tutorial_runner):
-    nb, seconds = tutorial_runner.execute_notebook(path, smoke=True, timeout=600)
+def test_notebook_executes_in_smoke_mode(path, tutorial_runner, notebook_kernel):
+    nb, seconds = tutorial_runner.execute_notebook(
+        path, smoke=True, timeout=600, kernel=notebook_kernel
+    )
     errors = [
         o
         for c in nb.cells
