@@ -446,8 +446,12 @@ def _support(name, theta, one_pass, fn):
 def test_one_pass_pmf_equals_generic_pmf_value_and_gradient(name):
     # the log pmf and the probabilities, each from the parameters in one pass
     # and from one log_prob per support value
-    log_fast, log_slow = (_support(name, LOGITS, o, support_log_pmf) for o in (1, 0))
-    prob_fast, prob_slow = (_support(name, LOGITS, o, support_pmf) for o in (1, 0))
+    (log_fast, log_slow), (prob_fast, prob_slow) = jax.jit(
+        lambda t: [
+            [_support(name, t, o, fn) for o in (True, False)]
+            for fn in (support_log_pmf, support_pmf)
+        ]
+    )(LOGITS)
     np.testing.assert_allclose(log_fast, log_slow, rtol=RTOL, atol=RTOL)
     np.testing.assert_allclose(jnp.exp(log_slow).sum(0), 1.0, rtol=1e-4)
     np.testing.assert_allclose(prob_fast, jnp.exp(log_slow), rtol=3 * RTOL, atol=RTOL)
@@ -457,11 +461,13 @@ def test_one_pass_pmf_equals_generic_pmf_value_and_gradient(name):
         lambda t, o: jnp.exp(_support(name, t, o, support_log_pmf)),
         lambda t, o: _support(name, t, o, support_pmf),
     ]
-    grads = [
-        jax.grad(lambda t, o=o, f=f: jnp.sum(cotangent * f(t, o)))(LOGITS)
-        for f in paths
-        for o in (True, False)
-    ]
+    grads = jax.jit(
+        lambda t: [
+            jax.grad(lambda t, o=o, f=f: jnp.sum(cotangent * f(t, o)))(t)
+            for f in paths
+            for o in (True, False)
+        ]
+    )(LOGITS)
     for g in grads[1:]:
         np.testing.assert_allclose(g, grads[0], rtol=1e-4, atol=1e-5)
 
@@ -600,13 +606,20 @@ def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
         terms = terms if keep else terms._replace(obs_support=None)
         return score.estimate(terms)
 
-    fast, slow = estimate(params, True), estimate(params, False)
+    @jax.jit  # one program for the four evaluations
+    def values_and_grads(p):
+        weights = jnp.arange(1.0, 6.0)
+        return [
+            (
+                estimate(p, k),
+                jax.grad(lambda p, k=k: jnp.sum(estimate(p, k) * weights))(p),
+            )
+            for k in (True, False)
+        ]
+
+    (fast, grad_fast), (slow, grad_slow) = values_and_grads(params)
     np.testing.assert_allclose(fast, slow, rtol=1e-5, atol=1e-7)
-    grads = [
-        jax.grad(lambda p, k=k: jnp.sum(estimate(p, k) * jnp.arange(1.0, 6.0)))(params)
-        for k in (True, False)
-    ]
-    for a, b in zip(*(jax.tree.leaves(g) for g in grads), strict=True):
+    for a, b in zip(*(jax.tree.leaves(g) for g in (grad_fast, grad_slow)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -645,8 +658,12 @@ def test_binomial_support_sums_equal_their_definition(num_particles):
     count = jnp.array([0.0, 1.0, 3.0, 10.0, 10.0, 7.0, 10.0, 5.0])
     logits = 4.0 * random.normal(random.PRNGKey(7), (num_particles, count.size))
     logits = logits.at[0, 3].set(40.0).at[0, 4].set(-40.0).at[0, 5].set(0.0)
-    got = pmf.binomial_support_sums(logits, count, 11)
-    want = _binomial_sums_by_definition(logits, count, 11)
+    got, want = jax.jit(
+        lambda x: (
+            pmf.binomial_support_sums(x, count, 11),
+            _binomial_sums_by_definition(x, count, 11),
+        )
+    )(logits)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=10 * RTOL, atol=10 * RTOL)
     # the gradient of a weighted sum of both, against autodiff of the
@@ -659,10 +676,12 @@ def test_binomial_support_sums_equal_their_definition(num_particles):
             jnp.sum(w * s) for w, s in zip(weights, sums(x), strict=True)
         )
 
-    got = jax.grad(weighted(lambda x: pmf.binomial_support_sums(x, count, 11)))(logits)
-    want = jax.grad(weighted(lambda x: _binomial_sums_by_definition(x, count, 11)))(
-        logits
-    )
+    got, want = jax.jit(
+        lambda x: (
+            jax.grad(weighted(lambda x: pmf.binomial_support_sums(x, count, 11)))(x),
+            jax.grad(weighted(lambda x: _binomial_sums_by_definition(x, count, 11)))(x),
+        )
+    )(logits)
     np.testing.assert_allclose(got, want, rtol=100 * RTOL, atol=100 * RTOL)
     assert np.all(np.isfinite(got))
 
@@ -726,12 +745,17 @@ def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(kind, guide_cl
             terms if from_logits else terms._replace(binomial_logits=None)
         )
 
-    fast, slow = estimate(params, True), estimate(params, False)
-    np.testing.assert_allclose(fast, slow, rtol=10 * RTOL, atol=10 * RTOL)
     weights = jnp.arange(1.0, 6.0)
-    grads = [
-        jax.grad(lambda p, f=f: jnp.sum(estimate(p, f) * weights))(params)
-        for f in (True, False)
-    ]
-    for a, b in zip(*(jax.tree.leaves(g) for g in grads), strict=True):
+
+    @jax.jit  # one program for the four evaluations
+    def values_and_grads(p):
+        return [
+            jax.value_and_grad(lambda p, f=f: jnp.sum(estimate(p, f) * weights))(p)
+            + (estimate(p, f),)
+            for f in (True, False)
+        ]
+
+    (_, grad_fast, fast), (_, grad_slow, slow) = values_and_grads(params)
+    np.testing.assert_allclose(fast, slow, rtol=10 * RTOL, atol=10 * RTOL)
+    for a, b in zip(*(jax.tree.leaves(g) for g in (grad_fast, grad_slow)), strict=True):
         np.testing.assert_allclose(a, b, rtol=100 * RTOL, atol=100 * RTOL)
