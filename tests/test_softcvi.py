@@ -217,23 +217,34 @@ def test_guide_log_density_at_fixed_draws(guide_class, closed_form):
         draws = guide_sample_values(guide, tr)
         return guide_log_density(guide, p, draws, random.PRNGKey(5), (Y_SMALL,), {})
 
+    def closed(p):
+        return closed_form(guide, p, tr)
+
+    def objective(p):
+        return SoftCVIELBO(4).loss(random.PRNGKey(2), p, small_model, guide, Y_SMALL)
+
+    @jax.jit  # one program for every evaluation below
+    def evaluate(params0, params1):
+        return (
+            fixed(params0),
+            jax.value_and_grad(fixed)(params1),
+            jax.value_and_grad(closed)(params1),
+            jax.value_and_grad(objective)(params0),
+        )
+
+    params1 = jax.tree.map(lambda v: 1.1 * v, params0)
+    at_draw, (v_fixed, g_fixed), (v_closed, g_closed), (loss, grads) = evaluate(
+        params0, params1
+    )
     # at the parameters of the draw: the density of the sampling pass (for
     # IAF that pass uses the forward transform, the evaluation its inverse)
-    np.testing.assert_allclose(fixed(params0), log_q_draw, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(at_draw, log_q_draw, rtol=1e-5, atol=1e-5)
     # elsewhere, value and gradient in φ at the same draws: the closed form
-    params1 = jax.tree.map(lambda v: 1.1 * v, params0)
-    np.testing.assert_allclose(
-        fixed(params1), closed_form(guide, params1, tr), rtol=1e-5, atol=1e-5
-    )
-    g_fixed = jax.grad(fixed)(params1)
-    g_closed = jax.grad(lambda p: closed_form(guide, p, tr))(params1)
+    np.testing.assert_allclose(v_fixed, v_closed, rtol=1e-5, atol=1e-5)
     assert _max_abs(g_closed) > 1e-3
     for a, b in zip(jax.tree.leaves(g_fixed), jax.tree.leaves(g_closed), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     # and the objective gives a finite loss and gradient
-    loss, grads = jax.value_and_grad(
-        lambda p: SoftCVIELBO(4).loss(random.PRNGKey(2), p, small_model, guide, Y_SMALL)
-    )(params0)
     assert jnp.isfinite(loss) and all(
         bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads)
     )
