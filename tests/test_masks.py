@@ -150,15 +150,24 @@ def test_masked_observation_is_the_model_without_it_at_the_same_key(loss):
     (NumPyro's missing-data convention)."""
     kept = Y[np.asarray(KEEP)]
     with_nan = Y.at[2].set(jnp.nan)
-    for data in (Y, with_nan):
-        masked = jax.value_and_grad(
-            lambda p, data=data: loss.loss(
-                random.PRNGKey(3), p, masked_model, guide, data, KEEP
-            )
-        )(PARAMS)
-        plain = jax.value_and_grad(
-            lambda p: loss.loss(random.PRNGKey(3), p, plain_model, guide, kept)
-        )(PARAMS)
+
+    @jax.jit  # one program for the three evaluations
+    def evaluate(params):
+        return [
+            jax.value_and_grad(
+                lambda p, data=data: loss.loss(
+                    random.PRNGKey(3), p, masked_model, guide, data, KEEP
+                )
+            )(params)
+            for data in (Y, with_nan)
+        ] + [
+            jax.value_and_grad(
+                lambda p: loss.loss(random.PRNGKey(3), p, plain_model, guide, kept)
+            )(params)
+        ]
+
+    *masked_values, plain = evaluate(PARAMS)
+    for masked in masked_values:
         np.testing.assert_allclose(masked[0], plain[0], rtol=1e-5)
         for name in PARAMS:
             np.testing.assert_allclose(
@@ -287,13 +296,15 @@ def test_quadratic_masked_component_equals_the_model_without_it_at_the_same_key(
     keep = jnp.broadcast_to(jnp.array([True, False, True]), y.shape)
     loss = PredictiveELBO("quadratic", num_particles=6)
     params = {"loc": jnp.array([0.3, -0.2, 1.0])}
-    masked = jax.value_and_grad(
-        lambda p: loss.loss(random.PRNGKey(1), p, bernoulli_rows, wide_guide, y, keep)
-    )(params)
-    plain = jax.value_and_grad(
-        lambda p: loss.loss(
-            random.PRNGKey(1), p, two_columns, wide_guide, y[:, ::2], keep
-        )
+    masked, plain = jax.jit(
+        lambda params: [
+            jax.value_and_grad(
+                lambda p, model=model, data=data: loss.loss(
+                    random.PRNGKey(1), p, model, wide_guide, data, keep
+                )
+            )(params)
+            for model, data in ((bernoulli_rows, y), (two_columns, y[:, ::2]))
+        ]
     )(params)
     np.testing.assert_allclose(masked[0], plain[0], rtol=1e-5)
     np.testing.assert_allclose(masked[1]["loc"], plain[1]["loc"], rtol=1e-4, atol=1e-6)
@@ -332,12 +343,21 @@ def test_mixture_guide_masked_observation_is_the_model_without_it():
     SVI(plain_model, plain, optax.adam(0.1), loss=StratifiedELBO()).init(
         random.PRNGKey(0), Y[np.asarray(KEEP)]
     )
-    for score in ("log", CRPS(estimator="closed-form"), "energy"):
-        loss = PredictiveELBO(score, num_particles=4)
-        a = loss.loss(random.PRNGKey(2), params, masked_model, mixture, Y, KEEP)
-        b = loss.loss(
-            random.PRNGKey(2), params, plain_model, plain, Y[np.asarray(KEEP)]
-        )
+    scores = ("log", CRPS(estimator="closed-form"), "energy")
+
+    @jax.jit  # one program for the six losses
+    def losses(params):
+        return [
+            (
+                loss.loss(random.PRNGKey(2), params, masked_model, mixture, Y, KEEP),
+                loss.loss(
+                    random.PRNGKey(2), params, plain_model, plain, Y[np.asarray(KEEP)]
+                ),
+            )
+            for loss in (PredictiveELBO(score, num_particles=4) for score in scores)
+        ]
+
+    for score, (a, b) in zip(scores, losses(params), strict=True):
         if score == "energy":  # simulations of other shapes: finite, and close
             assert np.isfinite(a) and abs(a - b) < 3.0
         else:
@@ -429,8 +449,10 @@ def test_obs_mask_objectives_leave_the_observed_entries_of_the_latent_out(
     they cannot drift, which makes Trace_ELBO's loss run to -inf) nor is
     blind to the missing entries (nonzero gradient there)."""
     guide, params, args = imputing_fit
-    loss_value, grads = jax.value_and_grad(
-        lambda p: loss.loss(random.PRNGKey(1), p, imputing_model, guide, *args)
+    loss_value, grads = jax.jit(
+        jax.value_and_grad(
+            lambda p: loss.loss(random.PRNGKey(1), p, imputing_model, guide, *args)
+        )
     )(params)
     assert np.isfinite(loss_value)
     for name in ("y_unobserved_auto_loc", "y_unobserved_auto_scale"):
