@@ -199,6 +199,33 @@ def four_devices_vsbc():
     return _run_sharding_worker("vsbc")
 
 
+def _memory_maps() -> tuple[int, int] | None:
+    """This process's memory maps and the kernel's limit on them (Linux), or
+    ``None`` where ``/proc`` does not say."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            count = sum(1 for _ in maps)
+        with open("/proc/sys/vm/max_map_count") as limit:
+            return count, int(limit.read())
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_memory_maps():
+    """Each compiled program JAX keeps loaded holds about three memory maps
+    (its code and data), and a process that reaches the kernel's limit
+    (``vm.max_map_count``, 65,530 by default) segfaults at the next load. A
+    worker that has run many modules drops its compiled programs
+    (``jax.clear_caches()``) at the end of a module once it holds more than
+    half the limit; the next module loads what it needs from the
+    compilation cache."""
+    yield
+    maps = _memory_maps()
+    if maps is not None and maps[0] > maps[1] // 2:
+        jax.clear_caches()
+
+
 @pytest.fixture(autouse=True)
 def _fixed_seed():
     np.random.seed(0)
