@@ -158,6 +158,10 @@ _MAPS = (_shift, _scale, _covariance)
 
 #: Elements of the ``(C·S, N)`` log-likelihood array of one evaluation.
 _CHUNK = 1 << 24
+#: Below this many elements per evaluation, every evaluation takes the same
+#: number of sets (the last padded): one compiled program, where padding
+#: costs far less than compiling another shape.
+_PAD_FREE = 1 << 20
 
 
 class _State(NamedTuple):
@@ -217,21 +221,25 @@ class MomentMatcher:
         self._u = np.asarray(u, np.float64)
         self._log_q = np.asarray(log_q, np.float64)
         self._log_lik = np.asarray(log_lik, np.float64)
-        self._chunk = max(1, _CHUNK // (num_draws * max(log_lik.shape[1], 1)))
+        per_set = num_draws * max(log_lik.shape[1], 1)
+        self._chunk = max(1, _CHUNK // per_set)
+        #: every evaluation pads to this many sets (``None``: to a power of two)
+        self._sets_per_call = (
+            min(self._chunk, WAVE) if WAVE * per_set <= _PAD_FREE else None
+        )
 
     def _evaluate(
         self, u: np.ndarray, index: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(C, S)`` log q and log h at ``C`` sets of draws ``(C, S, D)``,
-        chunks padded to powers of two (few compiled shapes)."""
+        chunks padded to one size where that is cheap, else to powers of two
+        (one or few compiled shapes)."""
         out_q, out_h = [], []
-        for start in range(0, len(index), self._chunk):
-            u_part, i_part = (
-                u[start : start + self._chunk],
-                index[start : start + self._chunk],
-            )
+        step = self._sets_per_call or self._chunk
+        for start in range(0, len(index), step):
+            u_part, i_part = u[start : start + step], index[start : start + step]
             num = len(i_part)
-            size = min(self._chunk, 1 << max(0, num - 1).bit_length())
+            size = self._sets_per_call or min(step, 1 << max(0, num - 1).bit_length())
             pad = size - num
             log_q, log_h = self._sets(
                 self._key,
