@@ -73,16 +73,16 @@ test-fast: $(VENV)/.installed-test
 	$(TEST_ENV) $(VPY) $(PYTEST) -m "not slow"
 
 # Everything: the two virtual environments (and Chromium) are installed side
-# by side; the quick checks run first, then the test legs one after the
-# other, then the documentation and the release side by side (one is Sphinx,
-# the other mostly pip). The legs are not run side by side: oversubscribed
+# by side; the quick checks (lint, types) run first, side by side, then the
+# test legs one after the other, then the documentation and the release side
+# by side (one is Sphinx, the other mostly pip). The legs are not run side by side: oversubscribed
 # cores slow the four-device subprocesses (their collectives wait on every
 # device's thread) 3-5 times, more than the idle ends of a leg cost
 # (benchmarks/RESULTS.md, "Seventh pass").
 test:
 	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV) chromium
 	$(PRUNE_CACHE)
-	$(MAKE) lint typecheck
+	$(MAKE) -j2 lint typecheck
 	$(MAKE) test-default test-float64
 	$(MAKE) test-py312
 	$(MAKE) -j2 docs release-check
