@@ -39,6 +39,7 @@ from numpyro_pvi.selection._programs import (
     pair_gain_scorer,
     pointwise_scorer,
     run_grids,
+    run_scores,
     split_scores,
 )
 
@@ -227,7 +228,9 @@ def held_out_scores(
     ]
     fits = run_grids(programs, num_steps=fit.num_steps, progress_bar=fit.progress_bar)
     params = [fitted for _, fitted, _ in fits]
-    pointwise = split_scores(compiled[2 * n](score_key, params, data.dynamic), params)
+    pointwise = split_scores(
+        run_scores(compiled[2 * n], score_key, params, data.dynamic), params
+    )
     held_out, final_loss = {}, {}
     rows, cols = folds, np.arange(plate.size)
     for (grid, fitted, losses), scores in zip(fits, pointwise, strict=True):

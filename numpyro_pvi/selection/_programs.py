@@ -149,11 +149,20 @@ def lower_grid(
     )
 
 
+#: XLA's options for the programs of a cross-validation on CPU: the backend
+#: (LLVM) optimisation level 1 instead of 2 compiles them in about 60% of
+#: the time, and their fits ran as fast (``benchmarks/RESULTS.md``, "CPU
+#: programs at backend optimisation level 1"); level 0 runs them 5x slower.
+CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
+
+
 def compile_all(lowered: list[Any]) -> list[Any]:
     """Compile lowered programs, as many at once as there are cores (XLA's
-    compiler runs outside Python's lock; tracing and lowering stay serial)."""
+    compiler runs outside Python's lock; tracing and lowering stay serial),
+    with :data:`CPU_COMPILER_OPTIONS` on CPU."""
+    options = CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return list(pool.map(lambda p: p.compile(), lowered))
+        return list(pool.map(lambda p: p.compile(compiler_options=options), lowered))
 
 
 def run_grid(
@@ -293,15 +302,56 @@ def _over_data_plate(
 def lower_scores(
     scorer: Callable, rng_key: jax.Array, params: list[Any], data: ModelData
 ) -> Any:
-    """Lower the scoring of every grid's fits (``params``: their shapes, with
-    leading axes ``(G, K)``) at every observation, in one program, one fit
-    after another (``lax.map``: memory of one fit's draws). The compiled
-    program returns a ``Pointwise`` of ``(sum G · K, N)`` arrays."""
+    """Lower the scoring of a block of fits at every observation, one fit
+    after another (``lax.map``: memory of one fit's draws), for
+    :func:`run_scores`. ``params``: every grid's fits' shapes, with leading
+    axes ``(G, K)``; a block is :func:`_score_block` of them."""
+    block = _score_block(params)
 
-    def run(key: jax.Array, params: list[Any], dynamic: list) -> jax.Array:
-        return lax.map(lambda p: scorer(key, p, dynamic), _flat(params))
+    def run(key: jax.Array, fits: Any, dynamic: list) -> Any:
+        return lax.map(lambda p: scorer(key, p, dynamic), fits)
 
-    return jax.jit(run).lower(rng_key, params, data.dynamic)
+    fits = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((block,) + tuple(x.shape[2:]), x.dtype),
+        params[0],
+    )
+    return jax.jit(run).lower(rng_key, fits, data.dynamic)
+
+
+def _score_block(params: list[Any]) -> int:
+    """Fits per call of the scoring program: all ``sum G · K`` fits in as
+    many blocks as there are cores."""
+    total = sum(math.prod(jax.tree.leaves(p)[0].shape[:2]) for p in params)
+    return -(-total // min(os.cpu_count() or 1, total))
+
+
+def run_scores(
+    program: Any, rng_key: jax.Array, params: list[Any], dynamic: list
+) -> Pointwise:
+    """Every grid's fits (leading axes ``(G, K)``) scored by the compiled
+    :func:`lower_scores` program, its blocks at once on the cores (the last
+    block padded with the last fit): a ``Pointwise`` of ``(sum G · K, N)``
+    arrays, in grid, λ and fold order."""
+    flat = jax.tree.map(
+        lambda *xs: np.concatenate(
+            [np.asarray(x).reshape((-1,) + x.shape[2:]) for x in xs]
+        ),
+        *params,
+    )
+    total, block = jax.tree.leaves(flat)[0].shape[0], _score_block(params)
+    starts = range(0, total, block)
+    pad = len(starts) * block - total
+    padded = jax.tree.map(
+        lambda x: np.concatenate([x, np.repeat(x[-1:], pad, 0)]), flat
+    )
+
+    def one(start: int) -> Any:
+        fits = jax.tree.map(lambda x: x[start : start + block], padded)
+        return jax.device_get(program(rng_key, fits, dynamic))
+
+    with ThreadPoolExecutor(max_workers=len(starts)) as pool:
+        outs = list(pool.map(one, starts))
+    return jax.tree.map(lambda *xs: np.concatenate(xs)[:total], *outs)
 
 
 def _flat(params: list[Any]) -> Any:
