@@ -25,14 +25,16 @@ PYTEST := -m pytest -q -p no:cacheprovider -n auto --dist loadgroup --no-loadsco
 
 ifeq ($(PYTHON312),)
 LEG312_VENV :=
+LEG312_VERSIONS :=
 DEFAULT_LEG :=
 else
 LEG312_VENV := $(VENV312)/.installed-test
+LEG312_VERSIONS := $(VENV312)/.versions-checked
 DEFAULT_LEG := -m "not py312_only"
 endif
 
 .PHONY: demo test test-fast test-default test-float64 test-py312 lint typecheck docs \
-	docs-check release-check chromium bench clean clean-cache
+	docs-html docs-doctest docs-check release-check chromium bench clean clean-cache
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -73,20 +75,21 @@ test-fast: $(VENV)/.installed-test
 	$(TEST_ENV) $(VPY) $(PYTEST) -m "not slow"
 
 # Everything: the two virtual environments (and Chromium) are installed side
-# by side; the quick checks (lint, types) run first, side by side, then the
-# test legs one after the other, then the documentation and the release side
-# by side (one is Sphinx, the other mostly pip). The legs are not run side by side: oversubscribed
-# cores slow the four-device subprocesses (their collectives wait on every
-# device's thread) 3-5 times, more than the idle ends of a leg cost
-# (benchmarks/RESULTS.md, "Seventh pass").
+# by side; then the checks that are not test legs, on the two cores: the
+# release check (a wheel installed in a fresh environment, mostly pip) on
+# one; lint, types, the 3.12 leg's versions and the documentation's HTML one
+# after the other on the other (make starts them in this order, so a lint or
+# type error stops the run first); then the doctests and the site check. Then
+# the test legs, one after the other: oversubscribed cores slow the
+# four-device subprocesses (their collectives wait on every device's thread)
+# 3-5 times, more than the idle ends of a leg cost (benchmarks/RESULTS.md,
+# "Seventh pass").
 test:
 	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV) chromium
 	$(PRUNE_CACHE)
-	$(MAKE) -j2 lint typecheck
+	$(MAKE) -j2 release-check lint typecheck $(LEG312_VERSIONS) docs-check docs
 	$(MAKE) test-default test-float64
 	$(MAKE) test-py312
-	$(MAKE) -j2 docs release-check
-	$(MAKE) docs-check
 
 # The default leg: every test, fast and slow tiers.
 test-default: $(VENV)/.installed-test
@@ -102,15 +105,19 @@ $(VENV312)/.installed-test: pyproject.toml
 	$(VPY312) -m pip install --quiet --no-compile -e ".[test]"
 	touch $@
 
+# The 3.12 leg's environment has the versions it is for (ArviZ 1.x).
+$(LEG312_VERSIONS): $(VENV312)/.installed-test
+	$(VPY312) -c "import arviz, jax, sys; print('Python', sys.version.split()[0], \
+	    '| ArviZ', arviz.__version__, '| JAX', jax.__version__); \
+	    sys.exit(int(arviz.__version__.split('.')[0]) < 1 and 'ArviZ 1.x expected')"
+	touch $@
+
 ifeq ($(PYTHON312),)
 test-py312:
 	@echo "*** SKIPPED: the Python 3.12 / ArviZ 1.x leg: no Python 3.12 found" \
 	      "(not on PATH, not in pyenv). Install one to run it. ***" >&2
 else
-test-py312: $(VENV312)/.installed-test
-	$(VPY312) -c "import arviz, jax, sys; print('Python', sys.version.split()[0], \
-	    '| ArviZ', arviz.__version__, '| JAX', jax.__version__); \
-	    sys.exit(int(arviz.__version__.split('.')[0]) < 1 and 'ArviZ 1.x expected')"
+test-py312: $(LEG312_VERSIONS)
 	$(TEST_ENV) $(VPY312) $(PYTEST) --durations=10 -m "py312 or py312_only"
 endif
 
@@ -119,21 +126,27 @@ endif
 lint: $(VENV)/.installed-test
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VPY) -m pre_commit run --all-files
 
-# mypy on the package (configuration in pyproject.toml).
+# mypy on the package (configuration in pyproject.toml). Its incremental
+# cache is kept beside JAX's, shared by every clone: mypy reuses an entry only
+# when the file's hash and mypy's version and options match (10 s -> 0.5 s).
+MYPY_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/numpyro-pvi/mypy
 typecheck: $(VENV)/.installed-test
-	$(VPY) -m mypy
+	$(VPY) -m mypy --cache-dir $(MYPY_CACHE)
 
 # The documentation site: warnings (broken cross-references included) are
 # errors; the prose's examples run as doctests (from the doctrees the HTML
 # build has just read).
-docs: $(VENV)/.installed-test
+docs: docs-html docs-doctest
+
+docs-html: $(VENV)/.installed-test
 	$(VPY) -m sphinx -b html -E -W --keep-going -n -q -d docs/_build/doctrees docs docs/_build/html
+
+docs-doctest: docs-html
 	$(TEST_ENV) $(VPY) -m sphinx -b doctest -W --keep-going -q -d docs/_build/doctrees \
 	    docs docs/_build/doctest
 
-# The built site in headless Chromium: internal links, figures, math.
-docs-check: $(VENV)/.installed-test chromium
-	test -f docs/_build/html/index.html || $(MAKE) docs
+# The site, built, in headless Chromium: internal links, figures, math.
+docs-check: docs-html chromium
 	$(VPY) docs/check_site.py docs/_build/html
 
 chromium:
@@ -164,4 +177,4 @@ clean:
 	    docs/_build docs/api/generated
 
 clean-cache:
-	rm -rf $(JAX_CACHE)
+	rm -rf $(JAX_CACHE) $(MYPY_CACHE)

@@ -72,12 +72,16 @@ def install_and_run(wheel: Path, work: Path) -> None:
     """Install ``wheel`` into a fresh environment under ``work`` and run the
     quickstart there."""
     env_dir = work / "venv"
-    venv.create(env_dir, with_pip=True)
+    # without a pip of its own: this interpreter's pip installs into it
+    # (``--python``), already byte-compiled, where a fresh one would not be
+    # (3.7 s + 11.3 s -> 5.0 s)
+    venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
     subprocess.run(
         # --no-compile: the quickstart imports a few of the modules pip would
         # byte-compile (jax's thousands among them): 21 s -> 7 s
-        [str(python), "-m", "pip", "install", "--quiet", "--no-compile", str(wheel)],
+        [sys.executable, "-m", "pip", "--python", str(python), "install"]
+        + ["--quiet", "--no-compile", str(wheel)],
         check=True,
     )
     script = work / "quickstart.py"
