@@ -38,12 +38,13 @@ only (nearly all at the ends).
 from __future__ import annotations
 
 import numpy as np
-from scipy import optimize, special, stats
+from scipy import special, stats
 
 __all__ = [
     "TOO_NARROW",
     "TOO_WIDE",
     "censored_spread",
+    "censored_spreads",
     "dispersion_test",
     "normal_scores",
 ]
@@ -77,37 +78,114 @@ def _times(z: np.ndarray, d: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(z), z, 0.0) * d
 
 
-def censored_spread(ranks: np.ndarray, num_draws: int) -> float:
+#: the range of the fitted scale and of its centre: a scale at the upper end
+#: is unbounded by the ranks (``inf``)
+_SCALE_RANGE, _LOC_BOUND = (1e-3, 1e3), 50.0
+_MAX_NEWTON, _MAX_HALVINGS = 100, 40
+
+
+def _negative_log_lik(
+    lo: np.ndarray, hi: np.ndarray, x: np.ndarray, *, derivatives: bool = True
+) -> tuple[np.ndarray, ...]:
+    """The censored normal's negative log-likelihood of ``(R, C)`` PIT
+    intervals ``[lo, hi]`` at ``x = (δ, γ) = (μ/σ, 1/σ)``, each ``(C,)``,
+    with its gradient ``(2, C)`` and Hessian ``(2, 2, C)``. In these
+    coordinates the interval ``[γ lo - δ, γ hi - δ]`` is linear in ``x``, so
+    the log-likelihood is concave (the normal is log-concave) and the
+    Hessian is the chain rule's outer term only."""
+    a, b = x[1] * lo - x[0], x[1] * hi - x[0]
+    log_p = _log_interval_probability(a, b)
+    if not derivatives:
+        return (-log_p.sum(axis=0),)
+    d_a = -np.exp(_log_normal_density(a) - log_p)  # ∂ log p / ∂a
+    d_b = np.exp(_log_normal_density(b) - log_p)
+    d_aa, d_bb, d_ab = -_times(a, d_a) - d_a**2, -_times(b, d_b) - d_b**2, -d_a * d_b
+    lo_, hi_ = np.where(np.isfinite(lo), lo, 0.0), np.where(np.isfinite(hi), hi, 0.0)
+    grad = np.stack([d_a + d_b, -(lo_ * d_a + hi_ * d_b)]).sum(axis=1)
+    h_dd = d_aa + 2 * d_ab + d_bb
+    h_dg = -(lo_ * d_aa + (lo_ + hi_) * d_ab + hi_ * d_bb)
+    h_gg = lo_**2 * d_aa + 2 * lo_ * hi_ * d_ab + hi_**2 * d_bb
+    hess = -np.array([[h_dd, h_dg], [h_dg, h_gg]]).sum(axis=2)
+    return -log_p.sum(axis=0), grad, hess
+
+
+def _project(x: np.ndarray) -> np.ndarray:
+    """Onto ``σ`` in its range and ``|μ| ≤ 50``."""
+    gamma = np.clip(x[1], 1 / _SCALE_RANGE[1], 1 / _SCALE_RANGE[0])
+    return np.stack([np.clip(x[0], -_LOC_BOUND * gamma, _LOC_BOUND * gamma), gamma])
+
+
+def _newton_direction(grad: np.ndarray, hess: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Newton's step of every column; along ``δ`` alone where ``γ`` sits at
+    its lower end and the step would leave the range; the gradient's where
+    the Hessian is singular."""
+    det = hess[0, 0] * hess[1, 1] - hess[0, 1] ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = -np.stack(
+            [
+                hess[1, 1] * grad[0] - hess[0, 1] * grad[1],
+                hess[0, 0] * grad[1] - hess[0, 1] * grad[0],
+            ]
+        ) / np.where(det > 0, det, np.nan)
+        at_bound = (x[1] <= 1 / _SCALE_RANGE[1]) & (step[1] < 0)
+        along_delta = np.stack([-grad[0] / hess[0, 0], np.zeros_like(grad[0])])
+    step = np.where(at_bound, along_delta, step)
+    return np.where(np.isfinite(step), step, -grad)
+
+
+def _line_search(
+    lo: np.ndarray,
+    hi: np.ndarray,
+    x: np.ndarray,
+    value: np.ndarray,
+    grad: np.ndarray,
+    step: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Backtracking (Armijo) along ``step`` within the range: the new point
+    of every column, and whether it moved."""
+    t, accepted = np.ones_like(value), np.zeros(value.shape, dtype=bool)
+    new = x.copy()
+    for _ in range(_MAX_HALVINGS):
+        trial = _project(x + t * step)
+        (trial_value,) = _negative_log_lik(lo, hi, trial, derivatives=False)
+        decrease = 1e-4 * np.sum(grad * (trial - x), axis=0)
+        ok = ~accepted & (trial_value <= value + decrease)
+        new[:, ok], accepted = trial[:, ok], accepted | ok
+        if accepted.all():
+            break
+        t = np.where(accepted, t, t / 2)
+    moved = np.max(np.abs(new - x) / (1 + np.abs(x)), axis=0) > 1e-10
+    return new, accepted & moved
+
+
+def censored_spreads(ranks: np.ndarray, num_draws: int) -> np.ndarray:
     """The maximum-likelihood scale of a normal fitted to the PIT intervals
-    of integer ranks (see the module's text); ``inf`` when unbounded."""
+    of every column of ``(R, C)`` integer ranks (see the module's text);
+    ``inf`` where unbounded. Newton's method with a backtracking line
+    search on the concave log-likelihood in :math:`(\\mu/\\sigma,
+    1/\\sigma)`, the columns not yet converged at once."""
     edges = special.ndtri(np.arange(num_draws + 2) / (num_draws + 1))
     ranks = np.asarray(ranks, dtype=int)
     lo, hi = edges[ranks], edges[ranks + 1]
     mid = normal_scores(ranks, num_draws)
-    upper_bound = np.log(1e3)
+    gamma = 1 / np.maximum(mid.std(axis=0, ddof=1), _SCALE_RANGE[0])
+    x = _project(np.stack([mid.mean(axis=0) * gamma, gamma]))
+    active = np.arange(x.shape[1])
+    for _ in range(_MAX_NEWTON):
+        lo_, hi_, x_ = lo[:, active], hi[:, active], x[:, active]
+        value, grad, hess = _negative_log_lik(lo_, hi_, x_)
+        step = _newton_direction(grad, hess, x_)
+        x[:, active], moved = _line_search(lo_, hi_, x_, value, grad, step)
+        active = active[moved]
+        if not active.size:
+            break
+    scale = 1 / x[1]
+    return np.where(scale >= _SCALE_RANGE[1] * (1 - 1e-6), np.inf, scale)
 
-    def negative_log_lik(x: np.ndarray) -> tuple[float, np.ndarray]:
-        loc, scale = x[0], np.exp(x[1])
-        a, b = (lo - loc) / scale, (hi - loc) / scale
-        log_p = _log_interval_probability(a, b)
-        # d log(Φ(b) - Φ(a)) / d(a, b) = (-φ(a), φ(b)) / (Φ(b) - Φ(a))
-        d_a = -np.exp(_log_normal_density(a) - log_p)
-        d_b = np.exp(_log_normal_density(b) - log_p)
-        d_loc = -(d_a + d_b) / scale
-        d_log_scale = -(_times(a, d_a) + _times(b, d_b))
-        return -np.sum(log_p), -np.array([np.sum(d_loc), np.sum(d_log_scale)])
 
-    start = np.array([mid.mean(), np.log(max(mid.std(ddof=1), 1e-3))])
-    fit = optimize.minimize(
-        negative_log_lik,
-        start,
-        jac=True,
-        method="L-BFGS-B",
-        bounds=[(-50.0, 50.0), (np.log(1e-3), upper_bound)],
-    )
-    if fit.x[1] >= upper_bound - 1e-6:
-        return np.inf
-    return float(np.exp(fit.x[1]))
+def censored_spread(ranks: np.ndarray, num_draws: int) -> float:
+    """:func:`censored_spreads` of one column of ranks."""
+    return float(censored_spreads(np.asarray(ranks)[:, None], num_draws)[0])
 
 
 def dispersion_test(ranks: np.ndarray, num_draws: int) -> dict[str, np.ndarray]:
@@ -130,9 +208,7 @@ def dispersion_test(ranks: np.ndarray, num_draws: int) -> dict[str, np.ndarray]:
     narrow = stats.chi2.sf(statistic, dof)
     wide = stats.chi2.cdf(statistic, dof)
     return {
-        "spread_ratio": np.array(
-            [censored_spread(column, num_draws) for column in ranks.T]
-        ),
+        "spread_ratio": censored_spreads(ranks, num_draws),
         "p_value": np.minimum(1.0, 2 * np.minimum(narrow, wide)),
         "p_value_narrow": narrow,
         "p_value_wide": wide,

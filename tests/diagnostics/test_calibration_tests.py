@@ -11,9 +11,13 @@ import itertools
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import optimize, special, stats
 
-from numpyro_pvi.diagnostics.dispersion import dispersion_test, normal_scores
+from numpyro_pvi.diagnostics.dispersion import (
+    censored_spreads,
+    dispersion_test,
+    normal_scores,
+)
 from numpyro_pvi.diagnostics.rank_tests import rank_datasets
 from numpyro_pvi.diagnostics.symmetry import holm
 from numpyro_pvi.diagnostics.uniformity import (
@@ -167,11 +171,53 @@ def test_spread_ratio_accounts_for_ranks_saturated_at_the_ends():
     assert abs(np.mean(ratios) - 2.85) < 3 * 0.27 / np.sqrt(30) + 0.1
     capped = np.std(normal_scores(ranks, num_draws), ddof=1)
     assert capped < 2.4  # what the plain sd of the scores says
-    # every rank at an end: bounded below only
-    assert (
-        dispersion_test(np.array([[0], [1000], [0], [1000]]), 1000)["spread_ratio"][0]
-        == np.inf
+    # every rank at an end, however they split between the ends: bounded
+    # below only
+    ends = np.array([[0, 0, 1000], [1000, 0, 0], [0, 1000, 0], [1000, 0, 0]])
+    np.testing.assert_array_equal(dispersion_test(ends, 1000)["spread_ratio"], np.inf)
+
+
+def _scipy_censored_spread(ranks, num_draws):
+    """The reference fit of one column: L-BFGS-B on (μ, log σ)."""
+    edges = special.ndtri(np.arange(num_draws + 2) / (num_draws + 1))
+    lo, hi = edges[ranks], edges[ranks + 1]
+
+    def negative_log_lik(x):
+        a, b = (lo - x[0]) / np.exp(x[1]), (hi - x[0]) / np.exp(x[1])
+        upper = a + b > 0  # the normal's upper tail there, without cancellation
+        p = np.where(
+            upper,
+            stats.norm.sf(a) - stats.norm.sf(b),
+            stats.norm.cdf(b) - stats.norm.cdf(a),
+        )
+        return -np.sum(np.log(p))
+
+    scores = normal_scores(ranks, num_draws)
+    fit = optimize.minimize(
+        negative_log_lik,
+        [scores.mean(), np.log(scores.std(ddof=1))],
+        method="L-BFGS-B",
+        options={"ftol": 1e-15, "gtol": 1e-10},
     )
+    return np.exp(fit.x[1])
+
+
+@pytest.mark.parametrize(
+    "num_draws, num, scale, bias",
+    [
+        (9, 30, 1.0, 0.0),
+        (99, 10, 2.0, 0.5),
+        (1000, 120, 2.85, 0.0),
+        (1000, 40, 0.5, 1.0),
+        (4000, 20, 1.3, -0.5),
+    ],
+)
+def test_censored_spreads_equal_a_scipy_fit_of_each_column(num_draws, num, scale, bias):
+    """Newton's method on every column at once finds the maximum-likelihood
+    scale that SciPy finds column by column."""
+    ranks = _ranks(3, num, 12, bias=bias, scale=scale, num_draws=num_draws)
+    expected = [_scipy_censored_spread(column, num_draws) for column in ranks.T]
+    np.testing.assert_allclose(censored_spreads(ranks, num_draws), expected, rtol=1e-5)
 
 
 def test_corrections_are_applied_like_the_symmetry_tests():
