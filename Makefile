@@ -77,17 +77,17 @@ test-fast: $(VENV)/.installed-test
 # Everything: the two virtual environments (and Chromium) are installed side
 # by side; then the checks that are not test legs, on the two cores: the
 # release check (a wheel installed in a fresh environment, mostly pip) on
-# one; lint, types, the 3.12 leg's versions and the documentation's HTML one
-# after the other on the other (make starts them in this order, so a lint or
-# type error stops the run first); then the doctests and the site check. Then
-# the test legs, one after the other: oversubscribed cores slow the
-# four-device subprocesses (their collectives wait on every device's thread)
-# 3-5 times, more than the idle ends of a leg cost (benchmarks/RESULTS.md,
-# "Seventh pass").
+# one; lint, types and the documentation (HTML, then the doctests) one after
+# the other on the other (make starts them in this order, so a lint or type
+# error stops the run first); then the site check and the 3.12 leg's
+# versions. Then the test legs, one after the other: oversubscribed cores
+# slow the four-device subprocesses (their collectives wait on every
+# device's thread) 3-5 times, more than the idle ends of a leg cost
+# (benchmarks/RESULTS.md, "Seventh pass").
 test:
 	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV) chromium
 	$(PRUNE_CACHE)
-	$(MAKE) -j2 release-check lint typecheck $(LEG312_VERSIONS) docs-check docs
+	$(MAKE) -j2 release-check lint typecheck docs docs-check $(LEG312_VERSIONS)
 	$(MAKE) test-default test-float64
 	$(MAKE) test-py312
 
