@@ -34,7 +34,7 @@ DEFAULT_LEG := -m "not py312_only"
 endif
 
 .PHONY: demo test test-fast test-default test-float64 test-py312 lint typecheck docs \
-	docs-html docs-doctest docs-check release-check chromium bench clean clean-cache
+	docs-html docs-doctest docs-check checks-and-site release-check chromium bench clean clean-cache
 
 $(VPY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,21 +75,25 @@ test-fast: $(VENV)/.installed-test
 	$(TEST_ENV) $(VPY) $(PYTEST) -m "not slow"
 
 # Everything: the two virtual environments (and Chromium) are installed side
-# by side; then the checks that are not test legs, on the two cores: the
-# release check (a wheel installed in a fresh environment, mostly pip) on
-# one; lint, types and the documentation (HTML, then the doctests) one after
-# the other on the other (make starts them in this order, so a lint or type
-# error stops the run first); then the site check and the 3.12 leg's
-# versions. Then the test legs, one after the other: oversubscribed cores
-# slow the four-device subprocesses (their collectives wait on every
-# device's thread) 3-5 times, more than the idle ends of a leg cost
-# (benchmarks/RESULTS.md, "Seventh pass").
+# by side, the 3.12 one's versions checked as soon as it is; then the checks
+# that are not test legs, on the two cores: the release check (a wheel
+# installed in a fresh environment, mostly pip) on one; lint, types, the
+# documentation (HTML, then the doctests) and the site check one after the
+# other on the other, so a lint or type error stops the run first (the site
+# check takes the first core when the release check leaves it). Then the
+# test legs, one after the other: oversubscribed cores slow the four-device
+# subprocesses (their collectives wait on every device's thread) 3-5 times,
+# more than the idle ends of a leg cost (benchmarks/RESULTS.md, "Seventh
+# pass").
 test:
-	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VENV) chromium
+	$(MAKE) -j2 $(VENV)/.installed-test $(LEG312_VERSIONS) chromium
 	$(PRUNE_CACHE)
-	$(MAKE) -j2 release-check lint typecheck docs docs-check $(LEG312_VERSIONS)
+	$(MAKE) -j2 release-check checks-and-site
 	$(MAKE) test-default test-float64
 	$(MAKE) test-py312
+
+checks-and-site:
+	$(MAKE) lint typecheck docs docs-check
 
 # The default leg: every test, fast and slow tiers.
 test-default: $(VENV)/.installed-test
