@@ -34,11 +34,13 @@ from numpyro_pvi.selection._programs import (
     ModelData,
     compile_all,
     lower_grid,
+    run_grids,
+)
+from numpyro_pvi.selection._score_programs import (
     lower_pair_gains,
     lower_scores,
     pair_gain_scorer,
     pointwise_scorer,
-    run_grids,
     run_scores,
     split_scores,
 )
@@ -188,7 +190,7 @@ def held_out_scores(
     """Every candidate's held-out score of every observation, the final
     loss of its fits and, for a score whose mixture score is quadratic in
     the weights, the ``(C, C, N)`` pairwise gains of stacking
-    (:class:`~numpyro_pvi.selection._programs.PairGains`): one compiled
+    (:class:`~numpyro_pvi.selection._score_programs.PairGains`): one compiled
     program per λ grid, one that scores every fit and one for the pairs,
     compiled at once. ``procedure`` is ``(model, guide, optim, plate, data,
     init_params)``; ``folds`` the fold of every observation."""

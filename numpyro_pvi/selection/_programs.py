@@ -1,6 +1,7 @@
-"""The compiled programs of a cross-validation: fits of a grid of candidates
-over all folds (``vmap`` over λ and folds, run in blocks), and the held-out
-pointwise scores of the fits."""
+"""The compiled fits of a cross-validation: a grid of candidates over all
+folds (``vmap`` over λ and folds, run in blocks of steps), and the model's
+arguments as the programs' inputs. Their held-out scores:
+:mod:`~numpyro_pvi.selection._score_programs`."""
 
 from __future__ import annotations
 
@@ -14,23 +15,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from numpyro.handlers import seed, substitute, trace
+from numpyro.handlers import seed, trace
 from numpyro.infer import SVI
 
 from numpyro_pvi._core import (
     CONCRETE_VALUE_ERRORS,
     DataPlate,
-    ParticleSpec,
-    Pointwise,
     feasible_improper,
-    guide_draws,
     join_arrays,
-    pair_gain,
-    particle_terms,
     split_arrays,
 )
-from numpyro_pvi.evaluation import PointwiseEstimate
-from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._candidates import Grid
 from numpyro_pvi.selection._folds import mask_observations
 
@@ -208,235 +202,3 @@ def run_grids(
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return list(pool.map(one, programs))
-
-
-def pointwise_scorer(
-    model: Callable,
-    guide: Callable,
-    plate: DataPlate,
-    score: Score,
-    num_draws: int,
-    data: ModelData,
-) -> Callable:
-    """``scorer(key, params, dynamic) -> Pointwise`` of ``(N,)`` arrays: the
-    score of the fit's posterior predictive at every observation of the
-    data plate, with its error."""
-    spec = ParticleSpec(
-        num_draws, score.requires, plate.selector, objective="cross_validate"
-    )
-    reduce = PointwiseEstimate(score)
-
-    def one(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202
-        return guide_draws(key, params, model, guide, args, kwargs, spec, reduce=reduce)
-
-    return _over_data_plate(model, guide, plate, data, one)
-
-
-def pair_gain_scorer(
-    model: Callable,
-    guide: Callable,
-    plate: DataPlate,
-    score: Score,
-    num_draws: int,
-    data: ModelData,
-) -> Callable:
-    """``scorer(key, (params_a, params_b), dynamic) -> (N,)``: the quadratic
-    coefficient of the score of the mixture of two fits' predictives at
-    every observation (:func:`~numpyro_pvi._core.pair_gain`), from the draws
-    :func:`pointwise_scorer` makes with the same key."""
-    spec = ParticleSpec(
-        num_draws,
-        score.requires,
-        plate.selector,
-        objective="cross_validate",
-        require_reparam=False,
-    )
-
-    def one(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202
-        a, b = (
-            particle_terms(key, p, model, guide, args, kwargs, spec) for p in params
-        )
-        return pair_gain(score, a, b)
-
-    return _over_data_plate(model, guide, plate, data, one)
-
-
-def _over_data_plate(
-    model: Callable, guide: Callable, plate: DataPlate, data: ModelData, one: Callable
-) -> Callable:
-    """``scorer(key, params, dynamic)``: ``one(key, params, model, guide, args,
-    kwargs)`` at every observation of the data plate. A subsampled data plate
-    is scored in batches of its subsample size (the plate's indices
-    substituted), so the model runs as written."""
-    if plate.subsample_size == plate.size:
-
-        def scorer(key: jax.Array, params: Any, dynamic: list) -> Any:
-            args, kwargs = data.rebuild(dynamic)
-            return one(key, params, model, guide, args, kwargs)
-
-        return scorer
-    b = plate.subsample_size
-    num_batches = math.ceil(plate.size / b)
-    batches = jnp.resize(jnp.arange(plate.size), (num_batches, b))
-
-    def batched(key: jax.Array, params: Any, dynamic: list) -> Any:
-        args, kwargs = data.rebuild(dynamic)
-
-        def batch(idx: jax.Array) -> Any:
-            sub = {plate.name: idx}
-            return one(
-                key,
-                params,
-                substitute(model, data=sub),
-                substitute(guide, data=sub),
-                args,
-                kwargs,
-            )
-
-        out = lax.map(batch, batches)
-        return jax.tree.map(lambda x: jnp.reshape(x, -1)[: plate.size], out)
-
-    return batched
-
-
-def lower_scores(
-    scorer: Callable, rng_key: jax.Array, params: list[Any], data: ModelData
-) -> Any:
-    """Lower the scoring of a block of fits at every observation, one fit
-    after another (``lax.map``: memory of one fit's draws), for
-    :func:`run_scores`. ``params``: every grid's fits' shapes, with leading
-    axes ``(G, K)``; a block is :func:`_score_block` of them."""
-    block = _score_block(params)
-
-    def run(key: jax.Array, fits: Any, dynamic: list) -> Any:
-        return lax.map(lambda p: scorer(key, p, dynamic), fits)
-
-    fits = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct((block,) + tuple(x.shape[2:]), x.dtype),
-        params[0],
-    )
-    return jax.jit(run).lower(rng_key, fits, data.dynamic)
-
-
-def _score_block(params: list[Any]) -> int:
-    """Fits per call of the scoring program: all ``sum G · K`` fits in as
-    many blocks as there are cores."""
-    total = sum(math.prod(jax.tree.leaves(p)[0].shape[:2]) for p in params)
-    return -(-total // min(os.cpu_count() or 1, total))
-
-
-def run_scores(
-    program: Any, rng_key: jax.Array, params: list[Any], dynamic: list
-) -> Pointwise:
-    """Every grid's fits (leading axes ``(G, K)``) scored by the compiled
-    :func:`lower_scores` program, its blocks at once on the cores (the last
-    block padded with the last fit): a ``Pointwise`` of ``(sum G · K, N)``
-    arrays, in grid, λ and fold order."""
-    flat = jax.tree.map(
-        lambda *xs: np.concatenate(
-            [np.asarray(x).reshape((-1,) + x.shape[2:]) for x in xs]
-        ),
-        *params,
-    )
-    total, block = jax.tree.leaves(flat)[0].shape[0], _score_block(params)
-    starts = range(0, total, block)
-    pad = len(starts) * block - total
-    padded = jax.tree.map(
-        lambda x: np.concatenate([x, np.repeat(x[-1:], pad, 0)]), flat
-    )
-
-    def one(start: int) -> Any:
-        fits = jax.tree.map(lambda x: x[start : start + block], padded)
-        return jax.device_get(program(rng_key, fits, dynamic))
-
-    with ThreadPoolExecutor(max_workers=len(starts)) as pool:
-        outs = list(pool.map(one, starts))
-    return jax.tree.map(lambda *xs: np.concatenate(xs)[:total], *outs)
-
-
-def _flat(params: list[Any]) -> Any:
-    """Every grid's fits along one leading axis (``sum G · K``; grid, λ,
-    fold order)."""
-    return jax.tree.map(
-        lambda *xs: jnp.concatenate([x.reshape((-1,) + x.shape[2:]) for x in xs]),
-        *params,
-    )
-
-
-class PairGains(NamedTuple):
-    """The program of the pairwise gains of a stacking of the candidates
-    (scores whose mixture score is quadratic in the weights) and what it
-    reads: ``pairs`` ``(P, 2)`` flat fit indices (the same fold) with
-    ``meta`` ``(P, 3)`` rows ``(c, d, fold)`` of candidate indices."""
-
-    program: Any  # lowered, then compiled: (key, params, pairs, dynamic) -> (P, N)
-    pairs: np.ndarray
-    meta: np.ndarray
-
-    def gains(self, out: Any, folds: np.ndarray, num_candidates: int) -> np.ndarray:
-        """``(C, C, N)``: the gain of every pair of candidates at every
-        observation, from the fits without the observation's fold
-        (symmetric, zero diagonal)."""
-        out = np.asarray(out)
-        gains = np.zeros((num_candidates, num_candidates, folds.size), out.dtype)
-        for row, (c, d, k) in zip(out, self.meta, strict=True):
-            held = folds == k
-            gains[c, d, held] = gains[d, c, held] = row[held]
-        return gains
-
-
-def lower_pair_gains(
-    scorer: Callable,
-    rng_key: jax.Array,
-    params: list[Any],
-    labels: list[list[str]],
-    order: list[str],
-    data: ModelData,
-) -> PairGains:
-    """Lower the pairwise gains of the candidates ``order`` (every pair,
-    every fold; ``labels``: each grid's labels, the layout of ``params``)
-    in one program, one pair after another."""
-    num_folds = jax.tree.leaves(params[0])[0].shape[1]
-    flat, start = {}, 0
-    for grid in labels:
-        for g, label in enumerate(grid):
-            flat[label] = start + g * num_folds + np.arange(num_folds)
-        start += len(grid) * num_folds
-    meta = np.array(
-        [
-            (c, d, k)
-            for c in range(len(order))
-            for d in range(c + 1, len(order))
-            for k in range(num_folds)
-        ],
-        dtype=np.int32,
-    ).reshape(-1, 3)
-    pairs = np.array(
-        [(flat[order[c]][k], flat[order[d]][k]) for c, d, k in meta], dtype=np.int32
-    ).reshape(-1, 2)
-
-    def run(key: jax.Array, params: list[Any], pairs: jax.Array, dynamic: list):
-        fits = _flat(params)
-
-        def one(pair: jax.Array) -> jax.Array:
-            a, b = (jax.tree.map(lambda x, i=i: x[pair[i]], fits) for i in (0, 1))
-            return scorer(key, (a, b), dynamic)
-
-        return lax.map(one, pairs)
-
-    lowered = jax.jit(run).lower(rng_key, params, pairs, data.dynamic)
-    return PairGains(lowered, pairs, meta)
-
-
-def split_scores(scores: Pointwise, params: list[Any]) -> list[Pointwise]:
-    """``Pointwise`` of ``(G, K, N)`` arrays per grid from
-    :func:`lower_scores`'s output."""
-    sizes = [jax.tree.leaves(p)[0].shape[0] for p in params]
-    k = jax.tree.leaves(params[0])[0].shape[1]
-
-    def split(x: jax.Array | np.ndarray) -> list[np.ndarray]:
-        out = np.asarray(x).reshape((sum(sizes), k, -1))
-        return np.split(out, np.cumsum(sizes)[:-1])
-
-    fields = [split(x) for x in scores]
-    return [Pointwise(*parts) for parts in zip(*fields, strict=True)]
