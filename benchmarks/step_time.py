@@ -50,6 +50,7 @@ from numpyro_pvi import (
     SoftCVIELBO,
     StratifiedELBO,
 )
+from numpyro_pvi._core.svi_scan import svi_scan
 from numpyro_pvi.scores import CRPS
 
 __all__ = [
@@ -136,9 +137,21 @@ OBJECTIVES: dict[str, Objective] = {
 
 
 class _Runner:
-    """A jitted ``svi.update`` with its state, timed in blocks of steps."""
+    """A jitted ``svi.update`` with its state, timed in blocks of steps.
 
-    def __init__(self, model, guide, loss, args, rng_key, target_seconds, clock):
+    ``loop="call"``: one call of the jitted update per step, as ``SVI.run``
+    runs with its progress bar (the default). ``loop="scan"``: the block's
+    steps inside one jitted ``lax.scan``, as ``SVI.run(progress_bar=False)``
+    runs them: XLA allocates the step's temporary buffers once per call, so
+    the two differ by the cost of that allocation (page faults on fresh
+    memory once the buffers outgrow glibc's largest reused block,
+    ``benchmarks/RESULTS.md``, "Steps with more than 32 MiB of
+    temporaries").
+    """
+
+    def __init__(
+        self, model, guide, loss, args, rng_key, target_seconds, clock, loop="call"
+    ):
         svi = SVI(model, guide, optax.adam(1e-3), loss=loss)
         self.clock = clock
         self.args = args
@@ -152,6 +165,14 @@ class _Runner:
         step = (clock() - start) / 2
         self.steps = max(1, min(200, round(target_seconds / max(step, 1e-6))))
         self.times: list[float] = []
+        self.scan = None
+        if loop == "scan":
+            steps = self.steps
+            self.scan = jax.jit(
+                lambda state, *a: svi_scan(svi, state, num_steps=steps, args=a)
+            )
+            self.state, losses = self.scan(self.state, *args)  # compile
+            losses.block_until_ready()
 
     def _step(self) -> None:
         self.state, loss = self.update(self.state, *self.args)
@@ -160,8 +181,11 @@ class _Runner:
     def time_block(self) -> float:
         clock = self.clock
         start = clock()
-        for _ in range(self.steps):
-            self.state, loss = self.update(self.state, *self.args)
+        if self.scan is not None:
+            self.state, loss = self.scan(self.state, *self.args)
+        else:
+            for _ in range(self.steps):
+                self.state, loss = self.update(self.state, *self.args)
         loss.block_until_ready()
         seconds = (clock() - start) / self.steps
         self.times.append(seconds)
@@ -198,6 +222,7 @@ def time_case(
     target_seconds: float = 0.05,
     seed: int = 0,
     clock: Callable[[], float] = time.perf_counter,
+    loop: str = "call",
 ) -> list[CaseResult]:
     """Time ``objectives`` against ``Trace_ELBO`` on one model and guide.
 
@@ -211,6 +236,9 @@ def time_case(
     :param clock: the clock of the timed blocks: wall time, or the CPU time
         of this process (``time.process_time``, robust to waiting for a CPU
         on a shared machine).
+    :param loop: ``"call"`` (one call of the jitted update per step, as
+        ``SVI.run`` with its progress bar) or ``"scan"`` (the steps of a
+        block inside one ``lax.scan``, as ``SVI.run(progress_bar=False)``).
     :return: one :class:`CaseResult` per objective.
     """
     key_data, key_init = random.split(random.PRNGKey(seed))
@@ -221,7 +249,9 @@ def time_case(
         o.make(num_particles) for o in objectives
     ]
     runners = [
-        _Runner(model, guide_cls(model), loss, args, key_init, target_seconds, clock)
+        _Runner(
+            model, guide_cls(model), loss, args, key_init, target_seconds, clock, loop
+        )
         for loss in losses
     ]
     for _ in range(reps):
@@ -385,6 +415,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="approximate duration of one timed block of steps",
     )
     parser.add_argument(
+        "--loop",
+        choices=("call", "scan"),
+        default="call",
+        help="call: one jitted update per step (SVI.run with its progress bar); "
+        "scan: a block of steps in one lax.scan (SVI.run(progress_bar=False))",
+    )
+    parser.add_argument(
         "--crps-scaling",
         action="store_true",
         help="time the package's CRPS against a naive (M, M) one for M in "
@@ -432,6 +469,7 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
     print(f"machine: {_machine()}")
     print(f"load average (1/5/15 min) at start: {_load()}")
     print(f"clock: {'process CPU time' if args.cpu_time else 'wall time'}")
+    print(f"steps: {'one call each' if args.loop == 'call' else 'lax.scan blocks'}")
     print(
         "| model | guide | M | baseline ms/step | objective | ms/step | "
         "ratio (median) | paired ratio 25-75% |"
@@ -456,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> list[CaseResult]:
                     reps=args.reps,
                     target_seconds=args.block_seconds,
                     clock=clock,
+                    loop=args.loop,
                 ):
                     results.append(r)
                     print(
