@@ -142,8 +142,8 @@ class _Runner:
     ``loop="call"``: one call of the jitted update per step, as ``SVI.run``
     runs with its progress bar (the default). ``loop="scan"``: the block's
     steps inside one jitted ``lax.scan``, as ``SVI.run(progress_bar=False)``
-    runs them: XLA allocates the step's temporary buffers once per call, so
-    the two differ by the cost of that allocation (page faults on fresh
+    runs them: XLA allocates the program's temporary buffers once per call,
+    so the two differ by the cost of that allocation (page faults on fresh
     memory once the buffers outgrow glibc's largest reused block,
     ``benchmarks/RESULTS.md``, "Steps with more than 32 MiB of
     temporaries").
