@@ -29,6 +29,7 @@ read when JAX is imported: a pytest plugin that imports JAX before this file
 import atexit
 import collections
 import contextlib
+import gc
 import importlib.util
 import json
 import os
@@ -84,6 +85,8 @@ if os.environ.get("JAX_ENABLE_X64", "0") not in ("", "0", "false", "False"):
     numpyro.enable_x64()
 
 import jax  # noqa: E402
+
+from tests.collector import settle  # noqa: E402
 
 X64 = bool(jax.config.jax_enable_x64)
 
@@ -149,6 +152,12 @@ def pytest_collection_modifyitems(items):
             -sizes[units[id(item)]],
         )
     )
+
+
+def pytest_collection_finish(session):
+    """Once the test modules (and JAX, NumPyro, ArviZ, ...) are imported,
+    the collector settings of ``tests/collector.py``."""
+    settle()
 
 
 @pytest.fixture(scope="session")
@@ -218,12 +227,14 @@ def _bounded_memory_maps():
     (``vm.max_map_count``, 65,530 by default) segfaults at the next load. A
     worker that has run many modules drops its compiled programs
     (``jax.clear_caches()``) at the end of a module once it holds more than
-    half the limit; the next module loads what it needs from the
-    compilation cache."""
+    half the limit, and collects them at once (the collector runs seldom
+    here: ``tests/collector.py``); the next module loads what it needs from
+    the compilation cache."""
     yield
     maps = _memory_maps()
     if maps is not None and maps[0] > maps[1] // 2:
         jax.clear_caches()
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)

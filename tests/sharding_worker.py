@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 import optax
+from collector import settle  # tests/collector.py: this script's directory
 from jax import random
 from jax.sharding import NamedSharding, PartitionSpec
 from numpyro.infer import SVI
@@ -311,4 +312,5 @@ def main():
 
 if __name__ == "__main__":
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    settle()
     main()

@@ -77,6 +77,7 @@ def execute_notebook(
     smoke: bool,
     timeout: int = 900,
     kernel: AsyncKernelManager | None = None,
+    setup: str = "",
 ) -> tuple[nbformat.NotebookNode, float]:
     """Execute a notebook in its own directory with a fresh ``python3`` kernel,
     or in ``kernel`` (:func:`shared_kernel`) after ``%reset -f``.
@@ -85,6 +86,10 @@ def execute_notebook(
     and ``NUMPYRO_PVI_SMOKE`` set to ``"1"`` (smoke) or ``"0"`` (full run).
     Smoke runs take few steps, so compile time dominates them: they also set
     ``JAX_DISABLE_MOST_OPTIMIZATIONS=1`` and :func:`add_fast_compile_flag`.
+
+    ``setup``, if given, runs in a cell of its own before the notebook's
+    first (after ``%reset -f``) and is not part of the returned notebook.
+
     A cell error raises :class:`nbclient.exceptions.CellExecutionError`.
 
     :return: the executed notebook and the wall-clock time in seconds.
@@ -101,8 +106,10 @@ def execute_notebook(
         add_fast_compile_flag(env)
     else:
         env.pop("JAX_DISABLE_MOST_OPTIMIZATIONS", None)
-    if kernel is not None:
-        nb.cells.insert(0, nbformat.v4.new_code_cell("%reset -f"))
+    preamble = ["%reset -f"] if kernel is not None else []
+    preamble += [setup] if setup else []
+    for source in reversed(preamble):
+        nb.cells.insert(0, nbformat.v4.new_code_cell(source))
     client = NotebookClient(
         nb,
         km=kernel,
@@ -114,10 +121,9 @@ def execute_notebook(
     try:
         client.execute(env=env)
     finally:
-        if kernel is not None:
-            del nb.cells[0]
-            if client.kc is not None:
-                client.kc.stop_channels()
+        del nb.cells[: len(preamble)]
+        if kernel is not None and client.kc is not None:
+            client.kc.stop_channels()
     return nb, time.perf_counter() - start
 
 

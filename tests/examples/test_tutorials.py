@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.collector import KERNEL_SETUP
+
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
 
@@ -75,7 +77,7 @@ def notebook_kernel(tutorial_runner):
 @pytest.mark.parametrize("path", [_smoke_param(p) for p in NOTEBOOKS])
 def test_notebook_executes_in_smoke_mode(path, tutorial_runner, notebook_kernel):
     nb, seconds = tutorial_runner.execute_notebook(
-        path, smoke=True, timeout=600, kernel=notebook_kernel
+        path, smoke=True, timeout=600, kernel=notebook_kernel, setup=KERNEL_SETUP
     )
     errors = [
         o
