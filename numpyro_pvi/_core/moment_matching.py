@@ -77,7 +77,6 @@ WAVE = 8
 #: every attempt for one observation costs ``S · n`` likelihood terms.
 BUDGET = 400
 
-_smooth = jax.jit(psis_smooth)
 _smooth_rows = jax.jit(jax.vmap(psis_smooth))
 _log_means = jax.jit(jax.vmap(log_mean_estimate))
 
@@ -310,9 +309,12 @@ class MomentMatcher:
             for c, st in enumerate(states)
             if st.k >= threshold and st.steps < MAX_STEPS and st.stage < len(_MAPS)
         ]
+        if not moving:
+            return None
         tried = []
-        for c in moving:
-            step = _candidate(states[c])
+        log_ws, _ = _smooth_padded(np.stack([states[c].log_ratio for c in moving]))
+        for c, log_w in zip(moving, log_ws, strict=True):
+            step = _candidate(states[c], log_w)
             if step is None:  # not defined here: the next map
                 states[c] = states[c]._replace(stage=states[c].stage + 1)
             else:
@@ -322,8 +324,9 @@ class MomentMatcher:
             log_g = np.stack([states[c].log_g - step.log_det for c, step in tried])
             log_q, log_h = self._evaluate(moved, indices[[c for c, _ in tried]])
             ratios = log_q + log_h - log_g
+            ks = _pareto_k(ratios)
             for j, (c, step) in enumerate(tried):
-                st, k = states[c], _pareto_k(ratios[j : j + 1])[0]
+                st, k = states[c], ks[j]
                 if _better(k, ratios[j], st.k, st.log_ratio):
                     # accepted: the next round starts from the shift
                     states[c] = _State(
@@ -336,7 +339,7 @@ class MomentMatcher:
                     )
                 else:
                     states[c] = st._replace(stage=st.stage + 1)
-        return len(tried) if moving else None
+        return len(tried)
 
     def _split(
         self, states: list[_State], moved: list[int], indices: np.ndarray
@@ -363,10 +366,9 @@ class MomentMatcher:
         return list(log_q + log_h - log_mixture)
 
 
-def _candidate(state: _State) -> _Affine | None:
-    """The next map of ``state`` (for its moved draws and weights); ``None``
-    where it is not defined."""
-    log_w, _ = _smooth(jnp.asarray(state.log_ratio))
+def _candidate(state: _State, log_w: np.ndarray) -> _Affine | None:
+    """The next map of ``state`` (for its moved draws and their smoothed log
+    weights ``log_w``); ``None`` where it is not defined."""
     w = np.exp(np.asarray(log_w, np.float64))
     try:
         step = _MAPS[state.stage](state.u, w)
@@ -387,9 +389,20 @@ def _better(k: float, ratio: np.ndarray, old_k: float, old_ratio: np.ndarray) ->
     return bool(k < old_k)
 
 
+def _smooth_padded(log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PSIS-smoothed log weights ``(C, S)`` and k̂ ``(C,)`` of each row of
+    ``(C, S)`` log ratios, in one call: the rows padded to a power of two
+    (few compiled shapes; the rows are smoothed independently)."""
+    num = log_ratios.shape[0]
+    pad = (1 << max(0, num - 1).bit_length()) - num
+    rows = np.concatenate([log_ratios, np.repeat(log_ratios[-1:], pad, axis=0)])
+    log_w, k = _smooth_rows(jnp.asarray(rows))
+    return np.asarray(log_w, np.float64)[:num], np.asarray(k, np.float64)[:num]
+
+
 def _pareto_k(log_ratios: np.ndarray) -> np.ndarray:
     """k̂ of each row of ``(C, S)`` log ratios."""
-    return np.asarray(_smooth_rows(jnp.asarray(log_ratios))[1], np.float64)
+    return _smooth_padded(log_ratios)[1]
 
 
 def moment_matcher(*args: Any, **kwargs: Any) -> MomentMatcher | str:
