@@ -94,7 +94,10 @@ def psis_smooth(log_ratio: jax.Array) -> tuple[jax.Array, jax.Array]:
     m = tail_length(num)
     top = jnp.max(log_ratio)
     x = log_ratio - jnp.where(jnp.isfinite(top), top, 0.0)
-    values, index = jax.lax.top_k(x, m + 1)  # descending
+    # XLA's CPU compiler runs a top-k as a partial sort only when its results
+    # reach their users whole: sliced (the cutoff, the tail) it becomes a
+    # sort of all S ratios, 7x slower at S = 1000 (benchmarks/RESULTS.md)
+    values, index = jax.lax.optimization_barrier(jax.lax.top_k(x, m + 1))
     cutoff = jnp.maximum(values[m], jnp.log(jnp.finfo(x.dtype).tiny))
     tail_x, tail_index = values[:m][::-1], index[:m][::-1]  # ascending
     valid = tail_x > cutoff
