@@ -90,13 +90,6 @@ class Matched(NamedTuple):
     steps: int  # accepted maps
 
 
-def target(threshold: float) -> float:
-    """The k̂ the moves aim at: below the reliability ``threshold`` with a
-    margin, since the split estimate, which keeps half the draws unmoved,
-    has a noisier k̂ than the moved draws."""
-    return min(0.5, threshold / 2)
-
-
 class _Affine(NamedTuple):
     """``u -> A u + b`` with ``A`` diagonal (``(D,)``) or full (``(D, D)``)."""
 
