@@ -283,9 +283,8 @@ class MomentMatcher:
         moved = [c for c, st in enumerate(states) if st.steps]
         for c, ratio in zip(moved, self._split(states, moved, indices), strict=True):
             ratios[c] = ratio
-        score, se, k = (
-            np.asarray(x, np.float64) for x in _log_means(jnp.asarray(np.stack(ratios)))
-        )
+        rows = _padded(np.stack(ratios))
+        score, se, k = (np.asarray(x, np.float64) for x in _log_means(rows))
         matched = [
             Matched(float(score[c]), float(se[c]), float(k[c]), st.steps)
             for c, st in enumerate(states)
@@ -382,14 +381,22 @@ def _better(k: float, ratio: np.ndarray, old_k: float, old_ratio: np.ndarray) ->
     return bool(k < old_k)
 
 
+def _padded(log_ratios: np.ndarray) -> jax.Array:
+    """``(C, S)`` rows padded with copies of the last to :data:`WAVE` rows
+    (more: the next power of two), so that the compiled row-wise functions
+    see one shape per number of draws, whatever the wave's size (the rows
+    are treated independently; read the first ``C``)."""
+    num = log_ratios.shape[0]
+    size = max(WAVE, 1 << max(0, num - 1).bit_length())
+    pad = np.repeat(log_ratios[-1:], size - num, axis=0)
+    return jnp.asarray(np.concatenate([log_ratios, pad]))
+
+
 def _smooth_padded(log_ratios: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """PSIS-smoothed log weights ``(C, S)`` and k̂ ``(C,)`` of each row of
-    ``(C, S)`` log ratios, in one call: the rows padded to a power of two
-    (few compiled shapes; the rows are smoothed independently)."""
+    ``(C, S)`` log ratios, in one call (:func:`_padded`)."""
     num = log_ratios.shape[0]
-    pad = (1 << max(0, num - 1).bit_length()) - num
-    rows = np.concatenate([log_ratios, np.repeat(log_ratios[-1:], pad, axis=0)])
-    log_w, k = _smooth_rows(jnp.asarray(rows))
+    log_w, k = _smooth_rows(_padded(log_ratios))
     return np.asarray(log_w, np.float64)[:num], np.asarray(k, np.float64)[:num]
 
 
