@@ -198,9 +198,11 @@ def cross_validate(
     ``vmap`` over λ (traced) and over the folds of ``fit.num_steps`` steps,
     run in blocks with a progress bar; other candidates get one program
     each. All programs, and the one that scores every fit, are compiled at
-    once on all cores. On a posteriordb regression (8 candidates, 5 folds,
-    2000 steps) this is 3.9 times faster than the 40 fits done one
-    ``SVI.run`` at a time (``benchmarks/RESULTS.md``).
+    once on all cores. On three posteriordb models (8 candidates, 5 folds,
+    2000 steps, 2 CPU cores) this is 3.6 to 5.5 times faster than the 40
+    fits done one ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
+    ``benchmarks/cv_speed.py``); the fits themselves, not their
+    compilation, are most of what remains on a model of 1000 observations.
 
     The call shape is that of every procedure that fits, ``(rng_key, model,
     guide, optim, *args)``; how each fit is run and read travels in
