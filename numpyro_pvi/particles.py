@@ -283,18 +283,31 @@ class StratifiedGuide(Protocol):
 # --------------------------------------------------------------------------
 
 
+#: Largest number of elements per particle that :func:`particle_sum` sums
+#: by a reduction; larger rows are contracted (``benchmarks/RESULTS.md``).
+_REDUCE_MAX = 1 << 14
+
+
 def particle_sum(x: jax.Array, weights: jax.Array | None = None) -> jax.Array:
     r""":math:`\sum_j w_j x_j` over the leading (particle) axis (``w = 1`` when
     ``weights`` is ``None``; ``weights`` is ``(M,)`` or ``x.shape``).
 
-    Computed as a contraction (``dot_general``) rather than a reduction: on
-    CPU, XLA reduces a leading axis column by column, and once the ``(M, b)``
-    array outgrows the cache that strided loop is an order of magnitude
-    slower than a matrix-vector product (``benchmarks/RESULTS.md``).
+    Up to :data:`_REDUCE_MAX` elements per particle a reduction
+    (``jnp.sum``); beyond, a contraction (``dot_general``). On CPU, XLA
+    reduces a leading axis column by column, and once the ``(M, b)`` array
+    outgrows the cache that strided loop is up to 1.5 times slower than a
+    matrix-vector product; on smaller rows the two take the same time, but
+    under ``vmap`` (the fits of a cross-validation) the contraction first
+    copies the batched array into the matrix's layout, and the reduction is
+    20% faster for the whole step (``benchmarks/RESULTS.md``).
     """
     if weights is not None and jnp.ndim(weights) > 1:
         x = weights * x
         weights = None
+    if math.prod(x.shape[1:]) <= _REDUCE_MAX:
+        if weights is not None:
+            x = jnp.reshape(weights, weights.shape + (1,) * (x.ndim - 1)) * x
+        return jnp.sum(x, axis=0)
     if weights is None:
         weights = jnp.ones(x.shape[0], x.dtype)
     return jnp.tensordot(weights, x, axes=(0, 0), precision=jax.lax.Precision.HIGHEST)
