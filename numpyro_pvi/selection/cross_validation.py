@@ -199,7 +199,7 @@ def cross_validate(
     run in blocks with a progress bar; other candidates get one program
     each. All programs, and the one that scores every fit, are compiled at
     once on all cores. On three posteriordb models (8 candidates, 5 folds,
-    2000 steps, 2 CPU cores) this is 3.6 to 5.5 times faster than the 40
+    2000 steps, 2 CPU cores) this is 3.9 to 5.8 times faster than the 40
     fits done one ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
     ``benchmarks/cv_speed.py``); the fits themselves, not their
     compilation, are most of what remains on a model of 1000 observations.
