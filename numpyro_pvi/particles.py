@@ -292,7 +292,7 @@ def particle_sum(x: jax.Array, weights: jax.Array | None = None) -> jax.Array:
     r""":math:`\sum_j w_j x_j` over the leading (particle) axis (``w = 1`` when
     ``weights`` is ``None``; ``weights`` is ``(M,)`` or ``x.shape``).
 
-    Up to :data:`_REDUCE_MAX` elements per particle a reduction
+    Up to 16,384 elements per particle a reduction
     (``jnp.sum``); beyond, a contraction (``dot_general``). On CPU, XLA
     reduces a leading axis column by column, and once the ``(M, b)`` array
     outgrows the cache that strided loop is up to 1.5 times slower than a
