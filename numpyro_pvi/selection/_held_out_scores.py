@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -33,8 +34,8 @@ from numpyro_pvi.selection._candidates import (
 from numpyro_pvi.selection._programs import (
     ModelData,
     compile_all,
+    fit_grid,
     lower_grid,
-    run_grids,
 )
 from numpyro_pvi.selection._score_programs import (
     lower_pair_gains,
@@ -191,8 +192,9 @@ def held_out_scores(
     loss of its fits and, for a score whose mixture score is quadratic in
     the weights, the ``(C, C, N)`` pairwise gains of stacking
     (:class:`~numpyro_pvi.selection._score_programs.PairGains`): one compiled
-    program per λ grid, one that scores every fit and one for the pairs,
-    compiled at once. ``procedure`` is ``(model, guide, optim, plate, data,
+    program per λ grid, one that scores every fit and one for the pairs;
+    each grid compiles and runs its fits in a thread of its own while the
+    scoring programs compile. ``procedure`` is ``(model, guide, optim, plate, data,
     init_params)``; ``folds`` the fold of every observation."""
     model, guide, optim, plate, data, init_params = procedure
     fit_key, score_key = keys
@@ -204,8 +206,8 @@ def held_out_scores(
         lower_grid(grid, model, guide, optim, plate, keeps, fit_key, data)
         for grid in grids(candidates)
     ]
-    shapes = [p.run.out_info[2] for p in programs]
-    score_program = lower_scores(scorer, score_key, shapes, data)
+    shapes = [p.shapes for p in programs]
+    lowered = [lower_scores(scorer, score_key, shapes, data)]
     pairs = None
     if score.mixture_is_quadratic and len(candidates) > 1:
         pairs = lower_pair_gains(
@@ -216,22 +218,22 @@ def held_out_scores(
             list(candidates),
             data,
         )
-    compiled = compile_all(
-        [x for p in programs for x in (p.init, p.run)]
-        + [score_program]
-        + ([pairs.program] if pairs is not None else [])
-    )
-    n = len(programs)
-    programs = [
-        p._replace(init=i, run=r)
-        for p, i, r in zip(
-            programs, compiled[0 : 2 * n : 2], compiled[1 : 2 * n : 2], strict=True
+        lowered.append(pairs.program)
+    # each grid compiles and fits, and the scores compile, at once
+    with ThreadPoolExecutor(max_workers=len(programs) + 1) as pool:
+        compiling = pool.submit(compile_all, lowered)
+        fits = list(
+            pool.map(
+                lambda p: fit_grid(
+                    p, num_steps=fit.num_steps, progress_bar=fit.progress_bar
+                ),
+                programs,
+            )
         )
-    ]
-    fits = run_grids(programs, num_steps=fit.num_steps, progress_bar=fit.progress_bar)
+        compiled = compiling.result()
     params = [fitted for _, fitted, _ in fits]
     pointwise = split_scores(
-        run_scores(compiled[2 * n], score_key, params, data.dynamic), params
+        run_scores(compiled[0], score_key, params, data.dynamic), params
     )
     held_out, final_loss = {}, {}
     rows, cols = folds, np.arange(plate.size)

@@ -1,12 +1,13 @@
 """The compiled fits of a cross-validation: a grid of candidates over all
-folds (``vmap`` over λ and folds, run in blocks of steps), and the model's
-arguments as the programs' inputs. Their held-out scores:
-:mod:`~numpyro_pvi.selection._score_programs`."""
+folds (a ``lax.map`` over λ and folds in chunks run at once, blocks of
+steps), and the model's arguments as the programs' inputs. Their held-out
+scores: :mod:`~numpyro_pvi.selection._score_programs`."""
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -74,13 +75,53 @@ def model_data(
     return data
 
 
+#: Per-observation particle terms (``M × b`` per fit) a ``vmap``-ped batch of
+#: fits may hold. One fit of a few hundred observations and 32 particles
+#: keeps its step's arrays in the core's cache; a batch of them did not,
+#: and its fits' steps ran up to 2.5 times slower than one at a time. Only
+#: fits small enough that four or more fit in this many terms are batched,
+#: where the cost per operation dominates (``benchmarks/RESULTS.md``, "Fits
+#: one after another").
+BATCH_TERMS = 1 << 15
+
+
+class FitLayout(NamedTuple):
+    """How a grid's ``G · K`` fits are run: in ``chunks`` calls of the same
+    program at once (one per core), each a ``lax.map`` over ``per_chunk``
+    fits in ``vmap`` batches of ``batch`` (the last chunk padded with
+    copies of the last fit)."""
+
+    fits: int
+    chunks: int
+    per_chunk: int
+    batch: int
+
+    @classmethod
+    def of(cls, num_fits: int, terms_per_fit: int) -> FitLayout:
+        chunks = min(os.cpu_count() or 1, num_fits)
+        per_chunk = -(-num_fits // chunks)
+        most = BATCH_TERMS // max(terms_per_fit, 1)
+        most = most if most >= 4 else 1  # batches of 2 were slower than 1
+        batch = -(-per_chunk // -(-per_chunk // most))  # balanced batches
+        return cls(num_fits, chunks, -(-per_chunk // batch) * batch, batch)
+
+    def chunk(self, x: np.ndarray, c: int) -> np.ndarray:
+        """Chunk ``c`` of the per-fit rows of ``x``, padded with the last."""
+        rows = np.minimum(np.arange(self.per_chunk) + c * self.per_chunk, self.fits - 1)
+        return x[rows]
+
+
 class GridProgram(NamedTuple):
-    """The lowered programs of one grid's fits and their inputs."""
+    """The lowered programs of one grid's fits, their layout and inputs."""
 
     grid: Grid
-    init: Any  # lowered, then compiled: inputs -> states
-    run: Any  # lowered, then compiled: (states, n, *inputs) -> (states, loss, params)
-    inputs: tuple
+    init: Any  # lowered, then compiled: (*chunk, *shared) -> states
+    #: lowered, then compiled: (states, n, *chunk, *shared) -> (states, loss, params)
+    run: Any
+    layout: FitLayout
+    chunks: list[tuple]  # per chunk: (values, folds) of its fits
+    shared: tuple  # (keeps, key, dynamic)
+    shapes: Any  # the fitted parameters' shapes, leading axes (G, K)
 
 
 def lower_grid(
@@ -94,34 +135,38 @@ def lower_grid(
     data: ModelData,
 ) -> GridProgram:
     """Trace and lower the fits of every λ of ``grid`` on every fold's
-    complement (``keeps``, ``(K, N)``) from the same key: a ``vmap`` over λ
-    and folds, ``n`` steps per call (a traced count)."""
-    values = jnp.asarray(grid.values, dtype=jnp.result_type(float))
+    complement (``keeps``, ``(K, N)``) from the same key, in the chunks of
+    their :class:`FitLayout`, ``n`` steps per call (a traced count)."""
+    num_lams, num_folds = len(grid.values), keeps.shape[0]
+    values = np.repeat(np.asarray(grid.values, jnp.result_type(float)), num_folds, 0)
+    folds = np.tile(np.arange(num_folds, dtype=np.int32), num_lams)
+    particles = getattr(grid.make_loss(values[0]), "num_particles", 1)
+    layout = FitLayout.of(len(folds), particles * plate.subsample_size)
 
-    def svi(value: jax.Array, keep: jax.Array) -> SVI:
+    def svi(value: jax.Array, fold: jax.Array, keeps: jax.Array) -> SVI:
         assert plate.selector is not None  # cross-validation has a data plate
-        masked = mask_observations(model, keep=keep, data_plate=plate.selector)
+        masked = mask_observations(model, keep=keeps[fold], data_plate=plate.selector)
         return SVI(masked, guide, optim, loss=grid.make_loss(value))
 
-    def over_fits(f: Callable, *rest: Any) -> Any:  # λ outer, folds inner
-        inner = jax.vmap(f, in_axes=(None, 0, None) + (0,) * len(rest))
-        return jax.vmap(inner, in_axes=(0, None, None) + (0,) * len(rest))
+    def over_fits(one: Callable, xs: tuple) -> Any:
+        batch = layout.batch if layout.batch > 1 else None
+        return lax.map(lambda x: one(*x), xs, batch_size=batch)
 
-    # keys, folds and data are inputs, not constants: a second call with
-    # other ones runs the same program (cached when a compilation cache is on)
-    def init(values: jax.Array, keeps: jax.Array, key: jax.Array, dynamic: list):
+    # values, folds, keys and data are inputs, not constants: the chunks
+    # run the same program (cached when a compilation cache is on)
+    def init(values, folds, keeps, key, dynamic: list):  # noqa: ANN001, ANN202
         args, kwargs = data.rebuild(dynamic)
 
-        def one(value: jax.Array, keep: jax.Array, key: jax.Array) -> Any:
-            return svi(value, keep).init(key, *args, **kwargs)
+        def one(value: jax.Array, fold: jax.Array) -> Any:
+            return svi(value, fold, keeps).init(key, *args, **kwargs)
 
-        return over_fits(one)(values, keeps, key)
+        return over_fits(one, (values, folds))
 
-    def run(states: Any, n: jax.Array, values, keeps, key, dynamic: list):
+    def run(states, n, values, folds, keeps, key, dynamic: list):  # noqa: ANN001, ANN202
         args, kwargs = data.rebuild(dynamic)
 
-        def one(value: jax.Array, keep: jax.Array, key: jax.Array, state: Any):
-            s = svi(value, keep)
+        def one(value: jax.Array, fold: jax.Array, state: Any) -> Any:
+            s = svi(value, fold, keeps)
             s.init(key, *args, **kwargs)  # sets s up; the result is unused
 
             def step(_: Any, carry: tuple) -> tuple:
@@ -132,15 +177,21 @@ def lower_grid(
             state, total = lax.fori_loop(0, n, step, (state, jnp.zeros(())))
             return state, total / n, s.get_params(state)
 
-        return over_fits(one, states)(values, keeps, key, states)
+        return over_fits(one, (values, folds, states))
 
-    inputs = (values, keeps, rng_key, data.dynamic)
-    init_lowered = jax.jit(init).lower(*inputs)
-    states = jax.eval_shape(init, *inputs)
+    chunks = [
+        (layout.chunk(values, c), layout.chunk(folds, c)) for c in range(layout.chunks)
+    ]
+    shared = (keeps, rng_key, data.dynamic)
+    init_lowered = jax.jit(init).lower(*chunks[0], *shared)
+    states = jax.eval_shape(init, *chunks[0], *shared)
     count = jax.ShapeDtypeStruct((), jnp.int32)
-    return GridProgram(
-        grid, init_lowered, jax.jit(run).lower(states, count, *inputs), inputs
+    run_lowered = jax.jit(run).lower(states, count, *chunks[0], *shared)
+    shapes = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((num_lams, num_folds) + x.shape[1:], x.dtype),
+        run_lowered.out_info[2],
     )
+    return GridProgram(grid, init_lowered, run_lowered, layout, chunks, shared, shapes)
 
 
 #: XLA's options for the programs of a cross-validation on CPU: the backend
@@ -151,54 +202,54 @@ CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
 def compile_all(lowered: list[Any]) -> list[Any]:
-    """Compile lowered programs, as many at once as there are cores (XLA's
-    compiler runs outside Python's lock; tracing and lowering stay serial),
-    with :data:`CPU_COMPILER_OPTIONS` on CPU."""
+    """Compile lowered programs one after the other, with
+    :data:`CPU_COMPILER_OPTIONS` on CPU."""
     options = CPU_COMPILER_OPTIONS if jax.default_backend() == "cpu" else None
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return list(pool.map(lambda p: p.compile(compiler_options=options), lowered))
+    return [p.compile(compiler_options=options) for p in lowered]
 
 
-def run_grid(
+def fit_grid(
     program: GridProgram, *, num_steps: int, progress_bar: bool
-) -> tuple[Any, np.ndarray]:
-    """Run a compiled :class:`GridProgram` for ``num_steps`` steps in blocks.
+) -> tuple[Grid, Any, np.ndarray]:
+    """Compile a lowered :class:`GridProgram` and run its chunks at once for
+    ``num_steps`` steps in blocks (the bar shows the steps every fit has
+    done).
 
-    :return: the fitted parameters with leading axes ``(G, K)`` and the mean
-        loss of each fit over its last block of steps (the last 5%),
-        ``(G, K)``.
+    :return: its grid, the fitted parameters with leading axes ``(G, K)``
+        and the mean loss of each fit over its last block of steps (the last
+        5%), ``(G, K)``.
     """
     from tqdm.auto import tqdm
 
-    states = program.init(*program.inputs)
+    init, run = compile_all([program.init, program.run])
     block = math.ceil(num_steps / _BLOCKS)
+    done = [0] * len(program.chunks)
     desc = f"CV {', '.join(program.grid.labels)}"
     with tqdm(total=num_steps, disable=not progress_bar, desc=desc) as bar:
-        done = 0
-        while done < num_steps:
-            n = min(block, num_steps - done)
-            states, losses, params = program.run(
-                states, jnp.asarray(n, jnp.int32), *program.inputs
-            )
-            done += n
-            bar.update(n)
-    return params, np.asarray(losses)
+        lock = threading.Lock()
 
+        def one(c: int) -> tuple:
+            states = init(*program.chunks[c], *program.shared)
+            while done[c] < num_steps:
+                n = min(block, num_steps - done[c])
+                states, losses, params = run(
+                    states,
+                    jnp.asarray(n, jnp.int32),
+                    *program.chunks[c],
+                    *program.shared,
+                )
+                with lock:
+                    done[c] += n
+                    bar.update(min(done) - bar.n)
+            return jax.device_get((params, losses))
 
-def run_grids(
-    programs: list[GridProgram], *, num_steps: int, progress_bar: bool
-) -> list[tuple[Grid, Any, np.ndarray]]:
-    """:func:`run_grid` of every program, as many at once as there are cores
-    (each program's steps are small: XLA runs them on one core).
-
-    :return: per program its grid, fitted parameters and final losses.
-    """
-
-    def one(program: GridProgram) -> tuple[Grid, Any, np.ndarray]:
-        params, losses = run_grid(
-            program, num_steps=num_steps, progress_bar=progress_bar
-        )
-        return program.grid, params, losses
-
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return list(pool.map(one, programs))
+        with ThreadPoolExecutor(max_workers=len(program.chunks)) as pool:
+            outs = list(pool.map(one, range(len(program.chunks))))
+    lead = jax.tree.leaves(program.shapes)[0].shape[:2]  # (G, K)
+    params, losses = jax.tree.map(
+        lambda *xs: np.concatenate(xs)[: program.layout.fits].reshape(
+            lead + xs[0].shape[1:]
+        ),
+        *outs,
+    )
+    return program.grid, params, losses

@@ -194,15 +194,16 @@ def cross_validate(
     the gains of PVI where it helps and avoided its losses where the
     candidates' scores differ by less than their noise.
 
-    **Cost.** Candidates that differ only in λ form one compiled program: a
-    ``vmap`` over λ (traced) and over the folds of ``fit.num_steps`` steps,
-    run in blocks with a progress bar; other candidates get one program
-    each. All programs, and the one that scores every fit, are compiled at
-    once on all cores. On three posteriordb models (8 candidates, 5 folds,
-    2000 steps, 2 CPU cores) this is 3.9 to 5.8 times faster than the 40
-    fits done one ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
-    ``benchmarks/cv_speed.py``); the fits themselves, not their
-    compilation, are most of what remains on a model of 1000 observations.
+    **Cost.** Candidates that differ only in λ form one compiled program
+    (λ traced) of ``fit.num_steps`` steps for every λ and fold, run in
+    blocks with a progress bar; other candidates get one program each. A
+    program runs its fits one after another (small fits ``vmap``-ped in
+    batches), in as many calls at once as there are cores; the programs,
+    and the one that scores every fit, compile while the first fits run.
+    On three posteriordb models (8 candidates, 5 folds, 2000 steps, 2 CPU
+    cores) this is 5.5 to 7.5 times faster than the 40 fits done one
+    ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
+    ``benchmarks/cv_speed.py``).
 
     The call shape is that of every procedure that fits, ``(rng_key, model,
     guide, optim, *args)``; how each fit is run and read travels in

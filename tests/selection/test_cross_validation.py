@@ -1,5 +1,7 @@
 """Cross-validated choice of the objective (``numpyro_pvi.selection``)."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,7 @@ from numpyro_pvi._core import fold_ids, svi_scan
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.selection import (
     CrossValidation,
+    _programs,
     cross_validate,
     default_candidates,
     mask_observations,
@@ -88,6 +91,26 @@ def _cv(model, y, **kw):
         fit=FitRecipe(num_steps=STEPS, num_draws=DRAWS, progress_bar=False),
         **{**options, **kw},
     )
+
+
+@pytest.mark.parametrize(
+    "num_fits, terms", [(35, 30_000), (35, 1_000), (5, 10), (1, 1)]
+)
+def test_fit_layout_covers_every_fit_once(num_fits, terms, monkeypatch):
+    """The chunks of a grid's fits hold every fit once, in order, padded with
+    the last; batches divide the chunks; large fits run one at a time."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    layout = _programs.FitLayout.of(num_fits, terms)
+    assert layout.chunks == min(2, num_fits)
+    assert layout.per_chunk % layout.batch == 0
+    small = terms <= _programs.BATCH_TERMS // 4  # these: one batch per chunk
+    assert layout.batch == (layout.per_chunk if small else 1)
+    rows = np.concatenate(
+        [layout.chunk(np.arange(num_fits), c) for c in range(layout.chunks)]
+    )
+    np.testing.assert_array_equal(rows[:num_fits], np.arange(num_fits))
+    assert (rows[num_fits:] == num_fits - 1).all()
+    assert len(rows) - num_fits < layout.chunks * layout.batch
 
 
 def test_folds_partition_the_data_plate():
@@ -162,6 +185,7 @@ def _separate(model, y, cv, label, score):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("batch_terms", [1 << 15, 1], ids=["batched", "one-by-one"])
 @pytest.mark.parametrize(
     "model, score",
     [
@@ -170,10 +194,12 @@ def _separate(model, y, cv, label, score):
         pytest.param(local_latent, "log", marks=pytest.mark.py312),
     ],
 )
-def test_cv_equals_separately_fitted_folds(model, score):
+def test_cv_equals_separately_fitted_folds(model, score, batch_terms, monkeypatch):
     """Every candidate's pointwise held-out scores, and so its CV mean, equal
-    those of folds fitted and scored one by one (a grid over λ vmapped with
-    the folds, VI alone), with an outlier in the data."""
+    those of folds fitted and scored one by one (a grid over λ with the
+    folds, VI alone; its fits vmapped in batches, or one after another),
+    with an outlier in the data."""
+    monkeypatch.setattr(_programs, "BATCH_TERMS", batch_terms)
     y = _data(model, outlier=True)
     cv = _cv(model, y, score=score)
     tol = (
