@@ -89,7 +89,9 @@ class FitLayout(NamedTuple):
     """How a grid's ``G · K`` fits are run: in ``chunks`` calls of the same
     program at once (one per core), each a ``lax.map`` over ``per_chunk``
     fits in ``vmap`` batches of ``batch`` (the last chunk padded with
-    copies of the last fit)."""
+    copies of the last fit). On CPU small fits are batched and large ones
+    run one at a time (:data:`BATCH_TERMS`); an accelerator gets all the
+    fits in one batch."""
 
     fits: int
     chunks: int
@@ -97,7 +99,9 @@ class FitLayout(NamedTuple):
     batch: int
 
     @classmethod
-    def of(cls, num_fits: int, terms_per_fit: int) -> FitLayout:
+    def of(cls, num_fits: int, terms_per_fit: int, *, cpu: bool = True) -> FitLayout:
+        if not cpu:
+            return cls(num_fits, 1, num_fits, num_fits)
         chunks = min(os.cpu_count() or 1, num_fits)
         per_chunk = -(-num_fits // chunks)
         most = BATCH_TERMS // max(terms_per_fit, 1)
@@ -141,7 +145,11 @@ def lower_grid(
     values = np.repeat(np.asarray(grid.values, jnp.result_type(float)), num_folds, 0)
     folds = np.tile(np.arange(num_folds, dtype=np.int32), num_lams)
     particles = getattr(grid.make_loss(values[0]), "num_particles", 1)
-    layout = FitLayout.of(len(folds), particles * plate.subsample_size)
+    layout = FitLayout.of(
+        len(folds),
+        particles * plate.subsample_size,
+        cpu=jax.default_backend() == "cpu",
+    )
 
     def svi(value: jax.Array, fold: jax.Array, keeps: jax.Array) -> SVI:
         assert plate.selector is not None  # cross-validation has a data plate

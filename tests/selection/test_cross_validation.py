@@ -111,6 +111,13 @@ def test_fit_layout_covers_every_fit_once(num_fits, terms, monkeypatch):
     np.testing.assert_array_equal(rows[:num_fits], np.arange(num_fits))
     assert (rows[num_fits:] == num_fits - 1).all()
     assert len(rows) - num_fits < layout.chunks * layout.batch
+    # on an accelerator, one batch of every fit
+    assert _programs.FitLayout.of(num_fits, terms, cpu=False) == (
+        num_fits,
+        1,
+        num_fits,
+        num_fits,
+    )
 
 
 def test_folds_partition_the_data_plate():
