@@ -200,8 +200,8 @@ def cross_validate(
     program runs its fits one after another (small fits ``vmap``-ped in
     batches), in as many calls at once as there are cores; the programs,
     and the one that scores every fit, compile while the first fits run.
-    On three posteriordb models (8 candidates, 5 folds, 2000 steps, 2 CPU
-    cores) this is 5.5 to 7.5 times faster than the 40 fits done one
+    On four posteriordb models (8 candidates, 5 folds, 2000 steps, 2 CPU
+    cores) this is 5.3 to 7.5 times faster than the 40 fits done one
     ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
     ``benchmarks/cv_speed.py``).
 
