@@ -280,8 +280,7 @@ def test_log_mean_exp_is_stable():
 @pytest.mark.parametrize("m", [1, 2, 7, 8, 9, 64])
 def test_particle_reductions_match_jax_reductions(m):
     # particle_sum is a contraction and particle_logsumexp shifts by a
-    # maximum (a reduction up to 8 particles, halving beyond; odd M:
-    # overlapping halves); both must equal the plain reductions, with
+    # maximum over the particles; both must equal the plain reductions, with
     # gradients, including weights and +-inf entries.
     x = random.normal(random.PRNGKey(m), (m, 3, 5)) * 30.0
     w = random.uniform(random.PRNGKey(m + 1), (m,))
