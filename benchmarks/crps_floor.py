@@ -111,7 +111,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"linear regression N = {args.n}, D = {args.d}, jax {jax.__version__}, "
         f"load {os.getloadavg()[0]:.2f}"
     )
-    print("| M | Trace_ELBO ms | crps step | closed form alone | log-lik alone | floor |")
+    print(
+        "| M | Trace_ELBO ms | crps step | closed form alone | log-lik alone | floor |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for m in (int(v) for v in args.particles.split(",")):
         thunks = {
