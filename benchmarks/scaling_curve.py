@@ -2,9 +2,10 @@
 the particles (M) grow.
 
 A Normal linear regression (D = 10, AutoNormal); jitted ``svi.update`` steps
-(Adam), warm-up excluded, median of ``--reps`` blocks; every objective at
-every size in one process, side by side with ``Trace_ELBO`` at the same
-size. Two sweeps: N from 10³ to 10⁶ at M = 16, and M from 1 to 1024 at
+(Adam), warm-up excluded; at each size every objective and ``Trace_ELBO``
+are built in one process and timed in interleaved blocks (at least
+``--steps`` steps and ``--block-seconds`` each), the median of ``--reps``
+blocks. Two sweeps: N from 10³ to 10⁶ at M = 16, and M from 1 to 1024 at
 N = 10⁴. Sizes whose per-particle arrays exceed ``--max-elements`` (M × N)
 are skipped and reported as such (that is where memory takes over on this
 machine). Writes a table and a plot (step time relative to ``Trace_ELBO``,
@@ -44,9 +45,19 @@ def _objectives() -> dict[str, Callable[[int], object]]:
     }
 
 
-def _time_step(loss, n: int, reps: int, steps: int) -> float:
-    import jax
+def _data(n: int) -> tuple:
     import jax.numpy as jnp
+    from jax import random
+
+    kx, ky = random.split(random.PRNGKey(0))
+    x = random.normal(kx, (n, 10))
+    return x, x @ jnp.linspace(-1.0, 1.0, 10) + random.normal(ky, (n,))
+
+
+def _stepper(loss, data: tuple) -> Callable[[int], None]:
+    """``run(k)``: ``k`` jitted SVI steps of ``loss`` (compiled and warmed up
+    here), blocking until the last is done."""
+    import jax
     import numpyro
     import numpyro.distributions as dist
     import optax
@@ -60,33 +71,50 @@ def _time_step(loss, n: int, reps: int, steps: int) -> float:
         with numpyro.plate("data", x.shape[0]):
             numpyro.sample("y", dist.Normal(x @ w, sigma), obs=y)
 
-    kx, ky = random.split(random.PRNGKey(0))
-    x = random.normal(kx, (n, 10))
-    y = x @ jnp.linspace(-1.0, 1.0, 10) + random.normal(ky, (n,))
     svi = SVI(model, AutoNormal(model), optax.adam(1e-3), loss)
-    state = svi.init(random.PRNGKey(1), x, y)
     update = jax.jit(svi.update)
-    for _ in range(2):
-        state, value = update(state, x, y)
-    value.block_until_ready()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        for _ in range(steps):
-            state, value = update(state, x, y)
+    box = [svi.init(random.PRNGKey(1), *data)]
+
+    def run(k: int) -> None:
+        state = box[0]
+        for _ in range(k):
+            state, value = update(state, *data)
         value.block_until_ready()
-        times.append((time.perf_counter() - start) / steps)
-    return statistics.median(times)
+        box[0] = state
+
+    run(2)
+    return run
 
 
-def sweep(max_elements: int, reps: int, steps: int) -> list[dict]:
+def _time_size(
+    n: int, m: int, skip: bool, reps: int, steps: int, block_seconds: float
+) -> dict[str, float | None]:
+    """Seconds per step of every objective at ``(N, M)``, timed in
+    interleaved blocks (``Trace_ELBO``, the objectives, ``Trace_ELBO``, ...)
+    of at least ``steps`` steps and ``block_seconds``; the median block."""
+    if skip:
+        return {name: None for name in _objectives()}
+    data = _data(n)
+    runs = {name: _stepper(make(m), data) for name, make in _objectives().items()}
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(reps):
+        for name, run in runs.items():
+            done, start = 0, time.perf_counter()
+            while done < steps or time.perf_counter() - start < block_seconds:
+                run(steps)
+                done += steps
+            times[name].append((time.perf_counter() - start) / done)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def sweep(max_elements: int, reps: int, steps: int, block_seconds: float) -> list[dict]:
     """Every (sweep, size, objective): the step time or ``None`` (skipped)."""
     rows = []
     sizes = [("N", n, 16) for n in N_SWEEP] + [("M", 10_000, m) for m in M_SWEEP]
     for axis, n, m in sizes:
-        for name, make in _objectives().items():
-            skip = n * max(m, 2) > max_elements
-            seconds = None if skip else _time_step(make(m), n, reps, steps)
+        skip = n * max(m, 2) > max_elements
+        timed = _time_size(n, m, skip, reps, steps, block_seconds)
+        for name, seconds in timed.items():
             rows.append({"sweep": axis, "N": n, "M": m, "objective": name,
                          "seconds": seconds})  # fmt: skip
             shown = "skipped (memory)" if seconds is None else f"{1e3 * seconds:.2f} ms"
@@ -152,14 +180,15 @@ def plot(rows: list[dict], path: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=3, help="at least, per block")
+    parser.add_argument("--block-seconds", type=float, default=0.2)
     parser.add_argument("--max-elements", type=int, default=100_000_000)
     parser.add_argument("--png", default=None, help="write the plot here")
     parser.add_argument("--json", default=None, help="write the raw rows here")
     args = parser.parse_args(argv)
     print(f"cores: {os.cpu_count()}, load: {os.getloadavg()[0]:.2f}", flush=True)
-    rows = sweep(args.max_elements, args.reps, args.steps)
+    rows = sweep(args.max_elements, args.reps, args.steps, args.block_seconds)
     print(f"load at the end: {os.getloadavg()[0]:.2f}")
     print(table(rows))
     if args.png:
