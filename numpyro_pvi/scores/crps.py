@@ -182,10 +182,10 @@ class CRPS(Score):
     exponentials alone, with their gradients, set a floor of 1.9×
     (``benchmarks/crps_floor.py``). Its variance is that of the
     derangement: nearly all of the gradient's variance comes from the
-    draws of :math:`\theta`, not from
-    the simulations, so where the likelihood dominates the step (a neural
-    network) the all-pairs estimator's smaller variance wins (efficiency
-    0.77 of it at M = 8). Mixture guides pair as for the derangement.
+    draws of :math:`\theta`, not from the simulations, so where the
+    likelihood dominates the step (a neural network) the all-pairs
+    estimator's smaller variance wins (efficiency 0.77 of it at M = 8).
+    Mixture guides pair as for the derangement.
 
     ``estimator="auto"`` (the default) is ``"closed-form"`` when every
     observed site is a :class:`~numpyro.distributions.Normal` (possibly
