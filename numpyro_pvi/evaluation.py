@@ -79,12 +79,12 @@ class PredictiveScore:
     @property
     def total(self) -> float:
         """The score of the data set: the sum over the observations."""
-        return float(np.sum(self.score))
+        return float(np.sum(self.score, dtype=float))
 
     @property
     def total_se(self) -> float:
         """Its Monte Carlo standard error (independent estimates)."""
-        return float(np.sqrt(np.sum(np.square(self.se))))
+        return float(np.sqrt(np.sum(np.square(np.asarray(self.se, float)))))
 
     @property
     def unreliable(self) -> np.ndarray:

@@ -123,6 +123,28 @@ def test_standard_errors_cover_the_exact_scores():
     assert scores.total_se == pytest.approx(np.sqrt(np.sum(scores.se**2)))
 
 
+def test_totals_of_scores_whose_squares_overflow_float32():
+    """The data set's score and its standard error are summed in float64:
+    float32 squares overflow above 1.8e19 (a fit that diverged)."""
+    from numpyro_pvi.evaluation import PredictiveScore
+
+    n = 4
+    scores = PredictiveScore(
+        np.full(n, -1e20, np.float32),
+        np.full(n, 1e20, np.float32),
+        np.full(n, np.nan, np.float32),
+        np.ones(n, bool),
+        np.zeros(n, bool),
+        0.7,
+        "log",
+        100,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert scores.total_se == pytest.approx(2e20, rel=1e-6)
+        assert scores.total == pytest.approx(-4e20, rel=1e-6)
+
+
 def constrained_model(y):
     """A scale with a constrained support: its guide draws are matched in
     the unconstrained space of the site."""

@@ -84,7 +84,7 @@ class ArviZ0Numerics:
         good_k = min(1 - 1 / np.log10(num_draws), 0.7)
         fields: dict[str, Any] = {
             "elpd_loo": float(elpd_i.sum()),
-            "se": float(np.sqrt(elpd_i.size * np.var(elpd_i))),
+            "se": float(np.sqrt(elpd_i.size * np.var(elpd_i, dtype=float))),
             "p_loo": float(p_i.sum()),
             "n_samples": num_draws,
             "n_data_points": elpd_i.size,

@@ -131,7 +131,9 @@ def scores_dataset(
     Observations that masks remove entirely are left out of every mean and
     standard error (``observed`` is ``False`` there)."""
     labels = list(candidates)
-    pointwise = np.stack([held_out[c][0].score for c in labels])  # (C, N)
+    # float64: the summaries square the scores (a fit that diverged scores
+    # around -1e20, whose square overflows float32)
+    pointwise = np.stack([held_out[c][0].score for c in labels]).astype(float)  # (C, N)
     observed = held_out[labels[0]][0].observed
     n_obs, k = int(observed.sum()), int(folds.max()) + 1
     kept = pointwise[:, observed]
@@ -142,7 +144,7 @@ def scores_dataset(
         "pointwise": (("candidate", "observation"), pointwise),
         "pointwise_se": (
             ("candidate", "observation"),
-            np.stack([held_out[c][0].se for c in labels]),
+            np.stack([held_out[c][0].se for c in labels]).astype(float),
         ),
         "pareto_k": (
             ("candidate", "observation"),
@@ -161,7 +163,7 @@ def scores_dataset(
         ),
     }
     if reference is not None:
-        diff = kept - held_out[reference][0].score[observed]
+        diff = kept - pointwise[labels.index(reference), observed]
         data_vars["diff"] = ("candidate", diff.mean(1))
         data_vars["diff_se"] = ("candidate", diff.std(1, ddof=1) / np.sqrt(n_obs))
     coords = {

@@ -1,6 +1,7 @@
 """Cross-validated choice of the objective (``numpyro_pvi.selection``)."""
 
 import os
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -380,6 +381,45 @@ def test_no_plate_equals_the_plate_version():
 
 @pytest.mark.slow
 @pytest.mark.py312
+def test_summaries_of_scores_whose_squares_overflow_float32():
+    """A fit that diverged scores its observations around -1e20 (a Poisson
+    rate of e^45): the summaries are taken in float64, without an overflow
+    (float32's largest square root is 1.8e19)."""
+    from numpyro_pvi._core import Pointwise
+    from numpyro_pvi.selection._held_out_scores import scores_dataset
+
+    candidates = default_candidates(AutoNormal(one_site), num_particles=4)
+    labels, n = list(candidates), 12
+    rng = np.random.default_rng(0)
+    held_out = {
+        c: (
+            Pointwise(
+                (-1e20 * (1.0 + rng.random(n))).astype(np.float32),
+                np.full(n, 1e19, np.float32),
+                np.full(n, np.nan, np.float32),
+                np.ones(n, bool),
+            ),
+            np.zeros(n, bool),
+        )
+        for c in labels
+    }
+    folds = np.arange(n) % 3
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = scores_dataset(
+            candidates, held_out, {c: np.zeros(3) for c in labels}, folds, labels[0]
+        )
+    scores = np.stack([held_out[c][0].score for c in labels]).astype(float)
+    np.testing.assert_allclose(
+        ds["se"].values, scores.std(1, ddof=1) / np.sqrt(n), rtol=1e-12
+    )
+    diff = scores - scores[0]
+    np.testing.assert_allclose(
+        ds["diff_se"].values, diff.std(1, ddof=1) / np.sqrt(n), rtol=1e-12
+    )
+    assert ds["pointwise"].dtype == np.float64
+
+
 def test_result_reading_and_plot():
     import matplotlib.pyplot as plt
 
