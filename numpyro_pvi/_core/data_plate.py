@@ -208,7 +208,10 @@ def plate_axis_first(
 def per_observation(
     x: jax.Array | np.ndarray, plate: DataPlate, event_ndim: int, xp: Any = jnp
 ) -> jax.Array:
-    """``(b, d)``: one flattened row per observation."""
+    """``(b, d)``: one flattened row per observation (``(1, d)`` without a
+    data plate: the data form one observation)."""
+    if plate.name is None:
+        return xp.reshape(xp.asarray(x), (1, -1))
     x = plate_axis_first(x, plate, event_ndim, xp)
     return xp.reshape(x, (plate.subsample_size, -1))
 
@@ -242,8 +245,6 @@ def _site_scale_rows(site: dict[str, Any], plate: DataPlate, xp: Any) -> jax.Arr
     scale = xp.broadcast_to(
         xp.asarray(1.0 if scale is None else scale, dtype=float), batch_shape
     )
-    if plate.name is None:
-        return xp.reshape(scale, (1, -1))
     return per_observation(scale, plate, 0, xp)
 
 

@@ -40,15 +40,17 @@ from numpyro_pvi._core.data_plate import (
     plate_of,
     site_log_lik,
 )
-from numpyro_pvi._core.site_values import (
+from numpyro_pvi._core.site_support import (
     binomial_logits_count,
-    normal_loc_scale,
-    observation_mask,
     observed_support,
-    observed_values,
-    simulated_values,
     site_log_pmf,
     site_pmf,
+)
+from numpyro_pvi._core.site_values import (
+    normal_loc_scale,
+    observation_mask,
+    observed_values,
+    simulated_values,
 )
 from numpyro_pvi._core.tracing import (
     guide_latent_log_density,

@@ -20,6 +20,7 @@ from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistr
 from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoGuide
 
+from numpyro_pvi._core.site_values import innermost
 from numpyro_pvi.distributions import simulators_without_density
 
 
@@ -105,8 +106,7 @@ def single_draw_outcome(fn: Any) -> bool:
     ``Independent``, ``Expanded`` and ``Masked`` wrappers. Its predictive
     :math:`E_q[p(y \mid \theta)]` is again such a distribution: it
     depends on q only through the mean probabilities."""
-    while isinstance(fn, (Independent, ExpandedDistribution, MaskedDistribution)):
-        fn = fn.base_dist
+    fn = innermost(fn)
     if isinstance(fn, _SINGLE_DRAW):
         return True
     if isinstance(fn, (dist.BinomialLogits, dist.BinomialProbs)):
@@ -150,7 +150,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             _Support(bool(fn.support.is_discrete)),
             single_draw_outcome(fn),
             _is_masked(fn),
-            isinstance(_innermost(fn), IMPROPER),
+            isinstance(innermost(fn), IMPROPER),
         )
     return static
 
@@ -178,17 +178,11 @@ def model_structure(
 IMPROPER = (dist.ImproperUniform,)
 
 
-def _innermost(fn: Any) -> Any:
-    while isinstance(fn, (Independent, ExpandedDistribution, MaskedDistribution)):
-        fn = fn.base_dist
-    return fn
-
-
 def _feasible_value(site: dict[str, Any]) -> Any:
     if site["type"] != "sample" or site.get("is_observed"):
         return None
     fn = site["fn"]
-    if not isinstance(_innermost(fn), IMPROPER):
+    if not isinstance(innermost(fn), IMPROPER):
         return None
     shape = tuple(site["kwargs"].get("sample_shape", ())) + tuple(fn.shape())
     return fn.support.feasible_like(jnp.zeros(shape))
@@ -211,7 +205,7 @@ def improper_latents(
         for name, site in tr.items()
         if site["type"] == "sample"
         and not site["is_observed"]
-        and isinstance(_innermost(site["fn"]), IMPROPER)
+        and isinstance(innermost(site["fn"]), IMPROPER)
     ]
 
 

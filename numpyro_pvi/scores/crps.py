@@ -246,9 +246,10 @@ class CRPS(Score):
         if y_obs.shape[-1] != 1:
             raise ValueError(
                 f"score='crps' is for scalar observations, but one observation "
-                f"has {y_obs.shape[-1]} values (vector-valued or several observed "
-                "sites per index): use score='energy' (EnergyScore), the "
-                "multivariate generalisation."
+                f"has {y_obs.shape[-1]} values (a vector-valued site, several "
+                "observed sites per index, or scalar observed sites outside any "
+                "plate, which form one observation together): use score='energy' "
+                "(EnergyScore), the multivariate generalisation."
             )
         if closed_form:
             return _closed_form(terms)

@@ -332,6 +332,81 @@ def test_a_batch_dimension_other_than_the_last_can_be_named():
     assert whole.score.shape == (1,)
 
 
+def ar2_for_loop(y):
+    """NumPyro's ``examples/ar2.py``, ``ar2_for_loop``, as written (commit
+    0b935d48): one scalar observed site per time step, no plate."""
+    alpha_1 = numpyro.sample("alpha_1", dist.Normal(0, 1))
+    alpha_2 = numpyro.sample("alpha_2", dist.Normal(0, 1))
+    const = numpyro.sample("const", dist.Normal(0, 1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1))
+
+    y_prev = y[1]
+    y_prev_prev = y[0]
+    mu = []
+    for i in range(2, len(y)):
+        m_t = const + alpha_1 * y_prev + alpha_2 * y_prev_prev
+        mu.append(m_t)
+        y_t = numpyro.sample("y_{}".format(i), dist.Normal(m_t, sigma), obs=y[i])  # noqa: UP032 (as written)
+        y_prev_prev = y_prev
+        y_prev = y_t
+
+    numpyro.deterministic("mu", jnp.asarray(mu))
+
+
+def ar2_one_site(y):
+    """The same likelihood as one observed site with one event of T - 2
+    values."""
+    alpha_1 = numpyro.sample("alpha_1", dist.Normal(0, 1))
+    alpha_2 = numpyro.sample("alpha_2", dist.Normal(0, 1))
+    const = numpyro.sample("const", dist.Normal(0, 1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1))
+    m = const + alpha_1 * y[1:-1] + alpha_2 * y[:-2]
+    numpyro.sample("y", dist.Normal(m, sigma).to_event(1), obs=y[2:])
+
+
+def test_scalar_sites_without_a_plate_form_one_observation():
+    """NumPyro's AR(2) written as a Python loop of scalar observed sites:
+    the data form one observation of T - 2 values, scored as the same
+    likelihood written as one site with one event (the same loss and score
+    at the same key). The CRPS, for scalar observations, refuses and names
+    the energy score, which fits; the quadratic score's refusal advises only
+    scores that fit."""
+    rng = np.random.default_rng(0)
+    y = np.zeros(30, np.float32)
+    for t in range(2, 30):
+        y[t] = 0.1 + 0.5 * y[t - 1] - 0.2 * y[t - 2] + 0.3 * rng.standard_normal()
+    y = jnp.asarray(y)
+    loss = PredictiveELBO("log", num_particles=4)
+    guides = {m: AutoNormal(m) for m in (ar2_for_loop, ar2_one_site)}
+    params = None
+    for model, guide in guides.items():  # each guide set up; the first's params
+        svi = SVI(model, guide, optax.adam(0.01), loss)
+        params = params or svi.get_params(svi.init(random.PRNGKey(0), y))
+    losses = [loss.loss(random.PRNGKey(3), params, m, g, y) for m, g in guides.items()]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+    scores = [
+        predictive_score(random.PRNGKey(4), params, m, g, y).score
+        for m, g in guides.items()
+    ]
+    assert scores[0].shape == (1,)
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5)
+
+    def fit(score):
+        svi = SVI(
+            ar2_for_loop,
+            AutoNormal(ar2_for_loop),
+            optax.adam(0.01),
+            PredictiveELBO(score, num_particles=4),
+        )
+        return svi.run(random.PRNGKey(0), 5, y, progress_bar=False).losses
+
+    with pytest.raises(ValueError, match="one observation has 28 values.*'energy'"):
+        fit("crps")
+    with pytest.raises(ValueError, match="'y_2'.*Use score='log' or 'energy' for"):
+        fit("quadratic")
+    assert np.all(np.isfinite(fit("energy")))
+
+
 def test_prior_written_as_an_observed_site_is_a_density_term():
     """The ordinal notebook's c_y_smp, outside the data plate: not scored,
     in the joint density (lp) and the regularizer, not in log_likelihood;

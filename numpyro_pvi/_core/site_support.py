@@ -1,0 +1,247 @@
+"""Each observed site's pmf over its finite support along the data plate:
+what the quadratic score reads.
+
+The pmf ``(K, b, c)`` of every scalar component of each observation (as
+log probabilities or probabilities, shorter supports padded), whether each
+observed component equals each support value, and for Binomial likelihoods
+the logits and counts that
+:func:`~numpyro_pvi._core.pmf.binomial_support_sums` reads instead of the
+pmf. A masked component is a point mass at the first support value (the
+conventions of :mod:`~numpyro_pvi._core.site_values`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import concrete_or_error
+from numpyro.distributions import BinomialLogits, BinomialProbs, Distribution
+
+from numpyro_pvi._core.data_plate import DataPlate
+from numpyro_pvi._core.pmf import support_log_pmf, support_pmf
+from numpyro_pvi._core.site_values import (
+    component_mask,
+    component_rows,
+    describe,
+    innermost,
+    scalar_observation,
+    score_advice,
+    site_components,
+)
+
+
+def _enumerable(
+    site: dict[str, Any], plate: DataPlate, scalar: bool
+) -> tuple[Distribution, jax.Array, Callable[[jax.Array], jax.Array]]:
+    """The innermost distribution of a site with a finite support, its
+    support ``(K, 1, ..., 1[, event])`` and the map of an array over its
+    batch (and reinterpreted) dims to ``(b, c)`` rows (``scalar``: whether
+    one observation is one value, for the advice of a refusal)."""
+    fn = site["fn"]
+    if not getattr(fn, "has_enumerate_support", False):
+        raise ValueError(
+            f"Observed site '{site['name']}' ({describe(fn)}) has no finite "
+            "support to enumerate, which the quadratic (Brier) score needs. "
+            + score_advice(site, scalar)
+        )
+    # Independent (.to_event), Expanded and Masked wrappers: enumerate the
+    # innermost distribution; reinterpreted batch dims become components of
+    # the observation
+    components = site_components(site)
+    try:
+        support = _support(site, components.base)
+    except NotImplementedError:
+        raise ValueError(
+            f"Observed site '{site['name']}' ({describe(fn)}) cannot "
+            "enumerate its support, which the quadratic (Brier) score needs. "
+            + score_advice(site, scalar)
+        ) from None
+    return (
+        components.base,
+        support,
+        lambda x: component_rows(x, components, plate),
+    )
+
+
+def _support(site: dict[str, Any], base: Distribution) -> jax.Array:
+    """``(K, 1, ..., 1)`` the support of ``base``; for a Binomial, the values
+    ``0 .. max(total_count)`` (a ``total_count`` that varies between
+    observations gives the others zero probability above their own)."""
+    if not isinstance(base, (BinomialLogits, BinomialProbs)):
+        return base.enumerate_support(expand=False)
+    total_count = concrete_or_error(
+        np.asarray,
+        base.total_count,
+        f"The quadratic score enumerates the support 0, ..., max(total_count) "
+        f"of the Binomial site '{site['name']}', whose size must be known when "
+        "the program is compiled, but total_count is a traced value here (an "
+        "argument of a jitted function). Close over total_count instead (as "
+        "SVI.run does with the model's arguments), or use score='log'.",
+    )
+    size = int(np.max(total_count)) + 1
+    shape = (size,) + (1,) * len(base.batch_shape)
+    return jnp.reshape(jnp.arange(size, dtype=jnp.result_type(float)), shape)
+
+
+def _point_mass(
+    values: list[jax.Array] | jax.Array, mask: jax.Array, first: Any, rest: Any
+):
+    """``values`` over the support (a list of ``K`` ``(b, c)`` arrays, or
+    ``(K, b, c)``) with each masked component replaced by a point mass at
+    the first support value (``first`` there, ``rest`` elsewhere)."""
+    if isinstance(values, list):
+        return [
+            jnp.where(mask, v, first if j == 0 else rest) for j, v in enumerate(values)
+        ]
+    at_first = (jnp.arange(values.shape[0]) == 0)[:, None, None]
+    return jnp.where(mask, values, jnp.where(at_first, first, rest))
+
+
+def _site_support(
+    site: dict[str, Any],
+    plate: DataPlate,
+    pmf_fn: Callable,
+    masked: tuple,
+    scalar: bool,
+) -> list[jax.Array] | jax.Array:
+    """``pmf_fn`` (:func:`~numpyro_pvi._core.pmf.support_log_pmf` or
+    :func:`~numpyro_pvi._core.pmf.support_pmf`) of the site over its support: a
+    list of ``K`` ``(b, c)`` arrays for short supports, else ``(K, b, c)``;
+    a masked component is a point mass, ``masked = (first, rest)``."""
+    base, support, rows = _enumerable(site, plate, scalar)
+    values = pmf_fn(base, support)
+    values = (
+        [rows(v) for v in values]
+        if isinstance(values, list)
+        else jax.vmap(rows)(values)
+    )
+    mask = component_mask(site, plate)
+    return values if mask is None else _point_mass(values, mask, *masked)
+
+
+def _site_obs_support(
+    site: dict[str, Any], plate: DataPlate, scalar: bool
+) -> jax.Array:
+    """``(K, b, c)``: whether each observed component equals each support
+    value (a masked component: the first value)."""
+    base, support, rows = _enumerable(site, plate, scalar)
+    value = jnp.asarray(site["value"])
+    event = support.shape[support.ndim - base.event_dim :]
+    ones = (1,) * (value.ndim - base.event_dim)
+    equal = support.reshape(support.shape[:1] + ones + event) == value
+    if base.event_dim:
+        equal = jnp.all(equal, axis=tuple(range(-base.event_dim, 0)))
+    equal = jax.vmap(rows)(equal)
+    mask = component_mask(site, plate)
+    return equal if mask is None else _point_mass(equal, mask, True, False)
+
+
+def _pad_support(
+    arrays: list[list[jax.Array] | jax.Array], fill: Any = -jnp.inf
+) -> tuple[jax.Array, ...] | jax.Array:
+    """Concatenate the sites' ``(K_s, b, c_s)`` arrays (or lists of ``K_s``
+    ``(b, c_s)`` arrays) along the components, padding shorter supports with
+    ``fill``: a tuple of ``K`` ``(b, c)`` arrays when every site gave a list,
+    else one ``(K, b, c)`` array."""
+    k = max(len(a) for a in arrays)
+    if all(isinstance(a, list) for a in arrays):
+        return tuple(
+            jnp.concatenate(
+                [a[j] if j < len(a) else jnp.full_like(a[0], fill) for a in arrays],
+                axis=-1,
+            )
+            for j in range(k)
+        )
+    stacked = [jnp.stack(a) if isinstance(a, list) else a for a in arrays]
+    padded = [
+        jnp.pad(
+            a,
+            [(0, k - a.shape[0])] + [(0, 0)] * (a.ndim - 1),
+            constant_values=fill,
+        )
+        for a in stacked
+    ]
+    return jnp.concatenate(padded, axis=-1)
+
+
+def site_log_pmf(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[jax.Array, ...] | jax.Array:
+    """``(K, b, c)`` the log pmf over the finite support of every scalar
+    component of each observation (shorter supports padded with ``-inf``),
+    in one pass from the likelihood's parameters where
+    :func:`~numpyro_pvi._core.pmf.support_log_pmf` can. For supports of at most
+    :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` values, a tuple of ``K``
+    ``(b, c)`` arrays instead, which the particle machinery stacks after the
+    particle axis: stacked per particle, the support axis lands outside the
+    particle axis in memory and XLA transposes the whole array."""
+    scalar = scalar_observation(observed, plate)
+    return _pad_support(
+        [
+            _site_support(s, plate, support_log_pmf, (0.0, -jnp.inf), scalar)
+            for s in observed
+        ]
+    )
+
+
+def site_pmf(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[jax.Array, ...] | jax.Array:
+    """The pmf over the finite support, as probabilities (padding ``0``),
+    laid out like :func:`site_log_pmf`; see
+    :func:`~numpyro_pvi._core.pmf.support_pmf`."""
+    scalar = scalar_observation(observed, plate)
+    return _pad_support(
+        [_site_support(s, plate, support_pmf, (1.0, 0.0), scalar) for s in observed],
+        0.0,
+    )
+
+
+def _binomial_logits_count(
+    site: dict[str, Any], plate: DataPlate, scalar: bool
+) -> tuple[jax.Array, jax.Array] | None:
+    """``(b, c)`` logits and total counts of a Binomial site's components
+    (``None`` for any other distribution); a masked component has count 0,
+    the point mass at 0 of :func:`site_pmf`."""
+    if not isinstance(innermost(site["fn"]), (BinomialLogits, BinomialProbs)):
+        return None
+    base, _, rows = _enumerable(site, plate, scalar)
+    logits = base.logits  # BinomialProbs: the logits of its clamped probs
+    count = jnp.asarray(base.total_count, dtype=jnp.result_type(logits))
+    logits, count = rows(logits), rows(jax.lax.stop_gradient(count))
+    mask = component_mask(site, plate)
+    if mask is not None:
+        logits, count = jnp.where(mask, logits, 0.0), jnp.where(mask, count, 0.0)
+    return logits, count
+
+
+def binomial_logits_count(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[jax.Array, jax.Array] | tuple[None, None]:
+    """``(b, c)`` logits and total counts of every observed site, laid out
+    like :func:`site_pmf`'s components, when all of them are Binomial (what
+    :func:`~numpyro_pvi._core.pmf.binomial_support_sums` reads instead of
+    the pmf); ``(None, None)`` otherwise."""
+    scalar = scalar_observation(observed, plate)
+    pairs = [_binomial_logits_count(s, plate, scalar) for s in observed]
+    if not pairs or any(p is None for p in pairs):
+        return None, None
+    logits, count = (
+        jnp.concatenate(x, axis=-1) for x in zip(*cast(list, pairs), strict=True)
+    )
+    return logits, count
+
+
+def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
+    """``(K, b, c)`` whether each observed scalar component equals each value
+    of its finite support (laid out like :func:`site_log_pmf` and
+    :func:`site_pmf`, padding ``False``)."""
+    scalar = scalar_observation(observed, plate)
+    support = _pad_support(
+        [_site_obs_support(s, plate, scalar) for s in observed], False
+    )
+    return cast(jax.Array, support)
