@@ -42,6 +42,7 @@ from numpyro_pvi._core.data_plate import (
 )
 from numpyro_pvi._core.site_support import (
     binomial_logits_count,
+    check_pmf_size,
     observed_support,
     site_log_pmf,
     site_pmf,
@@ -271,6 +272,11 @@ class _ParticleTracer:
         log_omega_bar = log_omega = None
         if self.strata is not None:
             log_omega_bar, log_omega = self._strata_weights(model_trace, plate)
+        support = None
+        if requests & {LOG_PMF, PMF, BINOMIAL}:
+            strata = 1 if self.strata is None else self.strata.num_strata
+            check_pmf_size(observed, plate, strata * spec.num_particles)
+            support = observed_support(observed, plate)
         return _Shared(
             plate,
             weight,
@@ -283,9 +289,7 @@ class _ParticleTracer:
             else None,
             log_omega_bar,
             log_omega,
-            observed_support(observed, plate)
-            if requests & {LOG_PMF, PMF, BINOMIAL}
-            else None,
+            support,
         )
 
     def _strata_weights(

@@ -12,6 +12,7 @@ conventions of :mod:`~numpyro_pvi._core.site_values`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -22,7 +23,7 @@ from jax.extend.core import concrete_or_error
 from numpyro.distributions import BinomialLogits, BinomialProbs, Distribution
 
 from numpyro_pvi._core.data_plate import DataPlate
-from numpyro_pvi._core.pmf import support_log_pmf, support_pmf
+from numpyro_pvi._core.pmf import UNROLLED_SUPPORT, support_log_pmf, support_pmf
 from numpyro_pvi._core.site_values import (
     component_mask,
     component_rows,
@@ -67,12 +68,9 @@ def _enumerable(
     )
 
 
-def _support(site: dict[str, Any], base: Distribution) -> jax.Array:
-    """``(K, 1, ..., 1)`` the support of ``base``; for a Binomial, the values
-    ``0 .. max(total_count)`` (a ``total_count`` that varies between
-    observations gives the others zero probability above their own)."""
-    if not isinstance(base, (BinomialLogits, BinomialProbs)):
-        return base.enumerate_support(expand=False)
+def _binomial_size(site: dict[str, Any], base: BinomialLogits | BinomialProbs) -> int:
+    """``max(total_count) + 1``, the values a Binomial site enumerates (its
+    ``total_count`` must be concrete)."""
     total_count = concrete_or_error(
         np.asarray,
         base.total_count,
@@ -82,7 +80,16 @@ def _support(site: dict[str, Any], base: Distribution) -> jax.Array:
         "argument of a jitted function). Close over total_count instead (as "
         "SVI.run does with the model's arguments), or use score='log'.",
     )
-    size = int(np.max(total_count)) + 1
+    return int(np.max(total_count)) + 1
+
+
+def _support(site: dict[str, Any], base: Distribution) -> jax.Array:
+    """``(K, 1, ..., 1)`` the support of ``base``; for a Binomial, the values
+    ``0 .. max(total_count)`` (a ``total_count`` that varies between
+    observations gives the others zero probability above their own)."""
+    if not isinstance(base, (BinomialLogits, BinomialProbs)):
+        return base.enumerate_support(expand=False)
+    size = _binomial_size(site, base)
     shape = (size,) + (1,) * len(base.batch_shape)
     return jnp.reshape(jnp.arange(size, dtype=jnp.result_type(float)), shape)
 
@@ -245,3 +252,74 @@ def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Ar
         [_site_obs_support(s, plate, scalar) for s in observed], False
     )
     return cast(jax.Array, support)
+
+
+def _memory_bytes() -> int | None:
+    """The default device's memory (an accelerator's limit, else the host's
+    physical memory), or ``None`` where neither is known."""
+    stats = jax.devices()[0].memory_stats()
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"])
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _pmf_shape(site: dict[str, Any], plate: DataPlate) -> tuple[int, int] | None:
+    """``(K, c)``: the support values and the components per observation
+    of a site's pmf, from shapes and concrete counts (no array of that
+    size); ``None`` where the site has no support to enumerate (its
+    refusal comes later, with its advice)."""
+    components = site_components(site)
+    base = components.base
+    if isinstance(base, (BinomialLogits, BinomialProbs)):
+        k = _binomial_size(site, base)
+    else:
+        try:
+            k = base.enumerate_support(expand=False).shape[0]
+        except (NotImplementedError, AttributeError):
+            return None
+    rows = jax.eval_shape(
+        lambda: component_rows(jnp.zeros(components.shape, bool), components, plate)
+    )
+    return k, rows.shape[1]
+
+
+def check_pmf_size(
+    observed: list[dict[str, Any]], plate: DataPlate, num_draws: int
+) -> None:
+    """Refuse a pmf that would take more than a quarter of the device's
+    memory as one array (its gradient and the score's temporaries take as
+    much again): ``num_draws`` draws of the ``(K, b, c)`` probabilities of
+    :func:`site_pmf`. Checked from shapes, before any array of that size
+    is made. Binomial sites of one component per observation and at most
+    :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` values are exempt: their
+    score reads particle sums, never the pmf."""
+    shapes = [_pmf_shape(s, plate) for s in observed]
+    if not shapes or any(x is None for x in shapes):
+        return
+    k = max(x[0] for x in cast(list, shapes))
+    c = sum(x[1] for x in cast(list, shapes))
+    binomial = all(
+        isinstance(innermost(s["fn"]), (BinomialLogits, BinomialProbs))
+        for s in observed
+    )
+    if binomial and c == 1 and k <= UNROLLED_SUPPORT:
+        return
+    b = plate.subsample_size if plate.name is not None else 1
+    size = num_draws * k * b * c
+    nbytes = size * jnp.dtype(jnp.result_type(float)).itemsize
+    memory = _memory_bytes()
+    if memory is None or 4 * nbytes <= memory:
+        return
+    names = ", ".join(f"'{s['name']}'" for s in observed)
+    raise ValueError(
+        f"The pmf over the finite support of {names} (what the quadratic score "
+        f"reads) has {k:,} values at each of {b:,} observations ({c} "
+        f"component(s) each) for each of {num_draws:,} draws: {size:,} "
+        f"probabilities, {nbytes / 2**30:,.1f} GiB in one array, more than a "
+        f"quarter of this device's {memory / 2**30:,.0f} GiB. Use score='log', "
+        "fewer particles (or draws), or a subsample of the observations "
+        "(numpyro.plate(..., subsample_size=...))."
+    )

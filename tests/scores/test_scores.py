@@ -775,3 +775,23 @@ def test_quadratic_score_of_binomials_with_varying_total_count():
     )
     with pytest.raises(jax.errors.ConcretizationTypeError, match="total_count"):
         step(n)
+
+
+def test_quadratic_score_refuses_a_pmf_beyond_memory_before_making_it():
+    """A Binomial count of 10⁸ (NumPyro's mortality example counts deaths
+    among populations of thousands to millions): 64 draws of the pmf over
+    10⁸ + 1 values at 1000 observations would be 25 TB. Refused from the
+    shapes, naming the site and what to do, before any array of that size
+    exists (an abstract evaluation would still make the concrete ones)."""
+    n, y = jnp.full(1000, 10**8), jnp.zeros(1000)
+    guide = AutoDelta(varying_binomial)
+    params = {"b_auto_loc": jnp.asarray(0.4)}
+    loss = PredictiveELBO("quadratic", num_particles=64)
+    with pytest.raises(ValueError, match=r"'y'.*100,000,001 values.*score='log'"):
+        jax.eval_shape(
+            lambda: loss.loss(random.PRNGKey(0), params, varying_binomial, guide, n, y)
+        )
+    # a support of 201 values at 1000 observations fits in memory
+    small = jnp.full(1000, 200)
+    value = loss.loss(random.PRNGKey(0), params, varying_binomial, guide, small, y)
+    assert np.isfinite(value)
