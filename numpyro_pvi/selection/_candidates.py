@@ -25,7 +25,11 @@ VI_OBJECTIVES = (Trace_ELBO, TraceMeanField_ELBO, TraceGraph_ELBO, StratifiedELB
 
 
 def default_candidates(
-    guide: Callable, score: str | Score = "log", *, num_particles: int = 32
+    guide: Callable,
+    score: str | Score = "log",
+    *,
+    num_particles: int = 32,
+    data_plate: str | int | None = None,
 ) -> dict[str, ELBO]:
     """The default candidates of :func:`~numpyro_pvi.selection.cross_validate`:
     :class:`~numpyro_pvi.PredictiveELBO` with ``score`` over λ = 0, the prior
@@ -44,6 +48,10 @@ def default_candidates(
     :param guide: the guide the candidates will fit.
     :param score: the score of the PVI candidates.
     :param num_particles: particles of every candidate.
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations in the PVI candidates, as for
+        :class:`~numpyro_pvi.PredictiveELBO` (``cross_validate`` passes its
+        own).
     :return: label → objective.
     """
     vi = StratifiedELBO if isinstance(guide, StratifiedGuide) else Trace_ELBO
@@ -51,7 +59,11 @@ def default_candidates(
     for reg, lams in DEFAULT_LAMS.items():
         for lam in lams:
             loss = PredictiveELBO(
-                score, num_particles=num_particles, regularizer=reg, lam=lam
+                score,
+                num_particles=num_particles,
+                regularizer=reg,
+                lam=lam,
+                data_plate=data_plate,
             )
             out[_pvi_label(loss)] = loss
     return out

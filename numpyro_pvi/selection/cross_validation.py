@@ -25,6 +25,7 @@ from numpyro_pvi._core import (
     plate_of,
     replay_trace,
 )
+from numpyro_pvi.predictive import PredictiveELBO
 from numpyro_pvi.scores import Score, get_score
 from numpyro_pvi.selection._candidates import (
     default_candidates,
@@ -238,7 +239,10 @@ def cross_validate(
         :class:`~numpyro_pvi.scores.Score`; also the score of the default
         PVI candidates.
     :param data_plate: the plate (or negative batch dimension) that indexes
-        observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`; also the
+        default PVI candidates'. A PVI candidate that indexes observations
+        by another plate is refused (its fits would score other
+        observations than the folds hold out).
     :param str rule: ``"one_se"`` or ``"best"``.
     :param kwargs: model keyword arguments.
     :return: a :class:`CrossValidation`.
@@ -256,7 +260,9 @@ def cross_validate(
     fit = check_recipe(fit, FitRecipe, "fit", _WHERE)
     score, num_folds = _check_options(fit, num_folds, score, rule)
     candidates = labelled(
-        default_candidates(guide, score) if candidates is None else candidates
+        default_candidates(guide, score, data_plate=data_plate)
+        if candidates is None
+        else candidates
     )
     reference = reference_label(candidates)
     if rule == "one_se" and reference is None:
@@ -269,7 +275,9 @@ def cross_validate(
     data = model_data(model, args, kwargs, fit_key)
     svi = SVI(model, guide, optim, loss=Trace_ELBO())
     params = svi.get_params(svi.init(fit_key, *args, **kwargs))
-    plate = _data_plate(fit_key, params, model, guide, data, data_plate, num_folds)
+    plate = _data_plate(
+        fit_key, params, model, guide, data, data_plate, num_folds, candidates
+    )
     folds = np.asarray(fold_ids(fold_key, plate.size, num_folds))
     procedure = (model, guide, optim, plate, data, params)
     held_out, final_loss, gains = held_out_scores(
@@ -333,6 +341,28 @@ def _select(dataset: xr.Dataset, rule: str, reference: str | None) -> str:
     return best
 
 
+def _check_candidate_plate(
+    tr: dict[str, Any], plate: DataPlate, label: str, loss: PredictiveELBO
+) -> None:
+    """Refuse a PVI candidate that indexes observations by another plate
+    than the folds do: its fits would score other observations than the
+    ones held out."""
+    try:
+        own = plate_of(tr, loss.data_plate).selector
+    except ValueError:
+        found = f"finds no data plate with data_plate={loss.data_plate!r}"
+    else:
+        if own == plate.selector:
+            return
+        found = f"indexes the observations by {own!r}"
+    raise ValueError(
+        f"cross_validate: candidate {label!r} ({loss!r}) {found}, and the folds "
+        f"hold out observations of data_plate={plate.selector!r}: its fits would "
+        f"score other observations. Construct it with data_plate="
+        f"{plate.selector!r}, as default_candidates(..., data_plate=...) does."
+    )
+
+
 def _data_plate(
     rng_key: jax.Array,
     params: dict[str, jax.Array],
@@ -341,10 +371,15 @@ def _data_plate(
     data: ModelData,
     data_plate: str | int | None,
     num_folds: int,
+    candidates: dict[str, ELBO],
 ) -> DataPlate:
-    """The data plate, checked to hold at least ``num_folds`` observations."""
+    """The data plate, checked to hold at least ``num_folds`` observations
+    and to be the one every PVI candidate scores."""
     tr = replay_trace(rng_key, params, model, guide, data.args, data.kwargs)
     plate = plate_of(tr, data_plate)
+    for label, loss in candidates.items():
+        if isinstance(loss, PredictiveELBO):
+            _check_candidate_plate(tr, plate, label, loss)
     if plate.name is None:
         raise ValueError(
             "cross_validate: the observed values are scalars, one observation in "

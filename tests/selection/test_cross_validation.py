@@ -329,6 +329,47 @@ def test_selection_known_answers(sigma):
         assert diff.mean() > 5 * se and diff.mean() > 0.2, (diff.mean(), se)
 
 
+def two_plates(y):
+    """Observations in one plate and, in another, a second observed site that
+    is a function of a latent (as NumPyro's CUPED notebook writes it): no
+    one plate holds every observed site."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 3.0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+    with numpyro.plate("other", y.shape[0]):
+        numpyro.sample("z", dist.Normal(0.0, 2.0), obs=y - theta)
+
+
+def test_candidates_score_the_plate_the_folds_hold_out():
+    """The default candidates take the cross-validation's data plate; a
+    candidate that indexes observations otherwise is refused, naming it and
+    the data_plate that works."""
+    y = random.normal(random.PRNGKey(0), (N,))
+    guide = AutoNormal(two_plates)
+    fit = FitRecipe(num_steps=5, num_draws=20, progress_bar=False)
+
+    def cv(candidates):
+        return cross_validate(
+            random.PRNGKey(1),
+            two_plates,
+            guide,
+            optax.adam(0.01),
+            y,
+            fit=fit,
+            candidates=candidates,
+            num_folds=2,
+            data_plate="obs",
+        )
+
+    assert cv(None).scores.sizes["candidate"] == 8
+    for own, match in ((None, "finds no data plate"), ("other", "by 'other'")):
+        wrong = PredictiveELBO(num_particles=2, lam=0, data_plate=own)
+        with pytest.raises(ValueError, match=f"'lam=0'.*{match}.*data_plate='obs'"):
+            cv([Trace_ELBO(), wrong])
+    right = PredictiveELBO(num_particles=2, lam=0, data_plate="obs")
+    assert np.all(np.isfinite(cv([Trace_ELBO(), right]).scores["mean"]))
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
