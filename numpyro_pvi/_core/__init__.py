@@ -27,6 +27,7 @@ from numpyro_pvi._core import deprecation, pmf
 from numpyro_pvi._core.contrastive import fixed_draw_terms
 from numpyro_pvi._core.data_plate import (
     DataPlate,
+    check_same_plate,
     data_sites,
     find_data_plate,
     joint_log_likelihood,
@@ -131,6 +132,7 @@ __all__ = [
     "cached_program_count",
     "check_bool",
     "check_data_plate",
+    "check_same_plate",
     "check_fitted_call",
     "check_full_data",
     "check_int",

@@ -132,6 +132,30 @@ def plate_of(model_trace: dict[str, Any], data_plate: str | int | None) -> DataP
     return DataPlate(frame.name, frame.dim, full_size, int(frame.size))
 
 
+def check_same_plate(
+    model_trace: dict[str, Any],
+    plate: DataPlate,
+    data_plate: str | int | None,
+    what: str,
+) -> None:
+    """Refuse an objective (``what``, for the message) whose ``data_plate``
+    finds another plate than ``plate``, the one a procedure holds
+    observations out of: its fits would score other observations."""
+    try:
+        own = plate_of(model_trace, data_plate).selector
+    except ValueError:
+        found = f"finds no data plate with data_plate={data_plate!r}"
+    else:
+        if own == plate.selector:
+            return
+        found = f"indexes the observations by {own!r}"
+    raise ValueError(
+        f"{what} {found}, and observations of data_plate={plate.selector!r} are "
+        "held out: its fits would score other observations. Construct it with "
+        f"data_plate={plate.selector!r}."
+    )
+
+
 def _batch_plate(observed: list[dict[str, Any]], dim: int) -> DataPlate:
     """The batch plate along batch dimension ``dim`` of the observed values;
     one observation when every observed value is a scalar (``dim = -1``)."""

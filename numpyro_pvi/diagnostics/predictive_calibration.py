@@ -29,6 +29,7 @@ from numpyro_pvi._core import (
     Replications,
     check_full_data,
     check_recipe,
+    check_same_plate,
     deprecation,
     model_structure,
     plate_of,
@@ -53,6 +54,7 @@ from numpyro_pvi.diagnostics._simulated_data import (
     set_up_guide,
 )
 from numpyro_pvi.diagnostics.rank_tests import rank_datasets
+from numpyro_pvi.predictive import PredictiveELBO
 
 __all__ = [
     "CalibrationArrays",
@@ -277,6 +279,8 @@ def calibration_arrays(
             "so none can be held out; observe the data as an array (in a "
             "numpyro.plate, or along a batch dimension)."
         )
+    if isinstance(loss, PredictiveELBO):
+        check_same_plate(model_trace, plate, loss.data_plate, f"{_WHERE}: {loss!r}")
     inject = data_injector(model, observed, args, kwargs, r.simulated_data_to_args)
     data = generated_data(
         key_data,

@@ -19,6 +19,7 @@ from numpyro_pvi._core import (
     FitRecipe,
     check_int,
     check_recipe,
+    check_same_plate,
     deprecation,
     fold_ids,
     good_k,
@@ -341,28 +342,6 @@ def _select(dataset: xr.Dataset, rule: str, reference: str | None) -> str:
     return best
 
 
-def _check_candidate_plate(
-    tr: dict[str, Any], plate: DataPlate, label: str, loss: PredictiveELBO
-) -> None:
-    """Refuse a PVI candidate that indexes observations by another plate
-    than the folds do: its fits would score other observations than the
-    ones held out."""
-    try:
-        own = plate_of(tr, loss.data_plate).selector
-    except ValueError:
-        found = f"finds no data plate with data_plate={loss.data_plate!r}"
-    else:
-        if own == plate.selector:
-            return
-        found = f"indexes the observations by {own!r}"
-    raise ValueError(
-        f"cross_validate: candidate {label!r} ({loss!r}) {found}, and the folds "
-        f"hold out observations of data_plate={plate.selector!r}: its fits would "
-        f"score other observations. Construct it with data_plate="
-        f"{plate.selector!r}, as default_candidates(..., data_plate=...) does."
-    )
-
-
 def _data_plate(
     rng_key: jax.Array,
     params: dict[str, jax.Array],
@@ -379,7 +358,8 @@ def _data_plate(
     plate = plate_of(tr, data_plate)
     for label, loss in candidates.items():
         if isinstance(loss, PredictiveELBO):
-            _check_candidate_plate(tr, plate, label, loss)
+            what = f"cross_validate: candidate {label!r} ({loss!r})"
+            check_same_plate(tr, plate, loss.data_plate, what)
     if plate.name is None:
         raise ValueError(
             "cross_validate: the observed values are scalars, one observation in "

@@ -314,3 +314,38 @@ def test_bad_input(model, generator, match):
                 progress_bar=False,
             ),
         )
+
+
+def two_plates(y=None):
+    """A second observed site, a function of a latent, in a plate of its own
+    (as NumPyro's CUPED notebook writes it)."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("obs", N):
+        y = numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+    with numpyro.plate("other", N):
+        numpyro.sample("z", dist.Normal(0.0, 2.0), obs=y - theta)
+
+
+def test_a_loss_indexing_another_plate_is_refused_with_the_plate_that_works():
+    """The observations held out are those of data_plate: a PVI loss that
+    indexes observations otherwise would score others."""
+
+    def calibration(loss):
+        return diagnostics.predictive_calibration(
+            jax.random.PRNGKey(0),
+            two_plates,
+            AutoNormal(two_plates),
+            optax.adam(0.05),
+            loss,
+            jnp.zeros(N),
+            replications=Replications(
+                num_simulations=2, num_svi_steps=2, num_draws=20, progress_bar=False
+            ),
+            data_plate="obs",
+        )
+
+    for own, match in ((None, "finds no data plate"), ("other", "by 'other'")):
+        loss = PredictiveELBO(num_particles=2, data_plate=own)
+        with pytest.raises(ValueError, match=f"{match}.*data_plate='obs'"):
+            calibration(loss)
+    calibration(PredictiveELBO(num_particles=2, data_plate="obs"))
