@@ -20,6 +20,7 @@ import numpyro.distributions as dist
 import optax
 import pytest
 from jax import random
+from numpyro.contrib.control_flow import scan
 from numpyro.infer import SVI, Trace_ELBO, init_to_uniform
 from numpyro.infer.autoguide import AutoNormal
 
@@ -364,13 +365,49 @@ def ar2_one_site(y):
     numpyro.sample("y", dist.Normal(m, sigma).to_event(1), obs=y[2:])
 
 
+def ar2_scan(y):
+    """NumPyro's ``examples/ar2.py``, ``ar2_scan``, as written (commit
+    0b935d48): the observed site inside ``scan``, conditioned."""
+    alpha_1 = numpyro.sample("alpha_1", dist.Normal(0, 1))
+    alpha_2 = numpyro.sample("alpha_2", dist.Normal(0, 1))
+    const = numpyro.sample("const", dist.Normal(0, 1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1))
+
+    def transition(carry, _):
+        y_prev, y_prev_prev = carry
+        m_t = const + alpha_1 * y_prev + alpha_2 * y_prev_prev
+        y_t = numpyro.sample("y", dist.Normal(m_t, sigma))
+        carry = (y_t, y_prev)
+        return carry, m_t
+
+    timesteps = jnp.arange(y.shape[0] - 2)
+    init = (y[1], y[0])
+
+    with numpyro.handlers.condition(data={"y": y[2:]}):
+        _, mu = scan(transition, init, timesteps)
+
+    numpyro.deterministic("mu", mu)
+
+
+def ar2_plate(y):
+    """The same likelihood in a plate: one observation per step."""
+    alpha_1 = numpyro.sample("alpha_1", dist.Normal(0, 1))
+    alpha_2 = numpyro.sample("alpha_2", dist.Normal(0, 1))
+    const = numpyro.sample("const", dist.Normal(0, 1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1))
+    with numpyro.plate("t", y.shape[0] - 2):
+        m = const + alpha_1 * y[1:-1] + alpha_2 * y[:-2]
+        numpyro.sample("y", dist.Normal(m, sigma), obs=y[2:])
+
+
 def test_scalar_sites_without_a_plate_form_one_observation():
     """NumPyro's AR(2) written as a Python loop of scalar observed sites:
     the data form one observation of T - 2 values, scored as the same
     likelihood written as one site with one event (the same loss and score
-    at the same key). The CRPS, for scalar observations, refuses and names
-    the energy score, which fits; the quadratic score's refusal advises only
-    scores that fit."""
+    at the same key); written with ``scan`` (the example's other version),
+    one observation per step, as in a plate. The CRPS, for scalar
+    observations, refuses and names the energy score, which fits; the
+    quadratic score's refusal advises only scores that fit."""
     rng = np.random.default_rng(0)
     y = np.zeros(30, np.float32)
     for t in range(2, 30):
@@ -390,6 +427,15 @@ def test_scalar_sites_without_a_plate_form_one_observation():
     ]
     assert scores[0].shape == (1,)
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5)
+    # written with scan, the series has one observation per step: scored as
+    # the same likelihood in a plate
+    guide = guides[ar2_one_site]  # the same latent sites
+    stepwise = [
+        predictive_score(random.PRNGKey(4), params, m, guide, y).score
+        for m in (ar2_scan, ar2_plate)
+    ]
+    assert stepwise[0].shape == (28,)
+    np.testing.assert_allclose(stepwise[0], stepwise[1], rtol=1e-5)
 
     def fit(score):
         svi = SVI(
