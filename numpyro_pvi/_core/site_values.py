@@ -36,6 +36,7 @@ from numpyro.distributions import (
     Independent,
     MaskedDistribution,
     Normal,
+    Unit,
 )
 
 from numpyro_pvi._core.data_plate import DataPlate, per_observation
@@ -52,8 +53,10 @@ def innermost(fn: Distribution) -> Distribution:
 
 
 def describe(fn: Distribution) -> str:
-    """The name of a distribution under its wrappers, for messages."""
-    return type(innermost(fn)).__name__
+    """The name of a distribution under its wrappers, for messages (a
+    ``numpyro.factor`` is an observed site of ``Unit`` distribution)."""
+    base = innermost(fn)
+    return "a numpyro.factor" if isinstance(base, Unit) else type(base).__name__
 
 
 class SiteComponents(NamedTuple):

@@ -795,3 +795,32 @@ def test_quadratic_score_refuses_a_pmf_beyond_memory_before_making_it():
     small = jnp.full(1000, 200)
     value = loss.loss(random.PRNGKey(0), params, varying_binomial, guide, small, y)
     assert np.isfinite(value)
+
+
+def censored_model(y, censored):
+    """A right-censored Normal, the censored observations' likelihood a
+    ``numpyro.factor`` in the data plate (as NumPyro's censoring notebook
+    writes it)."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 3.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(2.0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, sigma).mask(~censored), obs=y)
+        numpyro.factor("cens_lik", jnp.where(censored, norm.logsf(y, mu, sigma), 0.0))
+
+
+def test_a_factor_in_the_data_plate_is_part_of_the_observation():
+    """At a point-mass guide the log score of each observation is its
+    log-likelihood, the factor's term for a censored one; the scores that
+    simulate observations refuse the factor by name."""
+    y = jnp.array([0.3, 1.8, -0.5, 1.8])
+    censored = jnp.array([False, True, False, True])
+    guide = AutoDelta(censored_model)
+    params = {"mu_auto_loc": jnp.asarray(0.4), "sigma_auto_loc": jnp.asarray(1.3)}
+    got = predictive_score(
+        random.PRNGKey(0), params, censored_model, guide, y, censored, num_draws=2
+    )
+    expected = jnp.where(censored, norm.logsf(y, 0.4, 1.3), norm.logpdf(y, 0.4, 1.3))
+    np.testing.assert_allclose(got.score, expected, rtol=1e-5)
+    loss = PredictiveELBO("crps", num_particles=4)
+    with pytest.raises(ValueError, match=r"'cens_lik' \(a numpyro.factor\).*'log'"):
+        loss.loss(random.PRNGKey(0), params, censored_model, guide, y, censored)
