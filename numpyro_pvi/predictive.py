@@ -18,6 +18,7 @@ from numpyro_pvi._core import (
     RejectionStats,
     check_data_plate,
     check_int,
+    check_no_model_params,
     check_real,
     check_real_or_array,
     guide_log_density,
@@ -462,9 +463,12 @@ class PredictiveELBO(ELBO):
                 accept_key, terms, plate_key, param_map, model, guide, args, kwargs
             )
             surrogate = jnp.sum(observation * surrogate)
-            data_score = (
-                stop_gradient(data_score) + surrogate - stop_gradient(surrogate)
-            )
+            if self._uses_regularizer:  # reparameterised draws: the guide's
+                check_no_model_params(model, args, kwargs, self._objective_name())
+                data_score = stop_gradient(data_score)
+            # else the draws are held fixed: the log score's gradient is the
+            # model's own parameters' only, and kept
+            data_score = data_score + surrogate - stop_gradient(surrogate)
         objective = data_score
         if self._uses_regularizer:
             # KL(q || prior), or the negative ELBO: E_q[log q - log p(θ, y)]

@@ -47,7 +47,9 @@ class SNISForwardKL(ELBO):
 
     Guides as for :class:`~numpyro_pvi.SoftCVIELBO`: no reparameterisation is
     needed (discrete latent sites are fine) but the guide's log density must
-    be evaluable at given points.
+    be evaluable at given points. The model's own parameters are fitted by
+    maximum marginal likelihood with the same weights, as there
+    (reweighted wake-sleep).
 
     :param int num_particles: the number :math:`K \ge 2` of importance draws.
     :param bool low_variance: add the control variate.
@@ -109,4 +111,4 @@ class SNISForwardKL(ELBO):
         if self.low_variance:
             mean_log_q = jnp.mean(draws.log_q_phi)
             loss = loss + mean_log_q - stop_gradient(mean_log_q)
-        return {"loss": loss, "mutable_state": None}
+        return {"loss": loss - draws.model_term, "mutable_state": None}

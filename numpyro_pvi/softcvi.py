@@ -69,6 +69,13 @@ class SoftCVIELBO(ELBO):
     joint is its unbiased estimate but the labels, a nonlinear function of
     it, are biased.
 
+    The model's own parameters (``numpyro.param`` sites in the model) are
+    fitted by maximum marginal likelihood, as in reweighted wake-sleep [2]:
+    their gradient is the self-normalised importance-sampling estimate
+    :math:`-\sum_k \tilde w_k \nabla_\psi \log p_\psi(\theta_k, x)`,
+    :math:`\tilde w = \operatorname{softmax}_k(\log p(\theta_k, x) - \log
+    q(\theta_k))`, added to the gradient with the loss value unchanged.
+
     **Example**
 
     .. code-block:: python
@@ -93,6 +100,7 @@ class SoftCVIELBO(ELBO):
     1. Ward, D., Beaumont, M. A. & Fasiolo, M. (2024). *SoftCVI: Contrastive
        variational inference with self-generated soft labels*.
        arXiv:2407.15687.
+    2. Bornschein, J. & Bengio, Y. (2015). *Reweighted wake-sleep*. ICLR.
     """
 
     #: Whether the optimum is the Bayesian posterior (read by diagnostics:
@@ -153,4 +161,4 @@ class SoftCVIELBO(ELBO):
         log_probs = jax.nn.log_softmax(logits)
         # a zero label times a -inf log probability is 0; a NaN label is NaN
         loss = -jnp.sum(jnp.where(labels == 0, 0.0, labels * log_probs))
-        return {"loss": loss, "mutable_state": None}
+        return {"loss": loss - draws.model_term, "mutable_state": None}

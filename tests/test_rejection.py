@@ -129,3 +129,44 @@ def _loss_bound(bound):
     return PredictiveELBO(
         "log", log_score_estimator="rejection", likelihood_bound=bound
     )
+
+
+def scaled_model(y):
+    """A noise scale that is a parameter of the model."""
+    log_sigma = numpyro.param("log_sigma", 0.2)
+    t = numpyro.sample("t", dist.Normal(0.0, 10.0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(t, jnp.exp(log_sigma)), obs=y)
+
+
+def test_model_parameters_follow_the_log_score():
+    """Without a regularizer the draws are held fixed and the model's own
+    parameter gets the log score's gradient: the same as the
+    reparameterised estimator's at the same key (the same draws). With a
+    regularizer it would get none: refused, naming it."""
+    params = {"loc": jnp.asarray(0.3), "log_sigma": jnp.asarray(0.2)}
+    bound = 1.0 / math.sqrt(2.0 * math.pi * math.exp(2 * 0.2))
+    rejection = PredictiveELBO(
+        "log",
+        num_particles=8,
+        regularizer=None,
+        log_score_estimator="rejection",
+        likelihood_bound=2 * bound,
+    )
+    reparam = PredictiveELBO("log", num_particles=8, regularizer=None)
+    grads = [
+        jax.grad(
+            lambda p, loss=loss: loss.loss(random.PRNGKey(3), p, scaled_model, guide, Y)
+        )(params)["log_sigma"]
+        for loss in (rejection, reparam)
+    ]
+    assert abs(float(grads[0])) > 0.1
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5)
+    regularized = PredictiveELBO(
+        "log",
+        num_particles=8,
+        log_score_estimator="rejection",
+        likelihood_bound=2 * bound,
+    )
+    with pytest.raises(ValueError, match=r"'log_sigma'.*regularizer=None"):
+        regularized.loss(random.PRNGKey(3), params, scaled_model, guide, Y)

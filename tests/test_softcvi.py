@@ -557,3 +557,42 @@ def test_eight_schools_softcvi_covers_reference_draws_better():
         result = svi.run(random.PRNGKey(0), 2000, sigma, y, progress_bar=False)
         scores[name] = mean_log_q(guide, result.params)
     assert scores["softcvi"] > scores["elbo"], scores
+
+
+def hyper_model(y):
+    """θ ~ N(μ, 1) with μ a parameter of the model, y_i ~ N(θ, 1)."""
+    mu = numpyro.param("mu", 0.0)
+    theta = numpyro.sample("theta", dist.Normal(mu, 1.0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+
+@pytest.mark.parametrize(
+    "loss", [SoftCVIELBO(8, 0.75), SNISForwardKL(8, low_variance=True)], ids=repr
+)
+def test_model_parameters_follow_the_marginal_likelihood(loss):
+    """The model's own parameter gets the self-normalised estimate of
+    ∇_μ log p_μ(y); at the exact posterior every weight is 1/K and its mean
+    over draws is E[θ | y] - μ (Fisher's identity). Mean over 400 keys,
+    tolerance four Monte Carlo standard errors."""
+    y = jnp.array([1.5, 2.5, 0.5, 3.0])
+    mu, n = 0.3, y.shape[0]
+    var = 1.0 / (1.0 + n)
+    mean = var * (mu + float(jnp.sum(y)))
+    guide = AutoNormal(hyper_model)
+    params = {
+        "mu": jnp.asarray(mu),
+        "theta_auto_loc": jnp.asarray(mean),
+        "theta_auto_scale": jnp.asarray(math.sqrt(var)),
+    }
+    SVI(hyper_model, guide, optax.adam(0.1), loss).init(random.PRNGKey(0), y)
+
+    def grad_mu(key):
+        return jax.grad(lambda p: loss.loss(key, p, hyper_model, guide, y))(params)[
+            "mu"
+        ]
+
+    keys = random.split(random.PRNGKey(1), 400)
+    grads = np.asarray(jax.jit(jax.vmap(grad_mu))(keys))
+    se = math.sqrt(var / (400 * loss.num_particles))
+    assert abs(-grads.mean() - (mean - mu)) < 4 * se, (-grads.mean(), mean - mu, se)

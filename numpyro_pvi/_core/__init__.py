@@ -84,7 +84,11 @@ from numpyro_pvi._core.recipes import (
     Replications,
     check_recipe,
 )
-from numpyro_pvi._core.rejection import RejectionStats, rejection_score_function
+from numpyro_pvi._core.rejection import (
+    RejectionStats,
+    check_no_model_params,
+    rejection_score_function,
+)
 from numpyro_pvi._core.structure import (
     check_full_data,
     feasible_improper,
@@ -132,6 +136,7 @@ __all__ = [
     "cached_program_count",
     "check_bool",
     "check_data_plate",
+    "check_no_model_params",
     "check_same_plate",
     "check_fitted_call",
     "check_full_data",

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 from jax.lax import stop_gradient
 from numpyro.infer.autoguide import (
     AutoBNAFNormal,
@@ -86,11 +87,20 @@ class FixedDraws(NamedTuple):
         gradient.
     :ivar log_q_phi: :math:`\\log q_\\phi(\\theta_k)` with the draws fixed:
         its gradient is :math:`\\nabla_\\phi \\log q_\\phi(\\theta_k)`.
+    :ivar model_term: a scalar of value 0 whose gradient in the model's
+        parameters :math:`\\psi` (``numpyro.param`` sites of the model) is
+        :math:`\\sum_k \\tilde w_k \\nabla_\\psi \\log p_\\psi(\\theta_k, x)`,
+        :math:`\\tilde w = \\operatorname{softmax}_k(\\log p - \\log q)`:
+        the self-normalised importance-sampling estimate of
+        :math:`\\nabla_\\psi \\log p_\\psi(x)` (the model update of
+        reweighted wake-sleep). Subtracted from a loss, it fits the model's
+        parameters by maximum marginal likelihood and changes nothing else.
     """
 
     log_joint: jax.Array
     log_q: jax.Array
     log_q_phi: jax.Array
+    model_term: jax.Array
 
 
 def fixed_draw_terms(
@@ -130,8 +140,16 @@ def fixed_draw_terms(
         stratified=False,
     )
     terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
+    # the draws carry no gradient (require_reparam=False): the log joint's
+    # is in the model's own parameters only
+    joint = log_joint(terms)
+    fixed_joint, log_q = stop_gradient(joint), stop_gradient(terms.log_q)
+    weights = jax.nn.softmax(fixed_joint - log_q)
+    # a zero weight (zero model density) leaves its draw out; NaN stays NaN
+    model_term = jnp.sum(jnp.where(weights == 0, 0.0, weights * (joint - fixed_joint)))
     return FixedDraws(
-        log_joint=stop_gradient(log_joint(terms)),
-        log_q=stop_gradient(terms.log_q),
+        log_joint=fixed_joint,
+        log_q=log_q,
         log_q_phi=present(terms.log_q_fixed, "log_q_fixed"),
+        model_term=model_term,
     )

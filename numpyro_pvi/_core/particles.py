@@ -254,6 +254,8 @@ class _ParticleTracer:
             component=None if self.strata is None else component,
             require_reparam=spec.require_reparam,
             objective=spec.objective,
+            # draws held fixed: the model's own parameters keep their gradient
+            model_params=self.param_map,
         )
 
     def shared(self, key: jax.Array, component: jax.Array) -> _Shared:

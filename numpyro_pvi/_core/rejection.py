@@ -145,3 +145,28 @@ def _further_rounds(
     init = (key, jnp.zeros_like(pending), empty, jnp.zeros((), jnp.int32))
     _, found, kept, rounds = lax.while_loop(cond, body, init)
     return found, jax.tree.map(stop_gradient, kept), rounds
+
+
+def check_no_model_params(
+    model: Callable, args: tuple, kwargs: dict, objective: str
+) -> None:
+    """Refuse a model with parameters of its own (``numpyro.param`` sites)
+    under the rejection estimator with a regularizer: the draws are then
+    reparameterised, the log score's gradient is replaced by the
+    estimator's, which is the guide's only, and the model's parameters would
+    not be fitted by the data."""
+    from numpyro.handlers import seed, trace
+
+    from numpyro_pvi._core.structure import feasible_improper
+
+    tr = trace(seed(feasible_improper(model), 0)).get_trace(*args, **kwargs)
+    names = [name for name, site in tr.items() if site["type"] == "param"]
+    if names:
+        raise ValueError(
+            f"{objective}: log_score_estimator='rejection' with a regularizer "
+            f"fits the guide only, and the model has parameters of its own "
+            f"({', '.join(repr(n) for n in names)}) that the data would not fit. "
+            "Use regularizer=None (the draws are then held fixed and the model's "
+            "parameters follow the log score), log_score_estimator='reparam', "
+            "or make them latent sites."
+        )

@@ -262,6 +262,7 @@ def trace_particle(
     component: jax.Array | None = None,
     require_reparam: bool = True,
     objective: str = "objective",
+    model_params: dict[str, jax.Array] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Draw one particle from the guide and replay the model against it.
 
@@ -280,6 +281,9 @@ def trace_particle(
     :param require_reparam: raise when a latent site of the guide has no
         reparameterised sampler.
     :param objective: the calling objective's name, for messages.
+    :param model_params: the parameters the model is replayed with
+        (``None``: ``draw_params``); draws held fixed keep the gradient of
+        the model's own parameters this way.
     :return: ``(guide_trace, model_trace)``.
     """
     seeded_guide = substitute(seed(guide, guide_key), data=draw_params)
@@ -291,7 +295,8 @@ def trace_particle(
     if require_reparam:
         require_reparam_guide(guide_trace, objective)
     seeded_model = substitute(
-        replay(seed(model, model_key), guide_trace), data=draw_params
+        replay(seed(model, model_key), guide_trace),
+        data=draw_params if model_params is None else model_params,
     )
     model_trace = trace(seeded_model).get_trace(*args, **kwargs)
     check_model_guide_match(model_trace, guide_trace)
