@@ -402,3 +402,44 @@ def test_with_lam_is_the_objective_built_with_that_lam():
     assert not base.differs_only_in_lam(PACmELBO(num_particles=4))
     with pytest.raises(ValueError, match="lam"):
         base.with_lam(-1.0)
+
+
+def noise_param_model(x, y):
+    """A regression whose noise scale is a parameter of the model."""
+    log_sigma = numpyro.param("log_sigma", -0.3)
+    b = numpyro.sample("b", dist.Normal(0.0, 3.0))
+    with numpyro.plate("obs", x.shape[0]):
+        numpyro.sample("y", dist.Normal(b * x, jnp.exp(log_sigma)), obs=y)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        PredictiveELBO("log", num_particles=4),
+        PredictiveELBO("crps", num_particles=4),
+        PACmELBO(num_particles=4),
+    ],
+    ids=repr,
+)
+def test_model_parameter_gradient_is_the_loss_derivative(loss):
+    """At a fixed key the draws do not depend on the model's own parameter:
+    its gradient is the derivative of the loss (central difference)."""
+    x = jnp.linspace(-1.0, 1.0, 12)
+    y = 2.0 * x + 0.4 * jnp.sin(7.0 * x)
+    guide = AutoNormal(noise_param_model)
+    SVI(noise_param_model, guide, optax.adam(0.1), loss).init(random.PRNGKey(0), x, y)
+    params = {
+        "log_sigma": jnp.asarray(-0.3),
+        "b_auto_loc": jnp.asarray(1.5),
+        "b_auto_scale": jnp.asarray(0.4),
+    }
+
+    def value(log_sigma):
+        p = {**params, "log_sigma": log_sigma}
+        return loss.loss(random.PRNGKey(1), p, noise_param_model, guide, x, y)
+
+    grad = jax.grad(value)(jnp.asarray(-0.3))
+    h = 1e-2
+    central = (value(jnp.asarray(-0.3 + h)) - value(jnp.asarray(-0.3 - h))) / (2 * h)
+    assert abs(float(grad)) > 0.1
+    np.testing.assert_allclose(grad, central, rtol=2e-2)
