@@ -422,7 +422,7 @@ def test_scalar_sites_without_a_plate_form_one_observation():
     losses = [loss.loss(random.PRNGKey(3), params, m, g, y) for m, g in guides.items()]
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
     scores = [
-        predictive_score(random.PRNGKey(4), params, m, g, y).score
+        predictive_score(random.PRNGKey(4), params, m, g, y, num_draws=64).score
         for m, g in guides.items()
     ]
     assert scores[0].shape == (1,)
@@ -431,7 +431,7 @@ def test_scalar_sites_without_a_plate_form_one_observation():
     # the same likelihood in a plate
     guide = guides[ar2_one_site]  # the same latent sites
     stepwise = [
-        predictive_score(random.PRNGKey(4), params, m, guide, y).score
+        predictive_score(random.PRNGKey(4), params, m, guide, y, num_draws=64).score
         for m in (ar2_scan, ar2_plate)
     ]
     assert stepwise[0].shape == (28,)
