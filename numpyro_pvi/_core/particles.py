@@ -103,7 +103,8 @@ class ParticleSpec:
     :ivar require_reparam: raise when a latent site of the guide, or an
         observed site whose draws ``"y_sim"`` are requested, has no
         reparameterised sampler. With ``False`` no gradient flows through
-        the draws: the guide draws with its parameters' gradient stopped.
+        the draws: the guide draws with its parameters' gradient stopped,
+        and the model, replayed on them, keeps its own parameters'.
     :ivar require_observed: raise when the model has no observed site. With
         ``False`` such a model has no observation (``b = 0``).
     :ivar stratified: draw ``M`` particles from each stratum of a
