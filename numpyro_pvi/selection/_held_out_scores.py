@@ -6,10 +6,11 @@ and gathered with the candidates' summaries into the result's
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ from numpyro_pvi._core import (
 from numpyro_pvi.evaluation import match_unreliable
 from numpyro_pvi.scores import LogScore, Score
 from numpyro_pvi.selection._candidates import (
+    Grid,
     grids,
     lam_coordinates,
 )
@@ -178,6 +180,46 @@ def scores_dataset(
     return xr.Dataset(data_vars, coords=coords, attrs={"reference": reference or ""})
 
 
+def _fitted_shapes(init_params: Any, lead: tuple[int, int]) -> Any:
+    """The shapes of a grid's fitted parameters, leading axes ``(G, K)``."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(lead + jnp.shape(x), jnp.result_type(x)),
+        init_params,
+    )
+
+
+def _fit_grids(
+    grid_list: list[Grid], lowered: list[Any], fit: FitRecipe, setting: tuple
+) -> tuple[list[tuple[Grid, Any, np.ndarray]], list[Any]]:
+    """Compile the scoring programs ``lowered`` while each grid is lowered
+    and its fits start at once (the next grid lowers while they run). An
+    error or an interrupt stops every running fit after its current block of
+    steps and is raised without waiting for them. ``setting``: ``(model,
+    guide, optim, plate, keeps, fit_key, data)`` of :func:`lower_grid`."""
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=len(grid_list) + 1)
+    try:
+        compiling = pool.submit(compile_all, lowered)
+        running = [
+            pool.submit(
+                fit_grid,
+                lower_grid(grid, *setting),
+                num_steps=fit.num_steps,
+                progress_bar=fit.progress_bar,
+                stop=stop,
+            )
+            for grid in grid_list
+        ]
+        # a grid's result is None only once stopped, i.e. below
+        fits = [cast(tuple, f.result()) for f in running]
+        return fits, compiling.result()
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def held_out_scores(
     procedure: tuple,
     candidates: dict[str, ELBO],
@@ -194,21 +236,23 @@ def held_out_scores(
     loss of its fits and, for a score whose mixture score is quadratic in
     the weights, the ``(C, C, N)`` pairwise gains of stacking
     (:class:`~numpyro_pvi.selection._score_programs.PairGains`): one compiled
-    program per λ grid, one that scores every fit and one for the pairs;
-    each grid compiles and runs its fits in a thread of its own while the
-    scoring programs compile. ``procedure`` is ``(model, guide, optim, plate, data,
-    init_params)``; ``folds`` the fold of every observation."""
+    program per λ grid, one that scores every fit and one for the pairs.
+    The scoring programs lower first and compile while each grid is lowered
+    and its fits run, in a thread of their own (:func:`_fit_grids`).
+    ``procedure`` is ``(model, guide, optim, plate, data, init_params)``;
+    ``folds`` the fold of every observation."""
     model, guide, optim, plate, data, init_params = procedure
     fit_key, score_key = keys
     num_folds = len(np.unique(folds))
     keeps = jnp.asarray(folds)[None, :] != jnp.arange(num_folds)[:, None]  # (K, N)
     scorer = pointwise_scorer(model, guide, plate, score, fit.num_draws, data)
-    jax.eval_shape(scorer, score_key, init_params, data.dynamic)  # the score applies
-    programs = [
-        lower_grid(grid, model, guide, optim, plate, keeps, fit_key, data)
-        for grid in grids(candidates)
+    grid_list = grids(candidates)
+    # the fits' parameters are shaped as the initial ones, whatever the loss
+    # (SVI.init does not read it): the scores lower first, which checks that
+    # the score applies before any fit runs
+    shapes = [
+        _fitted_shapes(init_params, (len(g.values), num_folds)) for g in grid_list
     ]
-    shapes = [p.shapes for p in programs]
     lowered = [lower_scores(scorer, score_key, shapes, data)]
     pairs = None
     if score.mixture_is_quadratic and len(candidates) > 1:
@@ -216,23 +260,17 @@ def held_out_scores(
             pair_gain_scorer(model, guide, plate, score, fit.num_draws, data),
             score_key,
             shapes,
-            [list(p.grid.labels) for p in programs],
+            [list(grid.labels) for grid in grid_list],
             list(candidates),
             data,
         )
         lowered.append(pairs.program)
-    # each grid compiles and fits, and the scores compile, at once
-    with ThreadPoolExecutor(max_workers=len(programs) + 1) as pool:
-        compiling = pool.submit(compile_all, lowered)
-        fits = list(
-            pool.map(
-                lambda p: fit_grid(
-                    p, num_steps=fit.num_steps, progress_bar=fit.progress_bar
-                ),
-                programs,
-            )
-        )
-        compiled = compiling.result()
+    fits, compiled = _fit_grids(
+        grid_list,
+        lowered,
+        fit,
+        (model, guide, optim, plate, keeps, fit_key, data),
+    )
     params = [fitted for _, fitted, _ in fits]
     pointwise = split_scores(
         run_scores(compiled[0], score_key, params, data.dynamic), params

@@ -217,11 +217,16 @@ def compile_all(lowered: list[Any]) -> list[Any]:
 
 
 def fit_grid(
-    program: GridProgram, *, num_steps: int, progress_bar: bool
-) -> tuple[Grid, Any, np.ndarray]:
+    program: GridProgram,
+    *,
+    num_steps: int,
+    progress_bar: bool,
+    stop: threading.Event | None = None,
+) -> tuple[Grid, Any, np.ndarray] | None:
     """Compile a lowered :class:`GridProgram` and run its chunks at once for
     ``num_steps`` steps in blocks (the bar shows the steps every fit has
-    done).
+    done). Once ``stop`` is set (the caller met an error, or an interrupt),
+    every chunk ends after its current block and the result is ``None``.
 
     :return: its grid, the fitted parameters with leading axes ``(G, K)``
         and the mean loss of each fit over its last block of steps (the last
@@ -236,9 +241,9 @@ def fit_grid(
     with tqdm(total=num_steps, disable=not progress_bar, desc=desc) as bar:
         lock = threading.Lock()
 
-        def one(c: int) -> tuple:
+        def one(c: int) -> tuple | None:
             states = init(*program.chunks[c], *program.shared)
-            while done[c] < num_steps:
+            while done[c] < num_steps and not (stop and stop.is_set()):
                 n = min(block, num_steps - done[c])
                 states, losses, params = run(
                     states,
@@ -249,10 +254,14 @@ def fit_grid(
                 with lock:
                     done[c] += n
                     bar.update(min(done) - bar.n)
+            if done[c] < num_steps:  # stopped
+                return None
             return jax.device_get((params, losses))
 
         with ThreadPoolExecutor(max_workers=len(program.chunks)) as pool:
             outs = list(pool.map(one, range(len(program.chunks))))
+    if any(out is None for out in outs):
+        return None
     lead = jax.tree.leaves(program.shapes)[0].shape[:2]  # (G, K)
     params, losses = jax.tree.map(
         lambda *xs: np.concatenate(xs)[: program.layout.fits].reshape(

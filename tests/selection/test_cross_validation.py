@@ -1,6 +1,7 @@
 """Cross-validated choice of the objective (``numpyro_pvi.selection``)."""
 
 import os
+import threading
 import warnings
 
 import jax
@@ -20,6 +21,7 @@ from numpyro_pvi._core import fold_ids, svi_scan
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.selection import (
     CrossValidation,
+    _held_out_scores,
     _programs,
     cross_validate,
     default_candidates,
@@ -400,6 +402,42 @@ def test_bad_input(kwargs, error, match):
             fit=FitRecipe(num_steps=steps, progress_bar=False),
             **kwargs,
         )
+
+
+class _Broken(Trace_ELBO):
+    """A loss that fails when its program is traced."""
+
+    def loss_with_mutable_state(self, *args, **kwargs):
+        raise ValueError("broken loss")
+
+
+def test_an_error_stops_the_fits_already_running(monkeypatch):
+    """The first grid's fits start as soon as it is lowered; an error in a
+    later grid's lowering is raised and stops them after their current
+    block, instead of letting them run to the end (10⁶ steps here)."""
+    results = []
+
+    def recorded(*args, **kwargs):
+        results.append(fit_grid(*args, **kwargs))
+        return results[-1]
+
+    fit_grid = _programs.fit_grid
+    monkeypatch.setattr(_held_out_scores, "fit_grid", recorded)
+    y = _data(one_site)
+    with pytest.raises(ValueError, match="broken loss"):
+        cross_validate(
+            random.PRNGKey(1),
+            one_site,
+            AutoNormal(one_site),
+            optax.adam(0.05),
+            y,
+            fit=FitRecipe(num_steps=10**6, progress_bar=False),
+            candidates={"VI": Trace_ELBO(), "broken": _Broken()},
+        )
+    for thread in threading.enumerate():
+        if thread.name.startswith("ThreadPoolExecutor"):
+            thread.join()
+    assert results == [None]  # the VI grid ran, and stopped unfinished
 
 
 @pytest.mark.slow
