@@ -1,5 +1,6 @@
 """Cross-validated choice of the objective (``numpyro_pvi.selection``)."""
 
+import _thread
 import os
 import threading
 import warnings
@@ -411,20 +412,31 @@ class _Broken(Trace_ELBO):
         raise ValueError("broken loss")
 
 
-def test_an_error_stops_the_fits_already_running(monkeypatch):
+@pytest.mark.parametrize("cause", ["error", "interrupt"])
+def test_an_error_stops_the_fits_already_running(cause, monkeypatch):
     """The first grid's fits start as soon as it is lowered; an error in a
-    later grid's lowering is raised and stops them after their current
-    block, instead of letting them run to the end (10⁶ steps here)."""
-    results = []
+    later grid's lowering, or an interrupt (Ctrl-C) while they run, is
+    raised and stops them after their current block, instead of letting
+    them run to the end (10⁶ steps here)."""
+    results, finished = [], threading.Event()
 
     def recorded(*args, **kwargs):
+        if cause == "interrupt":
+            _thread.interrupt_main()  # KeyboardInterrupt in the caller
         results.append(fit_grid(*args, **kwargs))
+        finished.set()
         return results[-1]
 
     fit_grid = _programs.fit_grid
     monkeypatch.setattr(_held_out_scores, "fit_grid", recorded)
+    candidates = {"VI": Trace_ELBO()}
+    if cause == "error":
+        candidates["broken"] = _Broken()
     y = _data(one_site)
-    with pytest.raises(ValueError, match="broken loss"):
+    raised = (
+        (ValueError, "broken loss") if cause == "error" else (KeyboardInterrupt, "")
+    )
+    with pytest.raises(raised[0], match=raised[1]):
         cross_validate(
             random.PRNGKey(1),
             one_site,
@@ -432,11 +444,9 @@ def test_an_error_stops_the_fits_already_running(monkeypatch):
             optax.adam(0.05),
             y,
             fit=FitRecipe(num_steps=10**6, progress_bar=False),
-            candidates={"VI": Trace_ELBO(), "broken": _Broken()},
+            candidates=candidates,
         )
-    for thread in threading.enumerate():
-        if thread.name.startswith("ThreadPoolExecutor"):
-            thread.join()
+    finished.wait()
     assert results == [None]  # the VI grid ran, and stopped unfinished
 
 
