@@ -28,7 +28,7 @@ from numpyro.infer.autoguide import (
 from numpyro.infer.importance import _psis_khat
 from scipy.stats import norm
 
-from numpyro_pvi import FitRecipe, PredictiveELBO, predictive_score
+from numpyro_pvi import FitRecipe, PredictiveELBO, StratifiedELBO, predictive_score
 from numpyro_pvi._core import log_sum_estimate, psis_smooth, svi_scan
 from numpyro_pvi.guides import AutoFlow, AutoGaussianMixture
 from numpyro_pvi.selection import cross_validate, mask_observations
@@ -370,3 +370,94 @@ def test_a_tied_tail_is_bounded_weights_not_an_unreliable_estimate():
         rtol=1e-5,
         atol=1e-12,
     )
+
+
+def _subset_cases():
+    def normal(x, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        s = numpyro.sample("s", dist.LogNormal(0.0, 0.3))
+        with numpyro.plate("data", x.shape[0]):
+            keep = jnp.arange(x.shape[0]) != 2  # observation 2 masked out
+            numpyro.sample("y", dist.Normal(w * x, s).mask(keep), obs=y)
+
+    def pair(x, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", x.shape[0]):
+            loc = jnp.stack([w * x, -w * x], -1)
+            numpyro.sample("y", dist.Normal(loc, 1.0).to_event(1), obs=y)
+
+    def binomial(x, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", x.shape[0]):
+            numpyro.sample("y", dist.Binomial(6, logits=w * x), obs=y)
+
+    def bernoulli(x, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", x.shape[0]):
+            numpyro.sample("y", dist.Bernoulli(logits=w * x), obs=y)
+
+    x = jnp.linspace(-1.0, 1.0, 7)
+    mixture = lambda m: AutoGaussianMixture(m, num_components=2)  # noqa: E731
+    return {
+        "log, masked": (normal, x, 1.0 + x, "log", AutoNormal),
+        "log, mixture guide": (normal, x, 1.0 + x, "log", mixture),
+        "crps, closed form, masked": (normal, x, 1.0 + x, "crps", AutoNormal),
+        "energy": (pair, x, jnp.stack([x, -x], -1), "energy", AutoNormal),
+        "quadratic, binomial": (
+            binomial,
+            x,
+            jnp.arange(7.0) % 7,
+            "quadratic",
+            AutoNormal,
+        ),
+        "quadratic, bernoulli": (bernoulli, x, x > 0, "quadratic", AutoNormal),
+    }
+
+
+@pytest.mark.parametrize("case", list(_subset_cases()))
+def test_scores_at_some_observations_are_those_of_all_observations(case):
+    """``observation_subset`` (what cross-validation scores each fit at: its
+    held-out fold, indices repeated as padding) gives every score, its
+    error and k̂, and the pair gain of two fits, of the observations
+    chosen: the same values as scoring every observation and taking
+    theirs."""
+    from numpyro_pvi._core import (
+        ParticleSpec,
+        observation_subset,
+        pair_gain,
+        particle_terms,
+        pointwise_estimate,
+    )
+    from numpyro_pvi.scores import get_score
+
+    model, x, y, name, make_guide = _subset_cases()[case]
+    score = get_score(name)
+    guide = make_guide(model)
+    loss = StratifiedELBO() if isinstance(guide, AutoGaussianMixture) else Trace_ELBO()
+    svi = SVI(model, guide, optax.adam(0.1), loss)
+    first = svi.get_params(svi.init(random.PRNGKey(0), x, y))
+    fitted = svi.run(random.PRNGKey(0), 20, x, y, progress_bar=False).params
+    spec = ParticleSpec(
+        64, score.requires, None, objective="test", require_reparam=False
+    )
+    index = jnp.array([5, 2, 0, 6, 6])
+
+    @jax.jit
+    def estimates(pa, pb):
+        a, b = (
+            particle_terms(random.PRNGKey(1), p, model, guide, (x, y), {}, spec)
+            for p in (pa, pb)
+        )
+        some = [observation_subset(t, index) for t in (a, b)]
+        pointwise = pointwise_estimate(score, a), pointwise_estimate(score, some[0])
+        if not score.mixture_is_quadratic:
+            return pointwise, None
+        return pointwise, (pair_gain(score, a, b), pair_gain(score, *some))
+
+    (whole, some), gains = estimates(first, fitted)
+    for field, got in zip(whole._fields, some, strict=True):
+        expected = np.asarray(getattr(whole, field))[index]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=field)
+    if gains is not None:
+        assert np.any(np.abs(gains[0]) > 1e-4)
+        np.testing.assert_allclose(gains[1], np.asarray(gains[0])[index], rtol=1e-5)

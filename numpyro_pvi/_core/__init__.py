@@ -50,6 +50,7 @@ from numpyro_pvi._core.held_out import (
     Pointwise,
     log_sum_estimate,
     mixture_terms,
+    observation_subset,
     pair_gain,
     pointwise_estimate,
 )
@@ -166,6 +167,7 @@ __all__ = [
     "per_observation",
     "plate_of",
     "pmf",
+    "observation_subset",
     "pair_gain",
     "pointwise_estimate",
     "psis_smooth",

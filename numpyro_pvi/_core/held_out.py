@@ -27,7 +27,7 @@ importance-sampling estimate).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -123,6 +123,49 @@ def particle_subset(terms: ParticleTerms, index: jax.Array) -> ParticleTerms:
         particle=jnp.take(weights.particle, index, axis=0) * (num / sub),
         log_predictive=jnp.take(weights.log_predictive, index, axis=0)
         + math.log(num / sub),
+    )
+    return terms._replace(**fields)
+
+
+#: The axis of the data plate's observations in each per-observation field
+#: of :class:`~numpyro_pvi.particles.ParticleTerms` (``y_loc`` and
+#: ``y_scale`` may have one entry for all observations).
+_OBSERVATION_AXIS = {
+    "log_lik": 1,
+    "log_lik_scaled": 1,
+    "mask": 0,
+    "y_obs": 0,
+    "y_sim": 1,
+    "y_loc": 1,
+    "y_scale": 1,
+    "log_pmf": 2,
+    "pmf": 2,
+    "binomial_logits": 1,
+    "binomial_count": 1,
+    "obs_support": 1,
+}
+
+
+def observation_subset(terms: ParticleTerms, index: jax.Array) -> ParticleTerms:
+    """The terms of the observations ``index`` (a traced integer array, along
+    the data plate): what a score estimates at those observations alone.
+    The fields that are not per observation (the latents, the observed
+    values by site) are kept whole."""
+
+    def take(x: jax.Array, axis: int) -> jax.Array:
+        return x if x.shape[axis] == 1 else jnp.take(x, index, axis=axis)
+
+    fields: dict[str, Any] = {
+        name: take(getattr(terms, name), axis)
+        for name, axis in _OBSERVATION_AXIS.items()
+        if getattr(terms, name) is not None
+    }
+    weights = terms.weights
+    fields["weights"] = weights._replace(
+        log_predictive=take(weights.log_predictive, 1),
+        observation=None
+        if weights.observation is None
+        else take(weights.observation, 0),
     )
     return terms._replace(**fields)
 

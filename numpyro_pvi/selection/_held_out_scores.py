@@ -40,6 +40,7 @@ from numpyro_pvi.selection._programs import (
     lower_grid,
 )
 from numpyro_pvi.selection._score_programs import (
+    HeldOut,
     lower_pair_gains,
     lower_scores,
     pair_gain_scorer,
@@ -253,7 +254,8 @@ def held_out_scores(
     shapes = [
         _fitted_shapes(init_params, (len(g.values), num_folds)) for g in grid_list
     ]
-    lowered = [lower_scores(scorer, score_key, shapes, data)]
+    held = HeldOut.of(folds)
+    lowered = [lower_scores(scorer, score_key, shapes, held, data)]
     pairs = None
     if score.mixture_is_quadratic and len(candidates) > 1:
         pairs = lower_pair_gains(
@@ -262,6 +264,7 @@ def held_out_scores(
             shapes,
             [list(grid.labels) for grid in grid_list],
             list(candidates),
+            held,
             data,
         )
         lowered.append(pairs.program)
@@ -273,12 +276,12 @@ def held_out_scores(
     )
     params = [fitted for _, fitted, _ in fits]
     pointwise = split_scores(
-        run_scores(compiled[0], score_key, params, data.dynamic), params
+        run_scores(compiled[0], score_key, params, held, data.dynamic), params
     )
     held_out, final_loss = {}, {}
-    rows, cols = folds, np.arange(plate.size)
+    rows, cols = folds, held.position
     for (grid, fitted, losses), scores in zip(fits, pointwise, strict=True):
-        for g, label in enumerate(grid.labels):  # scores: (G, K, N)
+        for g, label in enumerate(grid.labels):  # scores: (G, K, n)
             estimates = Pointwise(*(x[g][rows, cols] for x in scores))
             fold_params = [
                 jax.tree.map(lambda x, g=g, k=k: x[g, k], fitted)
@@ -299,6 +302,8 @@ def held_out_scores(
             final_loss[label] = losses[g]
     gains = None
     if pairs is not None:
-        out = compiled[-1](score_key, params, pairs.pairs, data.dynamic)
-        gains = pairs.gains(out, folds, len(candidates))
+        out = compiled[-1](
+            score_key, params, pairs.pairs, pairs.observations, data.dynamic
+        )
+        gains = pairs.gains(out, folds, held, len(candidates))
     return held_out, final_loss, gains

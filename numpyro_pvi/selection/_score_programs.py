@@ -5,6 +5,7 @@ weights, the pairwise gains of stacking."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -21,13 +22,33 @@ from numpyro_pvi._core import (
     DataPlate,
     ParticleSpec,
     Pointwise,
-    guide_draws,
+    observation_subset,
     pair_gain,
     particle_terms,
 )
 from numpyro_pvi.evaluation import PointwiseEstimate
 from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._programs import ModelData
+
+
+class HeldOut(NamedTuple):
+    """Each fold's observations, the only ones its fits are scored at:
+    ``observations`` ``(K, n)`` their indices along the data plate (``n``
+    the largest fold's size; shorter folds repeat their last index) and
+    ``position`` ``(N,)`` where each observation is in its fold's row."""
+
+    observations: np.ndarray
+    position: np.ndarray
+
+    @classmethod
+    def of(cls, folds: np.ndarray) -> HeldOut:
+        members = [np.flatnonzero(folds == k) for k in range(int(folds.max()) + 1)]
+        size = max(len(m) for m in members)
+        rows = np.stack([np.resize(m, size) for m in members]).astype(np.int32)
+        position = np.zeros(folds.shape, np.int32)
+        for m in members:
+            position[m] = np.arange(len(m))
+        return cls(rows, position)
 
 
 def pointwise_scorer(
@@ -38,18 +59,21 @@ def pointwise_scorer(
     num_draws: int,
     data: ModelData,
 ) -> Callable:
-    """``scorer(key, params, dynamic) -> Pointwise`` of ``(N,)`` arrays: the
-    score of the fit's posterior predictive at every observation of the
-    data plate, with its error."""
+    """``scorer(key, params, dynamic, index) -> Pointwise`` of ``(n,)``
+    arrays: the score of the fit's posterior predictive at the observations
+    ``index`` ``(n,)`` of the data plate, with its error."""
     spec = ParticleSpec(
-        num_draws, score.requires, plate.selector, objective="cross_validate"
+        num_draws,
+        score.requires,
+        plate.selector,
+        objective="cross_validate",
+        require_reparam=False,
     )
-    reduce = PointwiseEstimate(score)
 
-    def one(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202
-        return guide_draws(key, params, model, guide, args, kwargs, spec, reduce=reduce)
+    def draw(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202
+        return (particle_terms(key, params, model, guide, args, kwargs, spec),)
 
-    return _over_data_plate(model, guide, plate, data, one)
+    return _at_observations(model, guide, plate, data, draw, PointwiseEstimate(score))
 
 
 def pair_gain_scorer(
@@ -60,9 +84,10 @@ def pair_gain_scorer(
     num_draws: int,
     data: ModelData,
 ) -> Callable:
-    """``scorer(key, (params_a, params_b), dynamic) -> (N,)``: the quadratic
-    coefficient of the score of the mixture of two fits' predictives at
-    every observation (:func:`~numpyro_pvi._core.pair_gain`), from the draws
+    """``scorer(key, (params_a, params_b), dynamic, index) -> (n,)``: the
+    quadratic coefficient of the score of the mixture of two fits'
+    predictives at the observations ``index``
+    (:func:`~numpyro_pvi._core.pair_gain`), from the draws
     :func:`pointwise_scorer` makes with the same key."""
     spec = ParticleSpec(
         num_draws,
@@ -72,39 +97,47 @@ def pair_gain_scorer(
         require_reparam=False,
     )
 
-    def one(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202
-        a, b = (
+    def draw(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202
+        return tuple(
             particle_terms(key, p, model, guide, args, kwargs, spec) for p in params
         )
-        return pair_gain(score, a, b)
 
-    return _over_data_plate(model, guide, plate, data, one)
+    return _at_observations(
+        model, guide, plate, data, draw, functools.partial(pair_gain, score)
+    )
 
 
-def _over_data_plate(
-    model: Callable, guide: Callable, plate: DataPlate, data: ModelData, one: Callable
+def _at_observations(
+    model: Callable,
+    guide: Callable,
+    plate: DataPlate,
+    data: ModelData,
+    draw: Callable,
+    reduce: Callable,
 ) -> Callable:
-    """``scorer(key, params, dynamic)``: ``one(key, params, model, guide, args,
-    kwargs)`` at every observation of the data plate. A subsampled data plate
-    is scored in batches of its subsample size (the plate's indices
-    substituted), so the model runs as written."""
+    """``scorer(key, params, dynamic, index)``: ``reduce(*terms)`` of the
+    particle terms ``draw(key, params, model, guide, args, kwargs)`` at the
+    observations ``index`` of the data plate. The terms of a whole plate are
+    cut to those observations (:func:`~numpyro_pvi._core.observation_subset`)
+    before the reduction; a subsampled data plate is drawn in batches of its
+    subsample size with the plate's indices substituted, so the model runs
+    as written."""
     if plate.subsample_size == plate.size:
 
-        def scorer(key: jax.Array, params: Any, dynamic: list) -> Any:
+        def scorer(key: jax.Array, params: Any, dynamic: list, index: jax.Array):  # noqa: ANN202
             args, kwargs = data.rebuild(dynamic)
-            return one(key, params, model, guide, args, kwargs)
+            terms = draw(key, params, model, guide, args, kwargs)
+            return reduce(*(observation_subset(t, index) for t in terms))
 
         return scorer
     b = plate.subsample_size
-    num_batches = math.ceil(plate.size / b)
-    batches = jnp.resize(jnp.arange(plate.size), (num_batches, b))
 
-    def batched(key: jax.Array, params: Any, dynamic: list) -> Any:
+    def batched(key: jax.Array, params: Any, dynamic: list, index: jax.Array):  # noqa: ANN202
         args, kwargs = data.rebuild(dynamic)
 
         def batch(idx: jax.Array) -> Any:
             sub = {plate.name: idx}
-            return one(
+            terms = draw(
                 key,
                 params,
                 substitute(model, data=sub),
@@ -112,30 +145,37 @@ def _over_data_plate(
                 args,
                 kwargs,
             )
+            return reduce(*terms)
 
-        out = lax.map(batch, batches)
-        return jax.tree.map(lambda x: jnp.reshape(x, -1)[: plate.size], out)
+        n = index.shape[0]
+        out = lax.map(batch, jnp.resize(index, (-(-n // b), b)))
+        return jax.tree.map(lambda x: jnp.reshape(x, -1)[:n], out)
 
     return batched
 
 
 def lower_scores(
-    scorer: Callable, rng_key: jax.Array, params: list[Any], data: ModelData
+    scorer: Callable,
+    rng_key: jax.Array,
+    params: list[Any],
+    held_out: HeldOut,
+    data: ModelData,
 ) -> Any:
-    """Lower the scoring of a block of fits at every observation, one fit
-    after another (``lax.map``: memory of one fit's draws), for
+    """Lower the scoring of a block of fits at their held-out observations,
+    one fit after another (``lax.map``: memory of one fit's draws), for
     :func:`run_scores`. ``params``: every grid's fits' shapes, with leading
     axes ``(G, K)``; a block is :func:`_score_block` of them."""
     block = _score_block(params)
 
-    def run(key: jax.Array, fits: Any, dynamic: list) -> Any:
-        return lax.map(lambda p: scorer(key, p, dynamic), fits)
+    def run(key: jax.Array, fits: Any, index: jax.Array, dynamic: list) -> Any:
+        return lax.map(lambda x: scorer(key, x[0], dynamic, x[1]), (fits, index))
 
     fits = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct((block,) + tuple(x.shape[2:]), x.dtype),
         params[0],
     )
-    return jax.jit(run).lower(rng_key, fits, data.dynamic)
+    index = jax.ShapeDtypeStruct((block, held_out.observations.shape[1]), jnp.int32)
+    return jax.jit(run).lower(rng_key, fits, index, data.dynamic)
 
 
 def _score_block(params: list[Any]) -> int:
@@ -146,12 +186,17 @@ def _score_block(params: list[Any]) -> int:
 
 
 def run_scores(
-    program: Any, rng_key: jax.Array, params: list[Any], dynamic: list
+    program: Any,
+    rng_key: jax.Array,
+    params: list[Any],
+    held_out: HeldOut,
+    dynamic: list,
 ) -> Pointwise:
-    """Every grid's fits (leading axes ``(G, K)``) scored by the compiled
-    :func:`lower_scores` program, its blocks at once on the cores (the last
-    block padded with the last fit): a ``Pointwise`` of ``(sum G · K, N)``
-    arrays, in grid, λ and fold order."""
+    """Every grid's fits (leading axes ``(G, K)``) scored at their fold's
+    observations by the compiled :func:`lower_scores` program, its blocks at
+    once on the cores (the last block padded with the last fit): a
+    ``Pointwise`` of ``(sum G · K, n)`` arrays, in grid, λ and fold order
+    (:class:`HeldOut`'s rows)."""
     flat = jax.tree.map(
         lambda *xs: np.concatenate(
             [np.asarray(x).reshape((-1,) + x.shape[2:]) for x in xs]
@@ -164,10 +209,15 @@ def run_scores(
     padded = jax.tree.map(
         lambda x: np.concatenate([x, np.repeat(x[-1:], pad, 0)]), flat
     )
+    num_folds = held_out.observations.shape[0]  # the fold is the fastest axis
+    index = held_out.observations[
+        np.minimum(np.arange(total + pad), total - 1) % num_folds
+    ]
 
     def one(start: int) -> Any:
         fits = jax.tree.map(lambda x: x[start : start + block], padded)
-        return jax.device_get(program(rng_key, fits, dynamic))
+        rows = index[start : start + block]
+        return jax.device_get(program(rng_key, fits, rows, dynamic))
 
     with ThreadPoolExecutor(max_workers=len(starts)) as pool:
         outs = list(pool.map(one, starts))
@@ -187,13 +237,18 @@ class PairGains(NamedTuple):
     """The program of the pairwise gains of a stacking of the candidates
     (scores whose mixture score is quadratic in the weights) and what it
     reads: ``pairs`` ``(P, 2)`` flat fit indices (the same fold) with
-    ``meta`` ``(P, 3)`` rows ``(c, d, fold)`` of candidate indices."""
+    ``meta`` ``(P, 3)`` rows ``(c, d, fold)`` of candidate indices, and
+    ``observations`` ``(P, n)`` the fold's observations (:class:`HeldOut`)."""
 
-    program: Any  # lowered, then compiled: (key, params, pairs, dynamic) -> (P, N)
+    #: lowered, then compiled: (key, params, pairs, index, dynamic) -> (P, n)
+    program: Any
     pairs: np.ndarray
     meta: np.ndarray
+    observations: np.ndarray
 
-    def gains(self, out: Any, folds: np.ndarray, num_candidates: int) -> np.ndarray:
+    def gains(
+        self, out: Any, folds: np.ndarray, held_out: HeldOut, num_candidates: int
+    ) -> np.ndarray:
         """``(C, C, N)``: the gain of every pair of candidates at every
         observation, from the fits without the observation's fold
         (symmetric, zero diagonal)."""
@@ -201,7 +256,7 @@ class PairGains(NamedTuple):
         gains = np.zeros((num_candidates, num_candidates, folds.size), out.dtype)
         for row, (c, d, k) in zip(out, self.meta, strict=True):
             held = folds == k
-            gains[c, d, held] = gains[d, c, held] = row[held]
+            gains[c, d, held] = gains[d, c, held] = row[held_out.position[held]]
         return gains
 
 
@@ -211,11 +266,12 @@ def lower_pair_gains(
     params: list[Any],
     labels: list[list[str]],
     order: list[str],
+    held_out: HeldOut,
     data: ModelData,
 ) -> PairGains:
     """Lower the pairwise gains of the candidates ``order`` (every pair,
-    every fold; ``labels``: each grid's labels, the layout of ``params``)
-    in one program, one pair after another."""
+    every fold, at the fold's observations; ``labels``: each grid's labels,
+    the layout of ``params``) in one program, one pair after another."""
     num_folds = jax.tree.leaves(params[0])[0].shape[1]
     flat, start = {}, 0
     for grid in labels:
@@ -235,17 +291,20 @@ def lower_pair_gains(
         [(flat[order[c]][k], flat[order[d]][k]) for c, d, k in meta], dtype=np.int32
     ).reshape(-1, 2)
 
-    def run(key: jax.Array, params: list[Any], pairs: jax.Array, dynamic: list):
+    observations = held_out.observations[meta[:, 2]]
+
+    def run(key, params, pairs, index, dynamic):  # noqa: ANN001, ANN202
         fits = _flat(params)
 
-        def one(pair: jax.Array) -> jax.Array:
+        def one(x: tuple) -> jax.Array:
+            pair, rows = x
             a, b = (jax.tree.map(lambda x, i=i: x[pair[i]], fits) for i in (0, 1))
-            return scorer(key, (a, b), dynamic)
+            return scorer(key, (a, b), dynamic, rows)
 
-        return lax.map(one, pairs)
+        return lax.map(one, (pairs, index))
 
-    lowered = jax.jit(run).lower(rng_key, params, pairs, data.dynamic)
-    return PairGains(lowered, pairs, meta)
+    lowered = jax.jit(run).lower(rng_key, params, pairs, observations, data.dynamic)
+    return PairGains(lowered, pairs, meta, observations)
 
 
 def split_scores(scores: Pointwise, params: list[Any]) -> list[Pointwise]:

@@ -200,8 +200,9 @@ def cross_validate(
     (λ traced) of ``fit.num_steps`` steps for every λ and fold, run in
     blocks with a progress bar; other candidates get one program each. A
     program runs its fits one after another (small fits ``vmap``-ped in
-    batches), in as many calls at once as there are cores; the programs,
-    and the one that scores every fit, compile while the first fits run.
+    batches), in as many calls at once as there are cores; each program's
+    fits start as soon as it is lowered, and the program that scores every
+    fit (at its held-out fold's observations only) compiles while they run.
     On four posteriordb models (8 candidates, 5 folds, 2000 steps, 2 CPU
     cores) this is 5.3 to 7.5 times faster than the 40 fits done one
     ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
