@@ -192,7 +192,7 @@ def lower_grid(
     ]
     shared = (keeps, rng_key, data.dynamic)
     init_lowered = jax.jit(init).lower(*chunks[0], *shared)
-    states = jax.eval_shape(init, *chunks[0], *shared)
+    states = init_lowered.out_info
     count = jax.ShapeDtypeStruct((), jnp.int32)
     run_lowered = jax.jit(run).lower(states, count, *chunks[0], *shared)
     shapes = jax.tree.map(
