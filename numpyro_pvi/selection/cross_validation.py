@@ -204,7 +204,7 @@ def cross_validate(
     fits start as soon as it is lowered, and the program that scores every
     fit (at its held-out fold's observations only) compiles while they run.
     On four posteriordb models (8 candidates, 5 folds, 2000 steps, 2 CPU
-    cores) this is 5.3 to 7.5 times faster than the 40 fits done one
+    cores) this is 5.5 to 7.4 times faster than the 40 fits done one
     ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
     ``benchmarks/cv_speed.py``).
 
