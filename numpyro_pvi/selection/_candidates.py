@@ -75,30 +75,39 @@ def _pvi_label(loss: PredictiveELBO) -> str:
     return f"{loss.regularizer} lam={float(loss.lam):g}"
 
 
-def _label(loss: ELBO) -> str:
+def _label(loss: ELBO, *, with_score: bool = False) -> str:
     if isinstance(loss, VI_OBJECTIVES):
         return "VI"
-    if type(loss) is PredictiveELBO:
-        return _pvi_label(loss)
-    if isinstance(loss, PredictiveELBO):
-        return f"{type(loss).__name__} {_pvi_label(loss)}"
-    return type(loss).__name__
+    if not isinstance(loss, PredictiveELBO):
+        return type(loss).__name__
+    label = _pvi_label(loss)
+    if with_score:
+        label = f"{loss.score.name} {label}"
+    if type(loss) is not PredictiveELBO:
+        label = f"{type(loss).__name__} {label}"
+    return label
 
 
 def labelled(candidates: Mapping[str, ELBO] | Sequence[ELBO]) -> dict[str, ELBO]:
     """The candidates as ``label -> loss``, each checked to be an ELBO.
 
     :param candidates: a mapping (labels kept) or a sequence (labelled by
-        objective and λ, repeated labels numbered).
+        objective and λ, and by score where PVI candidates differ in it;
+        repeated labels numbered).
     """
     items: list[tuple[str, Any]]
     if isinstance(candidates, Mapping):
         items = [(str(k), v) for k, v in candidates.items()]
     else:
-        items = []
+        items, candidates = [], list(candidates)
         seen: dict[str, int] = {}
+        scores = {c.score.name for c in candidates if isinstance(c, PredictiveELBO)}
         for loss in candidates:
-            label = _label(loss) if isinstance(loss, ELBO) else repr(loss)
+            label = (
+                _label(loss, with_score=len(scores) > 1)
+                if isinstance(loss, ELBO)
+                else repr(loss)
+            )
             seen[label] = seen.get(label, 0) + 1
             items.append(
                 (label if seen[label] == 1 else f"{label} #{seen[label]}", loss)

@@ -237,7 +237,8 @@ def cross_validate(
         fit, draws of each held-out score, progress bar (one per compiled
         block).
     :param candidates: label -> loss, or a sequence of losses (labelled by
-        objective and λ); ``None``: the default grid above.
+        objective and λ, and by score where PVI candidates differ in it);
+        ``None``: the default grid above.
     :param int num_folds: the number :math:`K \ge 2` of folds.
     :param score: the held-out score, a name or a
         :class:`~numpyro_pvi.scores.Score`; also the score of the default

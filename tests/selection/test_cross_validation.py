@@ -548,3 +548,12 @@ def test_result_reading_and_plot():
     plt.close("all")
     with pytest.raises(TypeError, match="result of cross_validate"):
         plot_cross_validation(cv.scores)
+
+
+def test_sequence_labels_name_the_score_where_candidates_differ_in_it():
+    from numpyro_pvi.selection._candidates import labelled
+
+    one_score = [Trace_ELBO(), PredictiveELBO(lam=0.1), PredictiveELBO(lam=0.1)]
+    assert list(labelled(one_score)) == ["VI", "prior lam=0.1", "prior lam=0.1 #2"]
+    two_scores = iter([Trace_ELBO(), PredictiveELBO(lam=0.1), PredictiveELBO("crps")])
+    assert list(labelled(two_scores)) == ["VI", "log prior lam=0.1", "crps prior lam=1"]
