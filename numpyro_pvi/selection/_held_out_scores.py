@@ -20,6 +20,7 @@ from jax import random
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._core import (
+    CONCRETE_VALUE_ERRORS,
     DataPlate,
     FitRecipe,
     Pointwise,
@@ -241,7 +242,36 @@ def held_out_scores(
     The scoring programs lower first and compile while each grid is lowered
     and its fits run, in a thread of their own (:func:`_fit_grids`).
     ``procedure`` is ``(model, guide, optim, plate, data, init_params)``;
-    ``folds`` the fold of every observation."""
+    ``folds`` the fold of every observation.
+
+    When a program needs the model's arguments' values while it is traced
+    (the quadratic score enumerates a Binomial's support up to its
+    ``total_count``, an argument of the model), every program is made
+    again with the arguments as constants, as ``SVI.run`` closes over
+    them."""
+    data = procedure[4]
+    try:
+        return _held_out_scores(procedure, candidates, folds, score, fit, keys)
+    except CONCRETE_VALUE_ERRORS:
+        if data.constant:
+            raise
+    constant = ModelData(data.args, data.kwargs, constant=True)
+    procedure = procedure[:4] + (constant,) + procedure[5:]
+    return _held_out_scores(procedure, candidates, folds, score, fit, keys)
+
+
+def _held_out_scores(
+    procedure: tuple,
+    candidates: dict[str, ELBO],
+    folds: np.ndarray,
+    score: Score,
+    fit: FitRecipe,
+    keys: tuple[jax.Array, jax.Array],
+) -> tuple[
+    dict[str, tuple[Pointwise, np.ndarray]],
+    dict[str, np.ndarray],
+    np.ndarray | None,
+]:
     model, guide, optim, plate, data, init_params = procedure
     fit_key, score_key = keys
     num_folds = len(np.unique(folds))

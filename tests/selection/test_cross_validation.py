@@ -557,3 +557,40 @@ def test_sequence_labels_name_the_score_where_candidates_differ_in_it():
     assert list(labelled(one_score)) == ["VI", "prior lam=0.1", "prior lam=0.1 #2"]
     two_scores = iter([Trace_ELBO(), PredictiveELBO(lam=0.1), PredictiveELBO("crps")])
     assert list(labelled(two_scores)) == ["VI", "log prior lam=0.1", "crps prior lam=1"]
+
+
+def _counts(y, n):
+    """A Binomial whose total counts are an argument (NumPyro's baseball
+    example): the quadratic score enumerates their support, so it needs
+    their values when the programs are traced."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Binomial(n, logits=theta), obs=y)
+
+
+def test_a_score_that_needs_the_arguments_values_gets_them_as_constants():
+    """With the counts as an argument, the programs are made again with the
+    arguments as constants (as ``SVI.run`` closes over them): the scores
+    equal those of the model that closes over the counts itself."""
+    n = jnp.asarray(np.arange(N) % 5 + 1, jnp.int32)
+    y = jnp.asarray(np.arange(N) % 2 * n // 2, jnp.result_type(float))
+    scores = [
+        cross_validate(
+            random.PRNGKey(1),
+            model,
+            AutoNormal(model),
+            optax.adam(0.05),
+            *args,
+            fit=FitRecipe(num_steps=STEPS, num_draws=DRAWS, progress_bar=False),
+            candidates=[Trace_ELBO(), PredictiveELBO("quadratic", num_particles=4)],
+            num_folds=3,
+            score="quadratic",
+        ).scores
+        for model, args in [
+            (_counts, (y, n)),
+            (lambda y: _counts(y, n), (y,)),
+        ]
+    ]
+    for name in ("pointwise", "pair_gain"):
+        np.testing.assert_allclose(scores[0][name], scores[1][name], rtol=1e-5)
+    assert np.isfinite(scores[0]["pointwise"]).all()
