@@ -31,6 +31,7 @@ from scipy.stats import norm
 from numpyro_pvi import FitRecipe, PredictiveELBO, StratifiedELBO, predictive_score
 from numpyro_pvi._core import log_sum_estimate, psis_smooth, svi_scan
 from numpyro_pvi.guides import AutoFlow, AutoGaussianMixture
+from numpyro_pvi.scores import QuadraticScore
 from numpyro_pvi.selection import cross_validate, mask_observations
 
 
@@ -411,6 +412,13 @@ def _subset_cases():
             AutoNormal,
         ),
         "quadratic, bernoulli": (bernoulli, x, x > 0, "quadratic", AutoNormal),
+        "quadratic derangement, binomial": (
+            binomial,
+            x,
+            jnp.arange(7.0) % 7,
+            QuadraticScore(estimator="derangement"),
+            AutoNormal,
+        ),
     }
 
 

@@ -28,7 +28,7 @@ from numpyro_pvi import (
     predictive_score,
 )
 from numpyro_pvi.diagnostics import pareto_smooth, psis_summary
-from numpyro_pvi.scores import CRPS
+from numpyro_pvi.scores import CRPS, QuadraticScore
 from tests.arviz_generation import ARVIZ_1
 
 # --------------------------------------------------------------------------
@@ -165,7 +165,9 @@ def test_a_nan_term_gives_a_nan_loss(loss):
     assert np.all(np.isfinite(finite)), finite
 
 
-@pytest.mark.parametrize("score", ["quadratic", "log"])
+@pytest.mark.parametrize(
+    "score", ["quadratic", QuadraticScore(estimator="derangement"), "log"], ids=str
+)
 def test_a_nan_pmf_gives_a_nan_loss(score):
     y = jnp.array([[1.0], [0.0]])[:, 0]
     loss = PredictiveELBO(score, num_particles=8)

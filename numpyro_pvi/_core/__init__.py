@@ -24,6 +24,7 @@ change without deprecation.
 """
 
 from numpyro_pvi._core import deprecation, pmf
+from numpyro_pvi._core.binomial_pairs import binomial_next_overlaps
 from numpyro_pvi._core.contrastive import fixed_draw_terms
 from numpyro_pvi._core.data_plate import (
     DataPlate,
@@ -184,6 +185,7 @@ __all__ = [
     "support_log_pmf",
     "support_pmf",
     "binomial_support_sums",
+    "binomial_next_overlaps",
     "UNROLLED_SUPPORT",
     "svi_scan",
     "unpack_latent",

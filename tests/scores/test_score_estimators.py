@@ -712,12 +712,16 @@ def _binomial_model(kind):
         ("logits", "AutoGaussianMixture"),
     ],
 )
-def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(kind, guide_cls):
+@pytest.mark.parametrize("estimator", ["all-pairs", "derangement"])
+def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(
+    kind, guide_cls, estimator
+):
     """The quadratic score of a Binomial likelihood reads the logits and
     counts (``binomial_logits``) when it can: the same value and gradient
-    as from the pmf over the support, with counts that vary between
-    observations (one of them 0), masked observations, and a mixture
-    guide's strata (weights that depend on the observation)."""
+    as from the pmf over the support (all-pairs sums, or the derangement's
+    overlaps in closed form), with counts that vary between observations
+    (one of them 0), masked observations, and a mixture guide's strata
+    (weights that depend on the observation)."""
     model = _binomial_model(kind)
     y = jnp.minimum(Y_CAT.astype(float), COUNTS)
     args = (X, y, COUNTS)
@@ -726,7 +730,7 @@ def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(kind, guide_cl
     else:
         guide = AutoGaussianMixture(model, num_components=2, gating_covariates=X)
     params = _init_params(model, guide, Trace_ELBO(), args, 3)
-    score = QuadraticScore()
+    score = QuadraticScore(estimator=estimator)
 
     def estimate(p, from_logits):
         terms = run_particles(

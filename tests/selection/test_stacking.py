@@ -177,6 +177,12 @@ _IDENTITY_CASES = {
     ),
     "energy-beta-0.5": (_regression, "line", EnergyScore(0.5), AutoNormal),
     "quadratic-counts": (_counts, "counts", QuadraticScore(), AutoNormal),
+    "quadratic-counts-derangement": (
+        _counts,
+        "counts",
+        QuadraticScore(estimator="derangement"),
+        AutoNormal,
+    ),
     "crps-counts": (_counts, "counts", CRPS(estimator="all-pairs"), AutoNormal),
     "crps-mixture-guide": (_regression, "line", CRPS(estimator="all-pairs"), _mixture),
 }

@@ -1,0 +1,195 @@
+"""The quadratic score's derangement estimator: each draw's pmf paired with
+the next draw's, the Binomial overlaps in closed form.
+
+Against the definition (sums over the support of NumPyro's pmf, and their
+autodiff), against known answers (point masses), and against the all-pairs
+estimator: averaged over every relabelling of the same draws the
+derangement *is* the all-pairs estimate (each ordered pair of distinct draws
+appears equally often), with and without a mixture guide's strata and with
+several components per observation.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from conftest import X64, run_particles
+from jax import random
+from numpyro.infer import Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+from test_score_estimators import COUNTS, Y_CAT, X, _binomial_model, _init_params
+
+from numpyro_pvi import PredictiveELBO
+from numpyro_pvi._core import binomial_next_overlaps
+from numpyro_pvi.guides import AutoGaussianMixture
+from numpyro_pvi.scores import QuadraticScore
+
+RTOL = 1e-10 if X64 else 2e-5
+DERANGEMENT = QuadraticScore(estimator="derangement")
+
+
+def _next_overlaps_by_definition(logits, count, size):
+    """``sum_k f_m(k) f_{m+1}(k)`` from exp(NumPyro's log pmf), ``(M, b)``."""
+    k = jnp.arange(size, dtype=logits.dtype)[:, None, None]
+    log_pmf = dist.Binomial(count, logits=logits).log_prob(jnp.minimum(k, count))
+    f = jnp.where(k <= count, jnp.exp(log_pmf), 0.0)  # (K, M, b)
+    return jnp.sum(f * jnp.roll(f, -1, axis=1), axis=0)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("num_particles", [2, 5, 48])  # blocks of 1, 1 and 8
+def test_binomial_next_overlaps_equal_their_definition(num_particles):
+    """Counts from 0 to 15 (16 support values), logits far out on both sides
+    (±40: one end's probability underflows; pairs of the same and of
+    opposite signs) and at 0: the closed form gives the overlaps and their
+    gradient to rounding."""
+    count = jnp.array([0.0, 1.0, 3.0, 15.0, 15.0, 7.0, 10.0, 5.0, 15.0])
+    logits = 6.0 * random.normal(random.PRNGKey(7), (num_particles, count.size))
+    logits = logits.at[0, 3].set(40.0).at[1, 3].set(-40.0).at[0, 4].set(-40.0)
+    logits = logits.at[1, 4].set(-39.0).at[0, 5].set(0.0).at[1, 8].set(12.0)
+    got, want = jax.jit(
+        lambda x: (
+            binomial_next_overlaps(x, count, 16),
+            _next_overlaps_by_definition(x, count, 16),
+        )
+    )(logits)
+    np.testing.assert_allclose(got, want, rtol=10 * RTOL, atol=10 * RTOL)
+    # the gradient of a weighted sum, against autodiff of the definition
+    # (away from logit 0, where NumPyro's |l| has a kink)
+    logits = jnp.where(logits == 0.0, 0.3, logits)
+    weights = random.normal(random.PRNGKey(8), logits.shape)
+    got, want = jax.jit(
+        lambda x: tuple(
+            jax.grad(lambda x, f=f: jnp.sum(weights * f(x, count, 16)))(x)
+            for f in (binomial_next_overlaps, _next_overlaps_by_definition)
+        )
+    )(logits)
+    np.testing.assert_allclose(got, want, rtol=100 * RTOL, atol=100 * RTOL)
+
+
+def test_binomial_next_overlaps_of_point_masses():
+    """Infinite logits are point masses at ``n`` (``+inf``) and ``0``
+    (``-inf``): they overlap (1) with each other only at ``n = 0``; a NaN
+    logit reads NaN in both of its pairs."""
+    logits = jnp.array([[jnp.inf, jnp.inf, jnp.nan], [-jnp.inf, jnp.inf, 0.0]])
+    count = jnp.array([3.0, 3.0, 2.0])
+    np.testing.assert_array_equal(
+        binomial_next_overlaps(logits, count, 4)[:, :2], [[0.0, 1.0], [0.0, 1.0]]
+    )
+    assert np.all(np.isnan(binomial_next_overlaps(logits, count, 4)[:, 2]))
+    np.testing.assert_array_equal(
+        binomial_next_overlaps(logits[:, :1], jnp.zeros(1), 1), [[1.0], [1.0]]
+    )
+
+
+def _rows_model(x, y):
+    """Two Bernoulli components per observation (a product support)."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample(
+            "y",
+            dist.Bernoulli(logits=jnp.stack([x @ w, x @ w - 1.0], -1)).to_event(1),
+            obs=y,
+        )
+
+
+def _relabelled(terms, order):
+    """The same draws in the order ``order`` (an index along the particles)."""
+    weights = terms.weights
+    return terms._replace(
+        pmf=terms.pmf[order],
+        log_lik=terms.log_lik[order],
+        binomial_logits=None
+        if terms.binomial_logits is None
+        else terms.binomial_logits[order],
+        weights=weights._replace(
+            particle=weights.particle[order],
+            log_predictive=weights.log_predictive[order],
+        ),
+    )
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(
+    "case", ["binomial", "binomial, mixture guide", "two components"]
+)
+def test_derangement_over_every_relabelling_is_the_all_pairs_estimate(case):
+    """Known answer: every ordered pair of distinct draws (of one stratum, or
+    any pair of two strata) is a neighbour pair in equally many orders of
+    the draws, so the derangement estimate averaged over all of them equals
+    the all-pairs estimate of the same draws exactly, for the closed form
+    (one Binomial component), the pmf's overlaps (strata) and products of
+    overlaps (two components)."""
+    if case == "two components":
+        model, args = _rows_model, (X, jnp.stack([Y_CAT > 1, Y_CAT > 2], -1) * 1.0)
+    else:
+        model = _binomial_model("logits")
+        args = (X, jnp.minimum(Y_CAT.astype(float), COUNTS), COUNTS)
+    if case == "binomial, mixture guide":
+        guide = AutoGaussianMixture(model, num_components=2, gating_covariates=X)
+        strata, m = 2, 3
+    else:
+        guide, strata, m = AutoNormal(model, init_scale=0.5), 1, 4
+    params = _init_params(model, guide, Trace_ELBO(), args, 3)
+    terms = run_particles(
+        random.PRNGKey(4),
+        params,
+        model,
+        guide,
+        args,
+        {},
+        num_particles=m,
+        requests=QuadraticScore.requires,
+    )
+    assert terms.num_strata == strata
+    assert (terms.binomial_logits is not None) == case.startswith("binomial")
+    orders = [
+        jnp.concatenate([jnp.asarray(p) + s * m for s, p in enumerate(perms)])
+        for perms in itertools.product(itertools.permutations(range(m)), repeat=strata)
+    ]
+    relabelled = jax.jit(
+        jax.vmap(lambda order: DERANGEMENT.estimate(_relabelled(terms, order)))
+    )(jnp.stack(orders))
+    np.testing.assert_allclose(
+        relabelled.mean(0), QuadraticScore().estimate(terms), rtol=RTOL, atol=RTOL
+    )
+    assert np.ptp(np.asarray(relabelled), axis=0).max() > 10 * RTOL  # not all equal
+
+
+def test_derangement_loss_is_unbiased_for_the_all_pairs_loss():
+    """Both estimators are unbiased for the same objective: the mean loss
+    and gradient over keys agree within their Monte Carlo error (M = 2, the
+    smallest number of draws, where the derangement pairs the two draws
+    twice)."""
+    model = _binomial_model("logits")
+    args = (X, jnp.minimum(Y_CAT.astype(float), COUNTS), COUNTS)
+    guide = AutoNormal(model, init_scale=0.8)
+    params = _init_params(model, guide, Trace_ELBO(), args, 3)
+    keys = random.split(random.PRNGKey(0), 4000)
+
+    def over_keys(score):
+        loss = PredictiveELBO(score, num_particles=2, regularizer=None)
+        values, grads = jax.jit(
+            jax.vmap(
+                jax.value_and_grad(lambda p, k: loss.loss(k, p, model, guide, *args)),
+                (None, 0),
+            )
+        )(params, keys)
+        return np.concatenate([values[:, None], grads["w_auto_loc"]], axis=1)
+
+    a, d = over_keys(QuadraticScore()), over_keys(DERANGEMENT)
+    se = np.sqrt((a.var(0) + d.var(0)) / len(keys))
+    assert np.all(np.abs(a.mean(0) - d.mean(0)) < 4.5 * se), (a.mean(0), d.mean(0), se)
+
+
+def test_unknown_estimator_is_refused_and_the_estimator_is_part_of_the_value():
+    with pytest.raises(ValueError, match="estimator must be one of"):
+        QuadraticScore(estimator="closed-form")
+    assert DERANGEMENT != QuadraticScore()
+    assert DERANGEMENT == QuadraticScore(estimator="derangement")
+    assert repr(QuadraticScore()) == "QuadraticScore()"
+    assert repr(DERANGEMENT) == "QuadraticScore(estimator='derangement')"
