@@ -155,6 +155,26 @@ def make_binomial(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return binomial_model, (x, y.astype(jnp.float32))
 
 
+def make_binomial_counts(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    """Binomial regression with 1 to :data:`BINOMIAL_TRIALS` trials per
+    observation (UCBadmit's shape of data). The counts are closed over, as
+    ``SVI.run`` closes over the model's arguments: the quadratic score reads
+    the support's size from them when the program is compiled."""
+    kx, kw, kn, ky = random.split(rng_key, 4)
+    x = random.normal(kx, (n, d))
+    logits = x @ random.normal(kw, (d,)) / jnp.sqrt(d)
+    counts = random.randint(kn, (n,), 1, BINOMIAL_TRIALS + 1).astype(jnp.float32)
+    y = random.binomial(ky, counts, jax.nn.sigmoid(logits))
+
+    def binomial_counts_model(x: jax.Array, y: jax.Array) -> None:
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", x.shape[0]):
+            numpyro.sample("y", dist.Binomial(counts, logits=x @ w + b), obs=y)
+
+    return binomial_counts_model, (x, y.astype(jnp.float32))
+
+
 EXAMPLE_HIDDEN = 5
 
 
@@ -222,6 +242,12 @@ MODELS: dict[str, BenchModel] = {
         f"binomial regression, N=10000, D=20, {BINOMIAL_TRIALS} trials "
         "(finite support of 11 values)",
         make_binomial,
+    ),
+    "binomial_counts": BenchModel(
+        "binomial_counts",
+        f"binomial regression, N=10000, D=20, 1 to {BINOMIAL_TRIALS} trials per "
+        "observation (data; 11 support values)",
+        make_binomial_counts,
     ),
 }
 

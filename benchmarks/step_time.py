@@ -51,7 +51,7 @@ from numpyro_pvi import (
     StratifiedELBO,
 )
 from numpyro_pvi._core.svi_scan import svi_scan
-from numpyro_pvi.scores import CRPS
+from numpyro_pvi.scores import CRPS, QuadraticScore
 
 __all__ = [
     "GUIDES",
@@ -89,6 +89,9 @@ def _baseline(num_particles: int, guide_name: str = "AutoNormal") -> ELBO:
     return Trace_ELBO(num_particles=num_particles)
 
 
+#: The models with a finite support (the quadratic score's).
+FINITE_SUPPORT = ("logistic", "softmax", "binomial", "binomial_counts")
+
 #: Objectives timed against the ``Trace_ELBO`` baseline.
 OBJECTIVES: dict[str, Objective] = {
     o.name: o
@@ -123,7 +126,14 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "pvi_quadratic",
             lambda m: PredictiveELBO("quadratic", num_particles=m),
-            models=("logistic", "softmax", "binomial"),  # needs a finite support
+            models=FINITE_SUPPORT,
+        ),
+        Objective(
+            "pvi_quadratic_derangement",
+            lambda m: PredictiveELBO(
+                QuadraticScore(estimator="derangement"), num_particles=m
+            ),
+            models=FINITE_SUPPORT,
         ),
         Objective("softcvi", lambda m: SoftCVIELBO(num_particles=m, alpha=0.75)),
         Objective("snis_fkl", lambda m: SNISForwardKL(num_particles=m)),
