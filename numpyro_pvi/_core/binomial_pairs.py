@@ -42,24 +42,14 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+from numpyro_pvi._core.pmf import integer_power
+
 __all__ = ["binomial_next_overlaps"]
 
 #: Particles per block of :func:`binomial_next_overlaps` (at most).
 PAIR_BLOCK = 8
 
 _Particles = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
-
-
-def _integer_power(x: jax.Array, count: jax.Array, size: int) -> jax.Array:
-    """:math:`x^n` for integer-valued ``count`` :math:`0 \\le n < {\\rm size}`
-    by binary powering (multiplications only)."""
-    bits = count.astype(jnp.int32)
-    power, square = jnp.ones_like(x), x
-    for i in range(max(1, (size - 1).bit_length())):
-        if i:
-            square = square * square
-        power = jnp.where((bits >> i) & 1 == 1, power * square, power)
-    return power
 
 
 def _squared_binomials(count: jax.Array, size: int) -> list[jax.Array]:
@@ -76,8 +66,8 @@ def _particles(logits: jax.Array, count: jax.Array, size: int) -> _Particles:
     u = jnp.exp(-jnp.abs(logits))
     r = 1.0 / (1.0 + u)
     low = logits <= 0
-    a = _integer_power(r, count, size)
-    c = _integer_power(u * r, count, size)
+    a = integer_power(r, count, size)
+    c = integer_power(u * r, count, size)
     return u, low, a, c, count * jnp.where(low, u, 1.0) * r
 
 
