@@ -248,10 +248,10 @@ class QuadraticScore(Score):
     than the all-pairs estimator, which averages over every pair of the same
     draws. On the benchmark's binomial regressions (``benchmarks/RESULTS.md``)
     a step takes 1.6–2.9 times ``Trace_ELBO`` (M = 8 to 64, constant or
-    varying counts) against 2.2–6.3 times with all pairs, at 1.4–1.8 times
-    the gradient variance: 0.9–1.0 times the all-pairs efficiency (inverse
-    of gradient variance × step time) with constant counts and 1.2 times it
-    with varying counts (``benchmarks/quadratic_efficiency.py``). Other
+    varying counts) against 2.0–6.0 times with all pairs, at 1.4–1.8 times
+    the gradient variance: 0.8–0.85 times the all-pairs efficiency (inverse
+    of gradient variance × step time) with constant counts and 1.1–1.2
+    times it with varying counts (``benchmarks/quadratic_efficiency.py``). Other
     likelihoods take the overlaps from the pmf over the support, which for
     one Bernoulli or Categorical component is slower than the all-pairs
     sums (one pass over the pmf); there the derangement pays off with
