@@ -48,6 +48,12 @@ def logistic(x, y, subsample_size=None):
         numpyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
 
 
+def binomial(x, y, subsample_size=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Binomial(5, logits=x[idx] @ w), obs=y[idx])
+
+
 def objectives():
     out = {
         "pvi-log": (numpyro_pvi.PredictiveELBO("log", num_particles=8), regression),
@@ -67,6 +73,13 @@ def objectives():
         "pvi-quadratic": lambda: (
             numpyro_pvi.PredictiveELBO("quadratic", num_particles=8),
             logistic,
+        ),
+        "pvi-quadratic-derangement": lambda: (
+            numpyro_pvi.PredictiveELBO(
+                numpyro_pvi.scores.QuadraticScore(estimator="derangement"),
+                num_particles=8,
+            ),
+            binomial,
         ),
         "softcvi": lambda: (numpyro_pvi.SoftCVIELBO(num_particles=8), regression),
         "snis": lambda: (numpyro_pvi.SNISForwardKL(num_particles=8), regression),
@@ -133,7 +146,7 @@ def gathering_control(x) -> list[str]:
     return full_gathers(fn.lower(xs).compile().as_text(), (N, D))
 
 
-def particles_check(x, y) -> dict:
+def particles_check(x, y, y_counts) -> dict:
     """Objectives with their particles split across the devices
     (``shard_particles``), alone on a 4-device mesh and with the data on a
     2 x 2 mesh: the largest relative difference of loss and gradient from
@@ -152,6 +165,11 @@ def particles_check(x, y) -> dict:
         "stratified-mixture": lambda v: numpyro_pvi.StratifiedELBO(
             num_particles=2, vectorize_particles=v
         ),
+        "pvi-quadratic-derangement": lambda v: numpyro_pvi.PredictiveELBO(
+            numpyro_pvi.scores.QuadraticScore(estimator="derangement"),
+            num_particles=8,
+            vectorize_particles=v,
+        ),
     }
     auto = jax.sharding.AxisType.Auto
     meshes = {
@@ -163,29 +181,32 @@ def particles_check(x, y) -> dict:
     }
     out = {}
     for name, make in cases.items():
+        model, data_y = (binomial, y_counts) if "quadratic" in name else (regression, y)
         if name == "stratified-mixture":  # 2 components x 2 particles
-            guide = AutoGaussianMixture(regression, num_components=2)
+            guide = AutoGaussianMixture(model, num_components=2)
         else:
-            guide = AutoNormal(regression)
+            guide = AutoNormal(model)
         plain = make(True)
-        svi = SVI(regression, guide, optax.adam(0.05), plain)
-        params = svi.get_params(svi.init(random.PRNGKey(1), x, y))
+        svi = SVI(model, guide, optax.adam(0.05), plain)
+        params = svi.get_params(svi.init(random.PRNGKey(1), x, data_y))
 
-        def value_and_grad(loss, guide=guide):
+        def value_and_grad(loss, guide=guide, model=model):
             return jax.jit(
                 jax.value_and_grad(
                     lambda p, xx, yy: loss.loss(
-                        random.PRNGKey(3), p, regression, guide, xx, yy
+                        random.PRNGKey(3), p, model, guide, xx, yy
                     )
                 )
             )
 
-        reference = value_and_grad(plain)(params, x, y)
+        reference = value_and_grad(plain)(params, x, data_y)
         out[name] = {}
         for mesh_name, (mesh, with_data) in meshes.items():
             loss = make(shard_particles(mesh, "particles"))
             xs, ys = (
-                shard_data(x, y, mesh=mesh, axis_name="data") if with_data else (x, y)
+                shard_data(x, data_y, mesh=mesh, axis_name="data")
+                if with_data
+                else (x, data_y)
             )
             compiled = value_and_grad(loss).lower(params, xs, ys).compile()
             out[name][mesh_name] = {
@@ -297,16 +318,17 @@ def main():
     x = random.normal(kx, (N, D))
     y_cont = x @ jnp.arange(1.0, D + 1) + random.normal(ky, (N,))
     y_bin = (y_cont > 0).astype(jnp.float32)
+    y_counts = jnp.clip(jnp.round(jnp.abs(y_cont)), 0, 5)
     results = {}
     for name, entry in objectives().items():
         if entry is None:
             results[name] = None
             continue
         loss, model = entry
-        y = y_bin if model is logistic else y_cont
+        y = {logistic: y_bin, binomial: y_counts}.get(model, y_cont)
         results[name] = check(loss, model, x, y, run_svi=name in SVI_RUNS)
     results["control_full_gathers"] = gathering_control(x)
-    results["particles"] = particles_check(x, y_cont)
+    results["particles"] = particles_check(x, y_cont, y_counts)
     print(json.dumps(results))
 
 

@@ -21,6 +21,7 @@ EXPECTED = [
     "pacm",
     "pvi-crps",
     "pvi-quadratic",
+    "pvi-quadratic-derangement",
     "softcvi",
     "snis",
 ]
@@ -65,7 +66,14 @@ def test_shard_data_rejects_sizes_it_would_have_to_pad():
 
 @on_four_devices
 @pytest.mark.parametrize(
-    "name", ["trace_elbo", "pvi-crps", "pacm", "stratified-mixture"]
+    "name",
+    [
+        "trace_elbo",
+        "pvi-crps",
+        "pacm",
+        "stratified-mixture",
+        "pvi-quadratic-derangement",
+    ],
 )
 @pytest.mark.parametrize("mesh", ["particles", "particles_x_data"])
 def test_particles_sharded_across_devices_match_unsharded(four_devices, name, mesh):
