@@ -6,11 +6,13 @@ the all-pairs estimator; there the total variance of the loss gradient is
 estimated from ``--keys`` gradients per estimator, and the step times are
 measured interleaved with ``Trace_ELBO``'s in one process. Estimators:
 
-- ``all-pairs``: ``QuadraticScore()``, every pair of the ``M`` draws (for a
-  Binomial likelihood the pmf's particle sums from the logits);
+- ``all-pairs``: ``QuadraticScore(estimator="all-pairs")``, every pair of
+  the ``M`` draws (for a Binomial likelihood the pmf's particle sums from
+  the logits);
 - ``derangement``: ``QuadraticScore(estimator="derangement")``, each draw
   paired with the next (for a Binomial likelihood the overlaps in closed
-  form).
+  form; what the default ``"auto"`` takes for a Binomial of at most 16
+  support values).
 
 Usage::
 

@@ -129,6 +129,13 @@ OBJECTIVES: dict[str, Objective] = {
             models=FINITE_SUPPORT,
         ),
         Objective(
+            "pvi_quadratic_all_pairs",
+            lambda m: PredictiveELBO(
+                QuadraticScore(estimator="all-pairs"), num_particles=m
+            ),
+            models=FINITE_SUPPORT,
+        ),
+        Objective(
             "pvi_quadratic_derangement",
             lambda m: PredictiveELBO(
                 QuadraticScore(estimator="derangement"), num_particles=m

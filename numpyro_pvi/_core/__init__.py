@@ -24,7 +24,10 @@ change without deprecation.
 """
 
 from numpyro_pvi._core import deprecation, pmf
-from numpyro_pvi._core.binomial_pairs import binomial_next_overlaps
+from numpyro_pvi._core.binomial_pairs import (
+    binomial_next_overlap_sum,
+    binomial_next_overlaps,
+)
 from numpyro_pvi._core.contrastive import fixed_draw_terms
 from numpyro_pvi._core.data_plate import (
     DataPlate,
@@ -185,6 +188,7 @@ __all__ = [
     "support_log_pmf",
     "support_pmf",
     "binomial_support_sums",
+    "binomial_next_overlap_sum",
     "binomial_next_overlaps",
     "UNROLLED_SUPPORT",
     "svi_scan",

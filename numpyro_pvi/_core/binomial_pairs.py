@@ -32,10 +32,19 @@ CPU backend otherwise fuses the computation of the logits (e.g. a guide's
 draw of an intercept) into every pair's loop and repeats it for each
 observation; a loop's operands are materialised once (a loop of one
 iteration is removed by XLA, so there are always at least two blocks).
+
+Under stratified sampling (mixture guides) :func:`binomial_next_overlap_sum`
+pairs draw :math:`m` of every stratum with draw :math:`m + 1` of every
+stratum and returns the weighted sum over the pairs, one pair of strata at
+a time inside the same blocks; its per-particle quantities are computed in
+each block from the logits, so that the step's temporaries stay small
+(above 32 MiB glibc maps them afresh at every call, ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from functools import partial
 
@@ -44,7 +53,7 @@ import jax.numpy as jnp
 
 from numpyro_pvi._core.pmf import integer_power
 
-__all__ = ["binomial_next_overlaps"]
+__all__ = ["binomial_next_overlap_sum", "binomial_next_overlaps"]
 
 #: Particles per block of :func:`binomial_next_overlaps` (at most).
 PAIR_BLOCK = 8
@@ -89,7 +98,7 @@ def _pairs(
     gradient: bool,
 ) -> tuple[jax.Array, ...]:
     r"""The overlaps of ``first[m]`` and ``second[m]``, and with ``gradient``
-    their partial derivatives in the two logits."""
+    their partial derivatives in the two logits (after the overlaps)."""
     u_a, low_a, a_a, c_a, np_a = first
     u_b, low_b, a_b, c_b, np_b = second
     same = low_a == low_b
@@ -104,7 +113,7 @@ def _pairs(
     t = anchor * y * slope
     sum_negative = jnp.where(same, low_a, low_a == a_first)  # l_a + l_b <= 0
     first_moment = jnp.where(sum_negative, t, count * overlap - t)
-    return first_moment - np_a * overlap, first_moment - np_b * overlap
+    return overlap, first_moment - np_a * overlap, first_moment - np_b * overlap
 
 
 def _num_blocks(m: int) -> int:
@@ -112,10 +121,10 @@ def _num_blocks(m: int) -> int:
     return m // math.gcd(m, min(PAIR_BLOCK, max(m // 2, 1)))
 
 
-def _over_blocks(fn, particles: _Particles, m: int) -> tuple[jax.Array, ...]:
+def _over_blocks(fn, arrays: tuple[jax.Array, ...], m: int) -> tuple[jax.Array, ...]:
     """``fn(first, second)`` on blocks of rows ``m`` and ``m + 1`` of the
-    ``(M + 1, b)`` particle arrays (the last row is the first again),
-    stacked back to ``(M, b)``."""
+    ``(M + 1, ...)`` arrays (the last row is the first again), its outputs
+    stacked ``(blocks, ...)``."""
     blocks = _num_blocks(m)
     size = m // blocks
 
@@ -123,13 +132,22 @@ def _over_blocks(fn, particles: _Particles, m: int) -> tuple[jax.Array, ...]:
         # two slices: slicing one block of size + 1 rows twice is much slower
         start = i * size
         first, second = (
-            tuple(jax.lax.dynamic_slice_in_dim(x, start + j, size) for x in particles)
+            tuple(jax.lax.dynamic_slice_in_dim(x, start + j, size) for x in arrays)
             for j in (0, 1)
         )
         return fn(first, second)
 
-    out = jax.lax.map(block, jnp.arange(blocks))
-    return tuple(x.reshape((m,) + x.shape[2:]) for x in out)
+    return jax.lax.map(block, jnp.arange(blocks))
+
+
+def _rows(x: jax.Array) -> jax.Array:
+    """``(blocks, B, ...)`` block outputs as ``(blocks B, ...)`` rows."""
+    return x.reshape((-1,) + x.shape[2:])
+
+
+def _cyclic(x: jax.Array) -> jax.Array:
+    """``(M + 1, ...)``: the first row again after the last."""
+    return jnp.concatenate([x, x[:1]])
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -142,7 +160,9 @@ def binomial_next_overlaps(logits: jax.Array, count: jax.Array, size: int) -> ja
         (:math:`M \ge 2`).
     :param count: ``(b,)`` the total counts :math:`n` (integer-valued
         floats below ``size``; data: no gradient).
-    :param size: the support's size (a Python integer).
+    :param size: the support's size (a Python integer; the polynomial's
+        coefficients :math:`\binom{n}{k}^2` overflow single precision
+        beyond :math:`n \approx 64`, so callers keep it small).
     """
     return _forward(logits, count, size)[0]
 
@@ -150,14 +170,14 @@ def binomial_next_overlaps(logits: jax.Array, count: jax.Array, size: int) -> ja
 def _forward(
     logits: jax.Array, count: jax.Array, size: int
 ) -> tuple[jax.Array, tuple[_Particles, jax.Array]]:
-    particles = _particles(jnp.concatenate([logits, logits[:1]]), count, size)
+    particles = _particles(_cyclic(logits), count, size)
     squares = _squared_binomials(count, size)
     (overlap,) = _over_blocks(
         lambda a, b: _pairs(a, b, count, squares, gradient=False),
         particles,
         logits.shape[0],
     )
-    return overlap, (particles, count)
+    return _rows(overlap), (particles, count)
 
 
 def _backward(
@@ -165,10 +185,13 @@ def _backward(
 ) -> tuple[jax.Array, None]:
     particles, count = residuals
     squares = _squared_binomials(count, size)
-    d_first, d_second = _over_blocks(
-        lambda a, b: _pairs(a, b, count, squares, gradient=True),
-        particles,
-        cotangent.shape[0],
+    _, d_first, d_second = (
+        _rows(x)
+        for x in _over_blocks(
+            lambda a, b: _pairs(a, b, count, squares, gradient=True),
+            particles,
+            cotangent.shape[0],
+        )
     )
     # row m is the first of pair m and the second of pair m - 1
     gradient = cotangent * d_first + jnp.roll(cotangent * d_second, 1, axis=0)
@@ -176,3 +199,130 @@ def _backward(
 
 
 binomial_next_overlaps.defvjp(_forward, _backward)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3,))
+def binomial_next_overlap_sum(
+    logits: jax.Array, weights: jax.Array, count: jax.Array, size: int
+) -> jax.Array:
+    r"""``(b,)`` :math:`\sum_m \sum_{s,t} w_{ms} w_{m+1,t} \langle f_{ms},
+    f_{m+1,t} \rangle`: the overlaps of draw :math:`m` of each stratum
+    :math:`s` with draw :math:`m + 1` (cyclically) of each stratum
+    :math:`t`, weighted, in closed form, summed block by block (no ``(M, K,
+    K, b)`` array of pairs, whose value and gradient would be the step's
+    largest temporaries).
+
+    :param logits: ``(M, K, b)`` the logits of draw :math:`m` of stratum
+        :math:`s` at ``[m, s]`` (:math:`M \ge 2`).
+    :param weights: ``(M, K, b)`` their weights :math:`w_{ms}`.
+    :param count: ``(b,)`` as :func:`binomial_next_overlaps`.
+    :param size: as :func:`binomial_next_overlaps`.
+    """
+    return _sum_forward(logits, weights, count, size)[0]
+
+
+def _weighted_pairs(
+    first: tuple[jax.Array, ...],
+    second: tuple[jax.Array, ...],
+    count: jax.Array,
+    squares: list[jax.Array],
+    cotangent: jax.Array | None = None,
+) -> tuple[jax.Array, ...]:
+    """The weighted pairs of a block's rows ``(B, b)`` summed over the
+    strata pairs (six arrays per stratum, :func:`_block_particles`; one pair
+    of strata at a time, elementwise); with ``cotangent``, the gradients
+    ``(B, b)`` in each stratum's first rows' logits, second rows' logits,
+    first rows' weights and second rows' weights."""
+    k = len(first) // 6
+
+    def stratum(x: tuple[jax.Array, ...], s: int) -> tuple[_Particles, jax.Array]:
+        u, low, a, c, np_, w = x[6 * s : 6 * s + 6]
+        return (u, low, a, c, np_), w
+
+    value = jnp.zeros_like(first[0])
+    grads: list[list[list[jax.Array]]] = [[[] for _ in range(k)] for _ in range(4)]
+    for s, t in itertools.product(range(k), repeat=2):
+        p_s, w_s = stratum(first, s)
+        p_t, w_t = stratum(second, t)
+        if cotangent is None:
+            (overlap,) = _pairs(p_s, p_t, count, squares, gradient=False)
+            value = value + w_s * w_t * overlap
+            continue
+        overlap, d_s, d_t = _pairs(p_s, p_t, count, squares, gradient=True)
+        pair_weight = cotangent * w_s * w_t
+        grads[0][s].append(pair_weight * d_s)
+        grads[1][t].append(pair_weight * d_t)
+        grads[2][s].append(cotangent * w_t * overlap)
+        grads[3][t].append(cotangent * w_s * overlap)
+    if cotangent is None:
+        return (value,)
+    return tuple(functools.reduce(jnp.add, g) for x in grads for g in x)
+
+
+def _block_particles(
+    arrays: tuple[jax.Array, ...], count: jax.Array, size: int
+) -> tuple[jax.Array, ...]:
+    """A block's particles and weights per stratum from its logits and
+    weights (two arrays per stratum), as :func:`_weighted_pairs` reads
+    them."""
+    return tuple(
+        x
+        for s in range(len(arrays) // 2)
+        for x in (*_particles(arrays[2 * s], count, size), arrays[2 * s + 1])
+    )
+
+
+def _strata_blocks(
+    logits: jax.Array,
+    weights: jax.Array,
+    count: jax.Array,
+    size: int,
+    cotangent: jax.Array | None = None,
+) -> tuple[jax.Array, ...]:
+    """:func:`_weighted_pairs` over the blocks, its outputs as rows ``(M,
+    b)``. The per-particle quantities are computed in each block from the
+    logits: six ``(M + 1, b)`` arrays per stratum would push the step's
+    temporaries past the allocator's reuse threshold."""
+    arrays = tuple(
+        _cyclic(x[:, s]) for s in range(logits.shape[1]) for x in (logits, weights)
+    )
+    squares = _squared_binomials(count, size)
+    out = _over_blocks(
+        lambda a, b: _weighted_pairs(
+            _block_particles(a, count, size),
+            _block_particles(b, count, size),
+            count,
+            squares,
+            cotangent,
+        ),
+        arrays,
+        logits.shape[0],
+    )
+    return tuple(_rows(x) for x in out)
+
+
+def _sum_forward(
+    logits: jax.Array, weights: jax.Array, count: jax.Array, size: int
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    (total,) = _strata_blocks(logits, weights, count, size)
+    return jnp.sum(total, axis=0), (logits, weights, count)
+
+
+def _sum_backward(
+    size: int, residuals: tuple[jax.Array, jax.Array, jax.Array], cotangent: jax.Array
+) -> tuple[jax.Array, jax.Array, None]:
+    logits, weights, count = residuals
+    k = logits.shape[1]
+    grads = _strata_blocks(logits, weights, count, size, cotangent)
+    first, second, weight_first, weight_second = (
+        jnp.stack(grads[i * k : (i + 1) * k], axis=1) for i in range(4)
+    )
+    # row m is the first of the pairs of m and the second of those of m - 1
+    return (
+        first + jnp.roll(second, 1, axis=0),
+        weight_first + jnp.roll(weight_second, 1, axis=0),
+        None,
+    )
+
+
+binomial_next_overlap_sum.defvjp(_sum_forward, _sum_backward)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from numpyro_pvi._core import (
     UNROLLED_SUPPORT,
+    binomial_next_overlap_sum,
     binomial_next_overlaps,
     binomial_support_sums,
 )
@@ -25,7 +26,7 @@ from numpyro_pvi.scores.base import Score, strata
 __all__ = ["QuadraticScore"]
 
 #: The estimators of the pair term.
-ESTIMATORS = ("all-pairs", "derangement")
+ESTIMATORS = ("auto", "all-pairs", "derangement")
 
 
 def _predictive_pmf(terms: ParticleTerms) -> jax.Array:
@@ -84,25 +85,38 @@ def _support_sums(
     return total, jnp.sum(jnp.square(total) - own, axis=0)
 
 
-def _binomial_strata(terms: ParticleTerms) -> list[tuple[jax.Array, jax.Array]]:
-    """Per stratum (one without strata), the ``(K, b)`` particle sums of
-    the pmf and of its square for one Binomial component per observation,
-    from the logits and counts (no ``(M, K, b)`` pmf); ``[]`` where that
-    does not apply (another likelihood, several components, a long
-    support)."""
+def _binomial_closed_form(
+    terms: ParticleTerms,
+) -> tuple[jax.Array, jax.Array, int] | None:
+    """``(N, b)`` logits, ``(b,)`` total counts and the support's size of one
+    Binomial component per observation with at most
+    :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` values (what the closed
+    forms read instead of the ``(N, K, b)`` pmf); ``None`` otherwise (another
+    likelihood, several components, a long support)."""
     logits, count = terms.binomial_logits, terms.binomial_count
     support = terms.obs_support
     if logits is None or count is None or support is None:
-        return []
+        return None
     size = support.shape[0]
     if logits.shape[-1] != 1 or size > UNROLLED_SUPPORT:
-        return []
+        return None
     # the counts are data, the same for every particle (the support's size
     # is read from them when the program is compiled)
-    count = count[0, :, 0]
+    return logits[..., 0], count[0, :, 0], size
+
+
+def _binomial_strata(terms: ParticleTerms) -> list[tuple[jax.Array, jax.Array]]:
+    """Per stratum (one without strata), the ``(K, b)`` particle sums of
+    the pmf and of its square for one Binomial component per observation,
+    from the logits and counts (no ``(M, K, b)`` pmf); ``[]`` where
+    :func:`_binomial_closed_form` does not apply."""
+    closed_form = _binomial_closed_form(terms)
+    if closed_form is None:
+        return []
+    logits, count, size = closed_form
     m = logits.shape[0] // terms.num_strata
     return [
-        binomial_support_sums(logits[s * m : (s + 1) * m, :, 0], count, size)
+        binomial_support_sums(logits[s * m : (s + 1) * m], count, size)
         for s in range(terms.num_strata)
     ]
 
@@ -138,25 +152,20 @@ def _next_overlaps(terms: ParticleTerms) -> jax.Array:
     v_{km} v_{l,m+1} \langle f_{km}, f_{l,m+1} \rangle` (``m + 1`` modulo
     ``M``; one stratum: :math:`\frac1M \sum_m \langle f_m, f_{m+1}
     \rangle`), the overlaps multiplied over the components. For one Binomial
-    component per observation and no strata the overlaps are in closed form
+    component per observation the overlaps are in closed form
     (:func:`~numpyro_pvi._core.binomial_pairs.binomial_next_overlaps`, no
     ``(M, K, b)`` pmf)."""
-    logits, count, support = (
-        terms.binomial_logits,
-        terms.binomial_count,
-        terms.obs_support,
-    )
-    if (
-        terms.num_strata == 1
-        and logits is not None
-        and count is not None
-        and support is not None
-        and logits.shape[-1] == 1
-    ):
-        size = support.shape[0]
-        overlaps = binomial_next_overlaps(logits[..., 0], count[0, :, 0], size)
-        return particle_sum(overlaps) / logits.shape[0]
     v, k, m = strata(terms)
+    closed_form = _binomial_closed_form(terms)
+    if closed_form is not None:
+        logits, count, size = closed_form
+        if k == 1:
+            overlaps = binomial_next_overlaps(logits, count, size)
+            return particle_sum(overlaps) / m
+        # draw-major (M, K, b): the pairs' blocks are contiguous rows
+        by_draw = jnp.swapaxes(logits.reshape(k, m, -1), 0, 1)
+        v = jnp.swapaxes(v.reshape(k, m, -1), 0, 1)
+        return m * binomial_next_overlap_sum(by_draw, v, count, size)
     pmf = present(terms.pmf, "pmf")  # (K M, J, b, c)
     pmf = pmf.reshape((k, m) + pmf.shape[1:])
     following = jnp.roll(pmf, -1, axis=1)
@@ -251,7 +260,14 @@ class QuadraticScore(Score):
     varying counts) against 2.0–6.0 times with all pairs, at 1.4–1.8 times
     the gradient variance: 0.8–0.85 times the all-pairs efficiency (inverse
     of gradient variance × step time) with constant counts and 1.1–1.2
-    times it with varying counts (``benchmarks/quadratic_efficiency.py``). Other
+    times it with varying counts (``benchmarks/quadratic_efficiency.py``);
+    so ``estimator="auto"`` (the default) takes it where the overlaps are
+    in closed form (one Binomial component per observation of at most
+    :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` support values, with or
+    without strata: the choice depends on the likelihood alone, so a fit's
+    estimate and its mixtures' are the same estimator) and all pairs
+    elsewhere; pass ``estimator="all-pairs"`` for the smaller variance
+    (e.g. to compare fits by a held-out score with fewer draws). Other
     likelihoods take the overlaps from the pmf over the support, which for
     one Bernoulli or Categorical component is slower than the all-pairs
     sums (one pass over the pmf); there the derangement pays off with
@@ -262,7 +278,8 @@ class QuadraticScore(Score):
     component weights, so stacking's pair gains stay exact identities of the
     estimates).
 
-    :param str estimator: ``"all-pairs"`` (default) or ``"derangement"``.
+    :param str estimator: ``"auto"`` (default; above), ``"all-pairs"`` or
+        ``"derangement"``.
 
     **References**
 
@@ -279,7 +296,9 @@ class QuadraticScore(Score):
     min_particles = 2
     mixture_is_quadratic = True
 
-    def __init__(self, *, estimator: str = "all-pairs") -> None:
+    default_estimator = "auto"
+
+    def __init__(self, *, estimator: str = default_estimator) -> None:
         if estimator not in ESTIMATORS:
             raise ValueError(
                 f"QuadraticScore: estimator must be one of {ESTIMATORS}, "
@@ -288,9 +307,17 @@ class QuadraticScore(Score):
         self.estimator = estimator
 
     def __repr__(self) -> str:
-        if self.estimator == "all-pairs":
+        if self.estimator == self.default_estimator:
             return "QuadraticScore()"
         return f"QuadraticScore(estimator={self.estimator!r})"
+
+    def _derangement(self, terms: ParticleTerms) -> bool:
+        """Whether the pair term is the derangement's: asked for, or
+        ``"auto"`` where the Binomial overlaps are in closed form (decided
+        by the likelihood alone, the same with and without strata)."""
+        if self.estimator == "auto":
+            return _binomial_closed_form(terms) is not None
+        return self.estimator == "derangement"
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         if terms.pmf is None or terms.log_lik is None:
@@ -298,7 +325,7 @@ class QuadraticScore(Score):
                 "score='quadratic' needs the pmf over the finite support and "
                 "the log-likelihoods: request 'pmf' and 'log_lik'."
             )
-        if self.estimator == "derangement":
+        if self._derangement(terms):
             return 2.0 * _predictive_pmf(terms) - _next_overlaps(terms)
         if terms.num_strata > 1:
             return self._stratified(terms)

@@ -155,7 +155,10 @@ def test_derangement_over_every_relabelling_is_the_all_pairs_estimate(case):
         jax.vmap(lambda order: DERANGEMENT.estimate(_relabelled(terms, order)))
     )(jnp.stack(orders))
     np.testing.assert_allclose(
-        relabelled.mean(0), QuadraticScore().estimate(terms), rtol=RTOL, atol=RTOL
+        relabelled.mean(0),
+        QuadraticScore(estimator="all-pairs").estimate(terms),
+        rtol=RTOL,
+        atol=RTOL,
     )
     assert np.ptp(np.asarray(relabelled), axis=0).max() > 10 * RTOL  # not all equal
 
@@ -181,7 +184,7 @@ def test_derangement_loss_is_unbiased_for_the_all_pairs_loss():
         )(params, keys)
         return np.concatenate([values[:, None], grads["w_auto_loc"]], axis=1)
 
-    a, d = over_keys(QuadraticScore()), over_keys(DERANGEMENT)
+    a, d = over_keys(QuadraticScore(estimator="all-pairs")), over_keys(DERANGEMENT)
     se = np.sqrt((a.var(0) + d.var(0)) / len(keys))
     assert np.all(np.abs(a.mean(0) - d.mean(0)) < 4.5 * se), (a.mean(0), d.mean(0), se)
 
@@ -193,3 +196,92 @@ def test_unknown_estimator_is_refused_and_the_estimator_is_part_of_the_value():
     assert DERANGEMENT == QuadraticScore(estimator="derangement")
     assert repr(QuadraticScore()) == "QuadraticScore()"
     assert repr(DERANGEMENT) == "QuadraticScore(estimator='derangement')"
+
+
+def _counts_model(trials):
+    """A binomial regression with ``trials`` trials per observation (a
+    Bernoulli likelihood for ``trials=None``)."""
+
+    def model(x, y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with numpyro.plate("data", x.shape[0]):
+            if trials is None:
+                fn = dist.Bernoulli(logits=x @ w)
+            else:
+                fn = dist.Binomial(trials, logits=x @ w)
+            numpyro.sample("y", fn, obs=y)
+
+    return model
+
+
+@pytest.mark.parametrize(
+    "case, resolved",
+    [
+        ("binomial", "derangement"),
+        ("binomial, mixture guide", "derangement"),
+        ("binomial, 100 trials", "all-pairs"),
+        ("bernoulli", "all-pairs"),
+    ],
+)
+def test_default_estimator_is_the_derangement_where_its_overlaps_are_closed(
+    case, resolved
+):
+    """``estimator="auto"`` is the derangement for a Binomial of at most 16
+    support values, with or without strata (one estimator for a fit and
+    its mixtures), and all pairs otherwise: a long support, whose squared
+    binomial coefficients overflow single precision (C(100, 50)² ≈ 1e58),
+    or a Bernoulli. Checked as equal to the explicit estimator, finite, and
+    different from the other one."""
+    trials = {"binomial, 100 trials": 100, "bernoulli": None}.get(case, 10)
+    model = _counts_model(trials)
+    y = jnp.floor(Y_CAT * (trials or 1) / 3.0)
+    if case == "binomial, mixture guide":
+        guide = AutoGaussianMixture(model, num_components=2, gating_covariates=X)
+    else:
+        guide = AutoNormal(model, init_scale=0.5)
+    params = _init_params(model, guide, Trace_ELBO(), (X, y), 3)
+    terms = run_particles(
+        random.PRNGKey(4),
+        params,
+        model,
+        guide,
+        (X, y),
+        {},
+        num_particles=4,
+        requests=QuadraticScore.requires,
+    )
+    assert (terms.binomial_logits is not None) == (trials is not None)
+    other = {"derangement": "all-pairs", "all-pairs": "derangement"}[resolved]
+    got, want, alternative = (
+        QuadraticScore(estimator=e).estimate(terms) for e in ("auto", resolved, other)
+    )
+    assert np.all(np.isfinite(got)) and np.all(np.isfinite(alternative))
+    np.testing.assert_array_equal(got, want)
+    assert np.abs(got - alternative).max() > 10 * RTOL
+
+
+@pytest.mark.numerics
+def test_derangement_of_a_long_binomial_support_equals_its_definition():
+    """100 trials (101 support values): the derangement reads the pmf over
+    the support, not the closed form (whose coefficients would overflow),
+    and equals the overlaps of NumPyro's pmf."""
+    model = _counts_model(100)
+    y = jnp.minimum(Y_CAT * 30.0, 100.0)
+    guide = AutoNormal(model, init_scale=0.5)
+    params = _init_params(model, guide, Trace_ELBO(), (X, y), 3)
+    terms = run_particles(
+        random.PRNGKey(4),
+        params,
+        model,
+        guide,
+        (X, y),
+        {},
+        num_particles=4,
+        requests=QuadraticScore.requires,
+    )
+    logits, count = terms.binomial_logits[..., 0], terms.binomial_count[0, :, 0]
+    pair = jnp.mean(_next_overlaps_by_definition(logits, count, 101), axis=0)
+    q_obs = jnp.mean(jnp.exp(terms.log_lik), axis=0)
+    np.testing.assert_allclose(
+        DERANGEMENT.estimate(terms), 2.0 * q_obs - pair, rtol=10 * RTOL, atol=RTOL
+    )

@@ -590,7 +590,7 @@ def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
 
     guide = AutoNormal(model, init_scale=0.5)
     params = _init_params(model, guide, Trace_ELBO(), (X, Y_CAT), 3)
-    score = QuadraticScore()
+    score = QuadraticScore(estimator="all-pairs")  # the path reading the totals
 
     def estimate(p, keep):
         terms = run_particles(

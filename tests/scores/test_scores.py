@@ -766,7 +766,9 @@ def test_quadratic_score_of_binomials_with_varying_total_count():
         2 * binom.pmf(yi, ni, p) - np.sum(binom.pmf(np.arange(ni + 1), ni, p) ** 2)
         for ni, yi in zip(np.asarray(n), np.asarray(y), strict=True)
     ]
-    np.testing.assert_allclose(got.score, expected, rtol=1e-5)
+    # (the default estimator's closed form, in single precision: terms of
+    # 0.1-0.3 to rounding)
+    np.testing.assert_allclose(got.score, expected, rtol=1e-5, atol=2e-6)
     # a total_count traced by a jitted step is named, with what to do
     loss = PredictiveELBO("quadratic", num_particles=4)
     params = {"b_auto_loc": jnp.asarray(0.4)}
