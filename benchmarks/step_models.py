@@ -155,6 +155,27 @@ def make_binomial(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return binomial_model, (x, y.astype(jnp.float32))
 
 
+#: Trials of the ``binomial_40`` model (41 support values).
+WIDE_TRIALS = 40
+
+
+def make_binomial_wide(rng_key: jax.Array, n: int = 5000, d: int = 8):
+    """Binomial regression of another shape: :data:`WIDE_TRIALS` trials per
+    observation (41 support values), N = 5000, D = 8."""
+    kx, kw, ky = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    logits = x @ random.normal(kw, (d,)) / jnp.sqrt(d)
+    y = random.binomial(ky, WIDE_TRIALS, jax.nn.sigmoid(logits))
+
+    def binomial_40_model(x: jax.Array, y: jax.Array) -> None:
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", x.shape[0]):
+            numpyro.sample("y", dist.Binomial(WIDE_TRIALS, logits=x @ w + b), obs=y)
+
+    return binomial_40_model, (x, y.astype(jnp.float32))
+
+
 def make_binomial_counts(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     """Binomial regression with 1 to :data:`BINOMIAL_TRIALS` trials per
     observation (UCBadmit's shape of data). The counts are closed over, as
@@ -242,6 +263,12 @@ MODELS: dict[str, BenchModel] = {
         f"binomial regression, N=10000, D=20, {BINOMIAL_TRIALS} trials "
         "(finite support of 11 values)",
         make_binomial,
+    ),
+    "binomial_40": BenchModel(
+        "binomial_40",
+        f"binomial regression, N=5000, D=8, {WIDE_TRIALS} trials "
+        f"(finite support of {WIDE_TRIALS + 1} values)",
+        make_binomial_wide,
     ),
     "binomial_counts": BenchModel(
         "binomial_counts",

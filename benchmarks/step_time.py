@@ -90,7 +90,7 @@ def _baseline(num_particles: int, guide_name: str = "AutoNormal") -> ELBO:
 
 
 #: The models with a finite support (the quadratic score's).
-FINITE_SUPPORT = ("logistic", "softmax", "binomial", "binomial_counts")
+FINITE_SUPPORT = ("logistic", "softmax", "binomial", "binomial_counts", "binomial_40")
 
 #: Objectives timed against the ``Trace_ELBO`` baseline.
 OBJECTIVES: dict[str, Objective] = {

@@ -53,10 +53,21 @@ import jax.numpy as jnp
 
 from numpyro_pvi._core.pmf import integer_power
 
-__all__ = ["binomial_next_overlap_sum", "binomial_next_overlaps"]
+__all__ = [
+    "CLOSED_FORM_SUPPORT",
+    "binomial_next_overlap_sum",
+    "binomial_next_overlaps",
+]
 
 #: Particles per block of :func:`binomial_next_overlaps` (at most).
 PAIR_BLOCK = 8
+
+#: The largest support (``n + 1`` values) the closed form takes: its
+#: polynomial's coefficients :math:`\binom{n}{k}^2`, value :math:`G(1) =
+#: \binom{2n}{n}` and slope :math:`n G(1) / 2` stay far below single
+#: precision's largest number (6.4e27 and 1.5e29 for :math:`n = 48`; the
+#: slope overflows near :math:`n = 63`).
+CLOSED_FORM_SUPPORT = 49
 
 _Particles = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
 
@@ -160,9 +171,8 @@ def binomial_next_overlaps(logits: jax.Array, count: jax.Array, size: int) -> ja
         (:math:`M \ge 2`).
     :param count: ``(b,)`` the total counts :math:`n` (integer-valued
         floats below ``size``; data: no gradient).
-    :param size: the support's size (a Python integer; the polynomial's
-        coefficients :math:`\binom{n}{k}^2` overflow single precision
-        beyond :math:`n \approx 64`, so callers keep it small).
+    :param size: the support's size (a Python integer, at most
+        :data:`CLOSED_FORM_SUPPORT`).
     """
     return _forward(logits, count, size)[0]
 

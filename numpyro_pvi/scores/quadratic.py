@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from numpyro_pvi._core import (
+    CLOSED_FORM_SUPPORT,
     UNROLLED_SUPPORT,
     binomial_next_overlap_sum,
     binomial_next_overlaps,
@@ -86,19 +87,19 @@ def _support_sums(
 
 
 def _binomial_closed_form(
-    terms: ParticleTerms,
+    terms: ParticleTerms, max_size: int
 ) -> tuple[jax.Array, jax.Array, int] | None:
     """``(N, b)`` logits, ``(b,)`` total counts and the support's size of one
-    Binomial component per observation with at most
-    :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` values (what the closed
-    forms read instead of the ``(N, K, b)`` pmf); ``None`` otherwise (another
-    likelihood, several components, a long support)."""
+    Binomial component per observation with at most ``max_size`` values
+    (what the closed forms read instead of the ``(N, K, b)`` pmf); ``None``
+    otherwise (another likelihood, several components, a longer
+    support)."""
     logits, count = terms.binomial_logits, terms.binomial_count
     support = terms.obs_support
     if logits is None or count is None or support is None:
         return None
     size = support.shape[0]
-    if logits.shape[-1] != 1 or size > UNROLLED_SUPPORT:
+    if logits.shape[-1] != 1 or size > max_size:
         return None
     # the counts are data, the same for every particle (the support's size
     # is read from them when the program is compiled)
@@ -110,7 +111,7 @@ def _binomial_strata(terms: ParticleTerms) -> list[tuple[jax.Array, jax.Array]]:
     the pmf and of its square for one Binomial component per observation,
     from the logits and counts (no ``(M, K, b)`` pmf); ``[]`` where
     :func:`_binomial_closed_form` does not apply."""
-    closed_form = _binomial_closed_form(terms)
+    closed_form = _binomial_closed_form(terms, UNROLLED_SUPPORT)
     if closed_form is None:
         return []
     logits, count, size = closed_form
@@ -156,7 +157,7 @@ def _next_overlaps(terms: ParticleTerms) -> jax.Array:
     (:func:`~numpyro_pvi._core.binomial_pairs.binomial_next_overlaps`, no
     ``(M, K, b)`` pmf)."""
     v, k, m = strata(terms)
-    closed_form = _binomial_closed_form(terms)
+    closed_form = _binomial_closed_form(terms, CLOSED_FORM_SUPPORT)
     if closed_form is not None:
         logits, count, size = closed_form
         if k == 1:
@@ -263,7 +264,8 @@ class QuadraticScore(Score):
     times it with varying counts (``benchmarks/quadratic_efficiency.py``);
     so ``estimator="auto"`` (the default) takes it where the overlaps are
     in closed form (one Binomial component per observation of at most
-    :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` support values, with or
+    :data:`~numpyro_pvi._core.binomial_pairs.CLOSED_FORM_SUPPORT` (49)
+    support values, with or
     without strata: the choice depends on the likelihood alone, so a fit's
     estimate and its mixtures' are the same estimator) and all pairs
     elsewhere; pass ``estimator="all-pairs"`` for the smaller variance
@@ -316,7 +318,7 @@ class QuadraticScore(Score):
         ``"auto"`` where the Binomial overlaps are in closed form (decided
         by the likelihood alone, the same with and without strata)."""
         if self.estimator == "auto":
-            return _binomial_closed_form(terms) is not None
+            return _binomial_closed_form(terms, CLOSED_FORM_SUPPORT) is not None
         return self.estimator == "derangement"
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:

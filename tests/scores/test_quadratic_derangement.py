@@ -24,7 +24,7 @@ from numpyro.infer.autoguide import AutoNormal
 from test_score_estimators import COUNTS, Y_CAT, X, _binomial_model, _init_params
 
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._core import binomial_next_overlaps
+from numpyro_pvi._core import CLOSED_FORM_SUPPORT, binomial_next_overlaps
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.scores import QuadraticScore
 
@@ -41,20 +41,25 @@ def _next_overlaps_by_definition(logits, count, size):
 
 
 @pytest.mark.numerics
-@pytest.mark.parametrize("num_particles", [2, 5, 48])  # blocks of 1, 1 and 8
-def test_binomial_next_overlaps_equal_their_definition(num_particles):
-    """Counts from 0 to 15 (16 support values), logits far out on both sides
-    (±40: one end's probability underflows; pairs of the same and of
-    opposite signs) and at 0: the closed form gives the overlaps and their
-    gradient to rounding."""
-    count = jnp.array([0.0, 1.0, 3.0, 15.0, 15.0, 7.0, 10.0, 5.0, 15.0])
+@pytest.mark.parametrize(
+    "num_particles, size",
+    [(2, 16), (5, 16), (48, 16), (5, CLOSED_FORM_SUPPORT)],  # blocks of 1, 1, 8
+)
+def test_binomial_next_overlaps_equal_their_definition(num_particles, size):
+    """Counts from 0 to the support's largest (16 values, and the largest
+    support the closed form takes), logits far out on both sides (±40: one
+    end's probability underflows; pairs of the same and of opposite signs)
+    and at 0: the closed form gives the overlaps and their gradient to
+    rounding."""
+    n = size - 1.0
+    count = jnp.array([0.0, 1.0, 3.0, n, n, 7.0, 10.0, 5.0, n])
     logits = 6.0 * random.normal(random.PRNGKey(7), (num_particles, count.size))
     logits = logits.at[0, 3].set(40.0).at[1, 3].set(-40.0).at[0, 4].set(-40.0)
     logits = logits.at[1, 4].set(-39.0).at[0, 5].set(0.0).at[1, 8].set(12.0)
     got, want = jax.jit(
         lambda x: (
-            binomial_next_overlaps(x, count, 16),
-            _next_overlaps_by_definition(x, count, 16),
+            binomial_next_overlaps(x, count, size),
+            _next_overlaps_by_definition(x, count, size),
         )
     )(logits)
     np.testing.assert_allclose(got, want, rtol=10 * RTOL, atol=10 * RTOL)
@@ -64,7 +69,7 @@ def test_binomial_next_overlaps_equal_their_definition(num_particles):
     weights = random.normal(random.PRNGKey(8), logits.shape)
     got, want = jax.jit(
         lambda x: tuple(
-            jax.grad(lambda x, f=f: jnp.sum(weights * f(x, count, 16)))(x)
+            jax.grad(lambda x, f=f: jnp.sum(weights * f(x, count, size)))(x)
             for f in (binomial_next_overlaps, _next_overlaps_by_definition)
         )
     )(logits)
@@ -219,6 +224,7 @@ def _counts_model(trials):
     [
         ("binomial", "derangement"),
         ("binomial, mixture guide", "derangement"),
+        ("binomial, 48 trials", "derangement"),
         ("binomial, 100 trials", "all-pairs"),
         ("bernoulli", "all-pairs"),
     ],
@@ -226,13 +232,17 @@ def _counts_model(trials):
 def test_default_estimator_is_the_derangement_where_its_overlaps_are_closed(
     case, resolved
 ):
-    """``estimator="auto"`` is the derangement for a Binomial of at most 16
+    """``estimator="auto"`` is the derangement for a Binomial of at most 49
     support values, with or without strata (one estimator for a fit and
     its mixtures), and all pairs otherwise: a long support, whose squared
     binomial coefficients overflow single precision (C(100, 50)² ≈ 1e58),
     or a Bernoulli. Checked as equal to the explicit estimator, finite, and
     different from the other one."""
-    trials = {"binomial, 100 trials": 100, "bernoulli": None}.get(case, 10)
+    trials = {
+        "binomial, 48 trials": 48,
+        "binomial, 100 trials": 100,
+        "bernoulli": None,
+    }.get(case, 10)
     model = _counts_model(trials)
     y = jnp.floor(Y_CAT * (trials or 1) / 3.0)
     if case == "binomial, mixture guide":
