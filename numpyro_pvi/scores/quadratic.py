@@ -263,9 +263,8 @@ class QuadraticScore(Score):
     of gradient variance × step time) with constant counts and 1.1–1.2
     times it with varying counts (``benchmarks/quadratic_efficiency.py``);
     so ``estimator="auto"`` (the default) takes it where the overlaps are
-    in closed form (one Binomial component per observation of at most
-    :data:`~numpyro_pvi._core.binomial_pairs.CLOSED_FORM_SUPPORT` (49)
-    support values, with or
+    in closed form (one Binomial component per observation of at most 49
+    support values, i.e. 48 trials, with or
     without strata: the choice depends on the likelihood alone, so a fit's
     estimate and its mixtures' are the same estimator) and all pairs
     elsewhere; pass ``estimator="all-pairs"`` for the smaller variance
