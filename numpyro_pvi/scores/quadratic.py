@@ -261,7 +261,8 @@ class QuadraticScore(Score):
     varying counts) against 2.0–6.0 times with all pairs, at 1.4–1.8 times
     the gradient variance: 0.8–0.85 times the all-pairs efficiency (inverse
     of gradient variance × step time) with constant counts and 1.1–1.2
-    times it with varying counts (``benchmarks/quadratic_efficiency.py``);
+    times it with varying counts, 4.3–8.2 times it with 40 trials, where all
+    pairs read the pmf over 41 values (``benchmarks/quadratic_efficiency.py``);
     so ``estimator="auto"`` (the default) takes it where the overlaps are
     in closed form (one Binomial component per observation of at most 49
     support values, i.e. 48 trials, with or
