@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 import jax
@@ -176,6 +177,35 @@ def make_binomial_wide(rng_key: jax.Array, n: int = 5000, d: int = 8):
     return binomial_40_model, (x, y.astype(jnp.float32))
 
 
+#: Trials (at most) of the ``binomial_200`` models (201 support values).
+MANY_TRIALS = 200
+
+
+def make_binomial_many(
+    rng_key: jax.Array, n: int = 2000, d: int = 5, varying: bool = False
+):
+    """Binomial regression of many trials: :data:`MANY_TRIALS` per
+    observation (or, ``varying``, 20 to :data:`MANY_TRIALS`, data closed
+    over), N = 2000, D = 5: the derangement's overlaps by the recurrence."""
+    kx, kw, ky, kn = random.split(rng_key, 4)
+    x = random.normal(kx, (n, d))
+    logits = x @ random.normal(kw, (d,)) / jnp.sqrt(d)
+    trials = (
+        random.randint(kn, (n,), 20, MANY_TRIALS + 1).astype(jnp.float32)
+        if varying
+        else jnp.full((n,), float(MANY_TRIALS))
+    )
+    y = random.binomial(ky, trials, jax.nn.sigmoid(logits))
+
+    def binomial_200_model(x: jax.Array, y: jax.Array) -> None:
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", x.shape[0]):
+            numpyro.sample("y", dist.Binomial(trials, logits=x @ w + b), obs=y)
+
+    return binomial_200_model, (x, y.astype(jnp.float32))
+
+
 def make_binomial_counts(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     """Binomial regression with 1 to :data:`BINOMIAL_TRIALS` trials per
     observation (UCBadmit's shape of data). The counts are closed over, as
@@ -269,6 +299,18 @@ MODELS: dict[str, BenchModel] = {
         f"binomial regression, N=5000, D=8, {WIDE_TRIALS} trials "
         f"(finite support of {WIDE_TRIALS + 1} values)",
         make_binomial_wide,
+    ),
+    "binomial_200": BenchModel(
+        "binomial_200",
+        f"binomial regression, N=2000, D=5, {MANY_TRIALS} trials "
+        f"(finite support of {MANY_TRIALS + 1} values)",
+        make_binomial_many,
+    ),
+    "binomial_200_counts": BenchModel(
+        "binomial_200_counts",
+        f"binomial regression, N=2000, D=5, 20 to {MANY_TRIALS} trials per "
+        f"observation (data; {MANY_TRIALS + 1} support values)",
+        partial(make_binomial_many, varying=True),
     ),
     "binomial_counts": BenchModel(
         "binomial_counts",

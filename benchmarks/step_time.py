@@ -90,7 +90,15 @@ def _baseline(num_particles: int, guide_name: str = "AutoNormal") -> ELBO:
 
 
 #: The models with a finite support (the quadratic score's).
-FINITE_SUPPORT = ("logistic", "softmax", "binomial", "binomial_counts", "binomial_40")
+FINITE_SUPPORT = (
+    "logistic",
+    "softmax",
+    "binomial",
+    "binomial_counts",
+    "binomial_40",
+    "binomial_200",
+    "binomial_200_counts",
+)
 
 #: Objectives timed against the ``Trace_ELBO`` baseline.
 OBJECTIVES: dict[str, Objective] = {

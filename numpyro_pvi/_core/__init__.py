@@ -25,7 +25,7 @@ change without deprecation.
 
 from numpyro_pvi._core import deprecation, pmf
 from numpyro_pvi._core.binomial_pairs import (
-    CLOSED_FORM_SUPPORT,
+    POLYNOMIAL_SUPPORT,
     binomial_next_overlap_sum,
     binomial_next_overlaps,
 )
@@ -189,7 +189,7 @@ __all__ = [
     "support_log_pmf",
     "support_pmf",
     "binomial_support_sums",
-    "CLOSED_FORM_SUPPORT",
+    "POLYNOMIAL_SUPPORT",
     "binomial_next_overlap_sum",
     "binomial_next_overlaps",
     "UNROLLED_SUPPORT",

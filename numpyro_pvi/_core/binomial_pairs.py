@@ -27,6 +27,15 @@ rule, all terms positive). The gradient is
 when :math:`\ell_a + \ell_b \le 0` and :math:`n O_{ab} - A\, y\, G'(y)`
 otherwise (exact also where :math:`\ell_a + \ell_b = 0`).
 
+The polynomial's coefficients overflow single precision beyond about 63
+trials, so it takes at most :data:`POLYNOMIAL_SUPPORT` support values; longer
+supports take the three-term recurrence of
+:mod:`~numpyro_pvi._core.binomial_recurrence` (any number of trials, no
+overflow). Either way the partial derivatives come out of the same pass as
+the overlaps (the polynomial's slope, the recurrence's second-to-last
+term), so the forward pass of the custom derivative computes them and the
+backward pass only multiplies by the cotangent.
+
 The pairs are evaluated block by block of particles inside a loop: XLA's
 CPU backend otherwise fuses the computation of the logits (e.g. a guide's
 draw of an intercept) into every pair's loop and repeats it for each
@@ -46,15 +55,20 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+from collections.abc import Callable
 from functools import partial
 
 import jax
 import jax.numpy as jnp
 
+from numpyro_pvi._core.binomial_recurrence import (
+    recurrence_pairs,
+    recurrence_particles,
+)
 from numpyro_pvi._core.pmf import integer_power
 
 __all__ = [
-    "CLOSED_FORM_SUPPORT",
+    "POLYNOMIAL_SUPPORT",
     "binomial_next_overlap_sum",
     "binomial_next_overlaps",
 ]
@@ -62,14 +76,17 @@ __all__ = [
 #: Particles per block of :func:`binomial_next_overlaps` (at most).
 PAIR_BLOCK = 8
 
-#: The largest support (``n + 1`` values) the closed form takes: its
-#: polynomial's coefficients :math:`\binom{n}{k}^2`, value :math:`G(1) =
-#: \binom{2n}{n}` and slope :math:`n G(1) / 2` stay far below single
-#: precision's largest number (6.4e27 and 1.5e29 for :math:`n = 48`; the
-#: slope overflows near :math:`n = 63`).
-CLOSED_FORM_SUPPORT = 49
+#: The largest support (``n + 1`` values) the polynomial takes (longer
+#: supports take the recurrence of
+#: :mod:`~numpyro_pvi._core.binomial_recurrence`): its coefficients
+#: :math:`\binom{n}{k}^2`, value :math:`G(1) = \binom{2n}{n}` and slope
+#: :math:`n G(1) / 2` stay far below single precision's largest number
+#: (6.4e27 and 1.5e29 for :math:`n = 48`; the slope overflows near
+#: :math:`n = 63`).
+POLYNOMIAL_SUPPORT = 49
 
-_Particles = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
+_Particles = tuple[jax.Array, ...]
+_PairFn = Callable[[_Particles, _Particles, bool], tuple[jax.Array, ...]]
 
 
 def _squared_binomials(count: jax.Array, size: int) -> list[jax.Array]:
@@ -127,6 +144,25 @@ def _pairs(
     return overlap, first_moment - np_a * overlap, first_moment - np_b * overlap
 
 
+def _kernel(
+    count: jax.Array, size: int
+) -> tuple[Callable[[jax.Array], _Particles], _PairFn]:
+    """The per-particle quantities from the logits, and the pairs'
+    overlaps (with ``gradient``, their partial derivatives): the polynomial
+    for at most :data:`POLYNOMIAL_SUPPORT` support values, the recurrence
+    of :mod:`~numpyro_pvi._core.binomial_recurrence` beyond."""
+    if size <= POLYNOMIAL_SUPPORT:
+        squares = _squared_binomials(count, size)
+        return (
+            lambda logits: _particles(logits, count, size),
+            lambda a, b, gradient: _pairs(a, b, count, squares, gradient),
+        )
+    constant = jnp.all(count == size - 1)
+    return recurrence_particles, lambda a, b, gradient: recurrence_pairs(
+        a, b, count, size, constant, gradient
+    )
+
+
 def _num_blocks(m: int) -> int:
     """Blocks of at most :data:`PAIR_BLOCK` particles, at least two."""
     return m // math.gcd(m, min(PAIR_BLOCK, max(m // 2, 1)))
@@ -165,44 +201,48 @@ def _cyclic(x: jax.Array) -> jax.Array:
 def binomial_next_overlaps(logits: jax.Array, count: jax.Array, size: int) -> jax.Array:
     r"""``(M, b)`` the overlaps :math:`\sum_k f_m(k) f_{m+1}(k)` of each
     particle's Binomial pmf with the next particle's (cyclically, :math:`m +
-    1 \bmod M`), in closed form (module docstring).
+    1 \bmod M`), in closed form (module docstring), for any number of
+    trials.
 
     :param logits: ``(M, b)`` the particles' logits :math:`\ell_m`
         (:math:`M \ge 2`).
     :param count: ``(b,)`` the total counts :math:`n` (integer-valued
         floats below ``size``; data: no gradient).
-    :param size: the support's size (a Python integer, at most
-        :data:`CLOSED_FORM_SUPPORT`).
+    :param size: the support's size (a Python integer; beyond
+        :data:`POLYNOMIAL_SUPPORT` values the recurrence).
     """
-    return _forward(logits, count, size)[0]
+    return _overlaps(logits, count, size, gradient=False)[0]
+
+
+def _overlaps(
+    logits: jax.Array, count: jax.Array, size: int, gradient: bool
+) -> tuple[jax.Array, ...]:
+    """The overlaps ``(M, b)``, with ``gradient`` also their partial
+    derivatives in the first and in the second logits of each pair."""
+    particles_of, pairs = _kernel(count, size)
+    return tuple(
+        _rows(x)
+        for x in _over_blocks(
+            lambda a, b: pairs(a, b, gradient),
+            particles_of(_cyclic(logits)),
+            logits.shape[0],
+        )
+    )
 
 
 def _forward(
     logits: jax.Array, count: jax.Array, size: int
-) -> tuple[jax.Array, tuple[_Particles, jax.Array]]:
-    particles = _particles(_cyclic(logits), count, size)
-    squares = _squared_binomials(count, size)
-    (overlap,) = _over_blocks(
-        lambda a, b: _pairs(a, b, count, squares, gradient=False),
-        particles,
-        logits.shape[0],
-    )
-    return _rows(overlap), (particles, count)
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    # the partial derivatives come with the overlaps, in the same pass (the
+    # polynomial's slope, the recurrence's second-to-last step)
+    overlap, d_first, d_second = _overlaps(logits, count, size, gradient=True)
+    return overlap, (d_first, d_second)
 
 
 def _backward(
-    size: int, residuals: tuple[_Particles, jax.Array], cotangent: jax.Array
+    size: int, residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
 ) -> tuple[jax.Array, None]:
-    particles, count = residuals
-    squares = _squared_binomials(count, size)
-    _, d_first, d_second = (
-        _rows(x)
-        for x in _over_blocks(
-            lambda a, b: _pairs(a, b, count, squares, gradient=True),
-            particles,
-            cotangent.shape[0],
-        )
-    )
+    d_first, d_second = residuals
     # row m is the first of pair m and the second of pair m - 1
     gradient = cotangent * d_first + jnp.roll(cotangent * d_second, 1, axis=0)
     return gradient, None
@@ -228,83 +268,56 @@ def binomial_next_overlap_sum(
     :param count: ``(b,)`` as :func:`binomial_next_overlaps`.
     :param size: as :func:`binomial_next_overlaps`.
     """
-    return _sum_forward(logits, weights, count, size)[0]
+    (total,) = _strata_blocks(logits, weights, count, size, gradient=False)
+    return jnp.sum(total, axis=0)
 
 
 def _weighted_pairs(
-    first: tuple[jax.Array, ...],
-    second: tuple[jax.Array, ...],
-    count: jax.Array,
-    squares: list[jax.Array],
-    cotangent: jax.Array | None = None,
+    first: list[tuple[_Particles, jax.Array]],
+    second: list[tuple[_Particles, jax.Array]],
+    pairs: _PairFn,
+    gradient: bool,
 ) -> tuple[jax.Array, ...]:
     """The weighted pairs of a block's rows ``(B, b)`` summed over the
-    strata pairs (six arrays per stratum, :func:`_block_particles`; one pair
-    of strata at a time, elementwise); with ``cotangent``, the gradients
-    ``(B, b)`` in each stratum's first rows' logits, second rows' logits,
-    first rows' weights and second rows' weights."""
-    k = len(first) // 6
-
-    def stratum(x: tuple[jax.Array, ...], s: int) -> tuple[_Particles, jax.Array]:
-        u, low, a, c, np_, w = x[6 * s : 6 * s + 6]
-        return (u, low, a, c, np_), w
-
-    value = jnp.zeros_like(first[0])
+    strata pairs (each stratum's particles and weights; one pair of strata
+    at a time, elementwise); with ``gradient``, after it the sum's partial
+    derivatives ``(B, b)`` in each stratum's first rows' logits, second
+    rows' logits, first rows' weights and second rows' weights."""
+    k = len(first)
+    value = jnp.zeros_like(first[0][1])
     grads: list[list[list[jax.Array]]] = [[[] for _ in range(k)] for _ in range(4)]
     for s, t in itertools.product(range(k), repeat=2):
-        p_s, w_s = stratum(first, s)
-        p_t, w_t = stratum(second, t)
-        if cotangent is None:
-            (overlap,) = _pairs(p_s, p_t, count, squares, gradient=False)
-            value = value + w_s * w_t * overlap
-            continue
-        overlap, d_s, d_t = _pairs(p_s, p_t, count, squares, gradient=True)
-        pair_weight = cotangent * w_s * w_t
-        grads[0][s].append(pair_weight * d_s)
-        grads[1][t].append(pair_weight * d_t)
-        grads[2][s].append(cotangent * w_t * overlap)
-        grads[3][t].append(cotangent * w_s * overlap)
-    if cotangent is None:
+        (p_s, w_s), (p_t, w_t) = first[s], second[t]
+        overlap, *derivatives = pairs(p_s, p_t, gradient)
+        value = value + w_s * w_t * overlap
+        if gradient:
+            d_s, d_t = derivatives
+            grads[0][s].append(w_s * w_t * d_s)
+            grads[1][t].append(w_s * w_t * d_t)
+            grads[2][s].append(w_t * overlap)
+            grads[3][t].append(w_s * overlap)
+    if not gradient:
         return (value,)
-    return tuple(functools.reduce(jnp.add, g) for x in grads for g in x)
-
-
-def _block_particles(
-    arrays: tuple[jax.Array, ...], count: jax.Array, size: int
-) -> tuple[jax.Array, ...]:
-    """A block's particles and weights per stratum from its logits and
-    weights (two arrays per stratum), as :func:`_weighted_pairs` reads
-    them."""
-    return tuple(
-        x
-        for s in range(len(arrays) // 2)
-        for x in (*_particles(arrays[2 * s], count, size), arrays[2 * s + 1])
-    )
+    return (value, *(functools.reduce(jnp.add, g) for x in grads for g in x))
 
 
 def _strata_blocks(
-    logits: jax.Array,
-    weights: jax.Array,
-    count: jax.Array,
-    size: int,
-    cotangent: jax.Array | None = None,
+    logits: jax.Array, weights: jax.Array, count: jax.Array, size: int, gradient: bool
 ) -> tuple[jax.Array, ...]:
     """:func:`_weighted_pairs` over the blocks, its outputs as rows ``(M,
     b)``. The per-particle quantities are computed in each block from the
-    logits: six ``(M + 1, b)`` arrays per stratum would push the step's
+    logits: five ``(M + 1, b)`` arrays per stratum would push the step's
     temporaries past the allocator's reuse threshold."""
     arrays = tuple(
         _cyclic(x[:, s]) for s in range(logits.shape[1]) for x in (logits, weights)
     )
-    squares = _squared_binomials(count, size)
+    particles_of, pairs = _kernel(count, size)
+
+    def strata(x: tuple[jax.Array, ...]) -> list[tuple[_Particles, jax.Array]]:
+        return [(particles_of(x[i]), x[i + 1]) for i in range(0, len(x), 2)]
+
     out = _over_blocks(
-        lambda a, b: _weighted_pairs(
-            _block_particles(a, count, size),
-            _block_particles(b, count, size),
-            count,
-            squares,
-            cotangent,
-        ),
+        lambda a, b: _weighted_pairs(strata(a), strata(b), pairs, gradient),
         arrays,
         logits.shape[0],
     )
@@ -313,26 +326,26 @@ def _strata_blocks(
 
 def _sum_forward(
     logits: jax.Array, weights: jax.Array, count: jax.Array, size: int
-) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
-    (total,) = _strata_blocks(logits, weights, count, size)
-    return jnp.sum(total, axis=0), (logits, weights, count)
-
-
-def _sum_backward(
-    size: int, residuals: tuple[jax.Array, jax.Array, jax.Array], cotangent: jax.Array
-) -> tuple[jax.Array, jax.Array, None]:
-    logits, weights, count = residuals
+) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    # the sum is per observation, so its gradient is the cotangent times its
+    # partial derivatives, computed here in the same pass as the pairs
+    total, *grads = _strata_blocks(logits, weights, count, size, gradient=True)
     k = logits.shape[1]
-    grads = _strata_blocks(logits, weights, count, size, cotangent)
     first, second, weight_first, weight_second = (
         jnp.stack(grads[i * k : (i + 1) * k], axis=1) for i in range(4)
     )
     # row m is the first of the pairs of m and the second of those of m - 1
-    return (
+    return jnp.sum(total, axis=0), (
         first + jnp.roll(second, 1, axis=0),
         weight_first + jnp.roll(weight_second, 1, axis=0),
-        None,
     )
+
+
+def _sum_backward(
+    size: int, residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
+) -> tuple[jax.Array, jax.Array, None]:
+    d_logits, d_weights = residuals
+    return cotangent * d_logits, cotangent * d_weights, None
 
 
 binomial_next_overlap_sum.defvjp(_sum_forward, _sum_backward)

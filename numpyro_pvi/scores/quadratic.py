@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 
 from numpyro_pvi._core import (
-    CLOSED_FORM_SUPPORT,
     UNROLLED_SUPPORT,
     binomial_next_overlap_sum,
     binomial_next_overlaps,
@@ -87,19 +86,19 @@ def _support_sums(
 
 
 def _binomial_closed_form(
-    terms: ParticleTerms, max_size: int
+    terms: ParticleTerms, max_size: int | None = None
 ) -> tuple[jax.Array, jax.Array, int] | None:
     """``(N, b)`` logits, ``(b,)`` total counts and the support's size of one
-    Binomial component per observation with at most ``max_size`` values
-    (what the closed forms read instead of the ``(N, K, b)`` pmf); ``None``
-    otherwise (another likelihood, several components, a longer
-    support)."""
+    Binomial component per observation (with ``max_size``, of at most
+    ``max_size`` values): what the closed forms read instead of the ``(N,
+    K, b)`` pmf; ``None`` otherwise (another likelihood, several
+    components, a longer support)."""
     logits, count = terms.binomial_logits, terms.binomial_count
     support = terms.obs_support
     if logits is None or count is None or support is None:
         return None
     size = support.shape[0]
-    if logits.shape[-1] != 1 or size > max_size:
+    if logits.shape[-1] != 1 or (max_size is not None and size > max_size):
         return None
     # the counts are data, the same for every particle (the support's size
     # is read from them when the program is compiled)
@@ -157,7 +156,7 @@ def _next_overlaps(terms: ParticleTerms) -> jax.Array:
     (:func:`~numpyro_pvi._core.binomial_pairs.binomial_next_overlaps`, no
     ``(M, K, b)`` pmf)."""
     v, k, m = strata(terms)
-    closed_form = _binomial_closed_form(terms, CLOSED_FORM_SUPPORT)
+    closed_form = _binomial_closed_form(terms)
     if closed_form is not None:
         logits, count, size = closed_form
         if k == 1:
@@ -318,7 +317,7 @@ class QuadraticScore(Score):
         ``"auto"`` where the Binomial overlaps are in closed form (decided
         by the likelihood alone, the same with and without strata)."""
         if self.estimator == "auto":
-            return _binomial_closed_form(terms, CLOSED_FORM_SUPPORT) is not None
+            return _binomial_closed_form(terms) is not None
         return self.estimator == "derangement"
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:

@@ -712,19 +712,23 @@ def _binomial_model(kind):
         ("logits", "AutoGaussianMixture"),
     ],
 )
-@pytest.mark.parametrize("estimator", ["all-pairs", "derangement"])
+@pytest.mark.parametrize(
+    "estimator, trials", [("all-pairs", 1), ("derangement", 1), ("derangement", 25)]
+)
 def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(
-    kind, guide_cls, estimator
+    kind, guide_cls, estimator, trials
 ):
     """The quadratic score of a Binomial likelihood reads the logits and
     counts (``binomial_logits``) when it can: the same value and gradient
     as from the pmf over the support (all-pairs sums, or the derangement's
-    overlaps in closed form), with counts that vary between observations
-    (one of them 0), masked observations, and a mixture guide's strata
-    (weights that depend on the observation)."""
+    overlaps in closed form: up to 5 trials by the polynomial, up to 100 by
+    the recurrence), with counts that vary between observations (one of
+    them 0), masked observations, and a mixture guide's strata (weights
+    that depend on the observation)."""
     model = _binomial_model(kind)
-    y = jnp.minimum(Y_CAT.astype(float), COUNTS)
-    args = (X, y, COUNTS)
+    counts = trials * COUNTS
+    y = jnp.minimum(trials * Y_CAT.astype(float), counts)
+    args = (X, y, counts)
     if guide_cls == "AutoNormal":
         guide = AutoNormal(model, init_scale=0.5)
     else:
