@@ -252,19 +252,24 @@ class QuadraticScore(Score):
     observation the overlaps are in closed form,
     :math:`\langle f_a, f_b \rangle = (q_a q_b)^n \sum_k \binom{n}{k}^2
     e^{k(\ell_a + \ell_b)}` evaluated from the likelier end
-    (``numpyro_pvi/_core/binomial_pairs.py``): no
-    pmf over the support, one exponential per draw. It has more variance
+    (``numpyro_pvi/_core/binomial_pairs.py``) up to 48 trials, and beyond
+    by a three-term recurrence in the number of trials, whose terms are
+    probabilities (``numpyro_pvi/_core/binomial_recurrence.py``): no pmf
+    over the support, no transcendental function per pair, any number of
+    trials. It has more variance
     than the all-pairs estimator, which averages over every pair of the same
     draws. On the benchmark's binomial regressions (``benchmarks/RESULTS.md``)
     a step takes 1.6–2.9 times ``Trace_ELBO`` (M = 8 to 64, constant or
     varying counts) against 2.0–6.0 times with all pairs, at 1.4–1.8 times
     the gradient variance: 0.8–0.85 times the all-pairs efficiency (inverse
     of gradient variance × step time) with constant counts and 1.1–1.2
-    times it with varying counts, 4.3–8.2 times it with 40 trials, where all
-    pairs read the pmf over 41 values (``benchmarks/quadratic_efficiency.py``);
+    times it with varying counts, 4.3–8.2 times it with 40 trials and
+    9–19 times it with 200 trials (3.0–3.2 and 5.2–7.5 times
+    ``Trace_ELBO`` at M = 8 and 64, against 70–74 and 203–209 times with
+    all pairs), where all pairs read the pmf
+    over every support value (``benchmarks/quadratic_efficiency.py``);
     so ``estimator="auto"`` (the default) takes it where the overlaps are
-    in closed form (one Binomial component per observation of at most 49
-    support values, i.e. 48 trials, with or
+    in closed form (one Binomial component per observation, with or
     without strata: the choice depends on the likelihood alone, so a fit's
     estimate and its mixtures' are the same estimator) and all pairs
     elsewhere; pass ``estimator="all-pairs"`` for the smaller variance
