@@ -54,6 +54,13 @@ def binomial(x, y, subsample_size=None):
         numpyro.sample("y", dist.Binomial(5, logits=x[idx] @ w), obs=y[idx])
 
 
+def binomial_many(x, y, subsample_size=None):
+    """60 trials: the derangement's overlaps by the recurrence."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([D]).to_event(1))
+    with numpyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
+        numpyro.sample("y", dist.Binomial(60, logits=x[idx] @ w), obs=y[idx])
+
+
 def objectives():
     out = {
         "pvi-log": (numpyro_pvi.PredictiveELBO("log", num_particles=8), regression),
@@ -80,6 +87,10 @@ def objectives():
                 num_particles=8,
             ),
             binomial,
+        ),
+        "pvi-quadratic-many-trials": lambda: (
+            numpyro_pvi.PredictiveELBO("quadratic", num_particles=8),
+            binomial_many,
         ),
         "softcvi": lambda: (numpyro_pvi.SoftCVIELBO(num_particles=8), regression),
         "snis": lambda: (numpyro_pvi.SNISForwardKL(num_particles=8), regression),
@@ -325,7 +336,11 @@ def main():
             results[name] = None
             continue
         loss, model = entry
-        y = {logistic: y_bin, binomial: y_counts}.get(model, y_cont)
+        y = {
+            logistic: y_bin,
+            binomial: y_counts,
+            binomial_many: jnp.clip(jnp.round(6.0 * jnp.abs(y_cont)), 0, 60),
+        }.get(model, y_cont)
         results[name] = check(loss, model, x, y, run_svi=name in SVI_RUNS)
     results["control_full_gathers"] = gathering_control(x)
     results["particles"] = particles_check(x, y_cont, y_counts)

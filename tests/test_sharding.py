@@ -22,6 +22,7 @@ EXPECTED = [
     "pvi-crps",
     "pvi-quadratic",
     "pvi-quadratic-derangement",
+    "pvi-quadratic-many-trials",
     "softcvi",
     "snis",
 ]
