@@ -61,7 +61,7 @@ import numpy as np
 __all__ = ["recurrence_pairs", "recurrence_particles"]
 
 #: Steps of the recurrence unrolled in each iteration of its loop.
-UNROLL = 16
+UNROLL = 8
 
 _State = tuple[jax.Array, jax.Array, jax.Array, jax.Array]
 
