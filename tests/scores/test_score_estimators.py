@@ -635,6 +635,20 @@ def test_support_sums_equal_their_definition(k):
     np.testing.assert_allclose(sum_sq, want, rtol=10 * RTOL, atol=10 * RTOL)
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("k", [2, 5])
+def test_strata_sums_are_each_strata_draws_sums(k):
+    # 3 strata of 4 draws: the sums of each stratum's own rows, not of
+    # rows spread over the strata (the draws are stratum-major)
+    probs = jax.nn.softmax(random.normal(random.PRNGKey(6), (12, k, 7)) * 2, axis=1)
+    totals, own = quadratic._strata_sums(probs, 3)
+    for s in range(3):
+        rows = probs[4 * s : 4 * (s + 1)]
+        np.testing.assert_allclose(totals[s], rows.sum(0), rtol=RTOL)
+        squares = jnp.square(rows).sum(0)
+        np.testing.assert_allclose(own[s], squares, rtol=RTOL, atol=RTOL)
+
+
 # --------------------------------------------------------------------------
 # Binomial support sums from the logits (no (M, K, b) pmf)
 # --------------------------------------------------------------------------
