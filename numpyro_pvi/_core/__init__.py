@@ -66,7 +66,7 @@ from numpyro_pvi._core.loo import (
 from numpyro_pvi._core.moment_matching import moment_matcher
 
 # first: the scores (imported by held_out below) import it through this door
-from numpyro_pvi._core.normal import normal_abs_mean  # noqa: I001
+from numpyro_pvi._core.normal import normal_abs_mean, normal_strata_crps  # noqa: I001
 from numpyro_pvi._core.numpyro_private import (
     resolve_observed_sites,
     unpack_latent,
@@ -125,6 +125,7 @@ from numpyro_pvi._core.validation import (
 
 __all__ = [
     "normal_abs_mean",
+    "normal_strata_crps",
     "approximate_loo_log_weights",
     "approximate_loo_pointwise",
     "fold_ids",

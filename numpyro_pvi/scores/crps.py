@@ -9,7 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import normal_abs_mean
+from numpyro_pvi._core import normal_abs_mean, normal_strata_crps
 from numpyro_pvi.particles import (
     Y_LOC_SCALE,
     Y_SIM,
@@ -79,8 +79,13 @@ def _closed_form(terms: ParticleTerms) -> jax.Array:
     ``θ`` in closed form (Normal likelihoods)."""
     loc = present(terms.y_loc, "y_loc")[..., 0]  # (M, b or 1)
     scale = present(terms.y_scale, "y_scale")[..., 0]
-    obs_term = normal_abs_mean(present(terms.y_obs, "y_obs")[:, 0] - loc, scale)
-    return _with_next(terms, obs_term, (loc, scale), _normal_pair)
+    y = present(terms.y_obs, "y_obs")[:, 0]
+    if terms.num_strata > 1:  # in one pass with its partial derivatives
+        v, k, m = strata(terms)
+        return normal_strata_crps(loc, scale, y, v.reshape((k, m, -1))[:, 0] * m)
+    return _with_next(
+        terms, normal_abs_mean(y - loc, scale), (loc, scale), _normal_pair
+    )
 
 
 def _all_pairs(terms: ParticleTerms, x: jax.Array, y: jax.Array) -> jax.Array:

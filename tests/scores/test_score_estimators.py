@@ -216,6 +216,63 @@ def test_normal_abs_mean_gradient_and_far_tails():
     np.testing.assert_array_equal(got[1][~inner], 0.0)
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize(
+    "k, m, b, loc_b, scale_b",
+    [
+        (2, 3, 700, 700, 1),  # blocks of 128 observations, the last one short
+        (2, 3, 700, 1, 700),
+        (3, 2, 5, 1, 5),  # a location shared by the observations
+        (2, 1, 1, 1, 1),  # M = 1: each draw paired with itself
+    ],
+)
+def test_strata_crps_in_one_pass_equals_the_pair_mean_by_autodiff(
+    k, m, b, loc_b, scale_b, monkeypatch
+):
+    # value and gradient in every argument of the mixture guide's closed-form
+    # CRPS (partials from the forward pass, blocks of observations) against
+    # its definition: normal_abs_mean terms, the stratified derangement's
+    # pair mean and autodiff; an observation far in the tail included
+    from numpyro_pvi._core import normal, normal_strata_crps
+    from numpyro_pvi.scores.pair_sums import derangement_pair_mean
+
+    monkeypatch.setattr(normal, "STRATA_BLOCK_SIZE", 128 * k * m)  # 128 per block
+    monkeypatch.setattr(normal, "UNBLOCKED_SIZE", 0)
+
+    keys = random.split(random.PRNGKey(60), 4)
+    loc = random.normal(keys[0], (k * m, loc_b)) * 2.0
+    scale = jnp.exp(random.normal(keys[1], (k * m, scale_b)) * 0.5)
+    y = random.normal(keys[2], (b,)).at[0].set(40.0)
+    omega = jax.nn.softmax(random.normal(keys[3], (k, b)), axis=0)
+
+    def definition(loc, scale, y, omega):
+        v = jnp.repeat(omega / m, m, axis=0)
+        obs = jnp.sum(v * normal_abs_mean(y - loc, scale), axis=0)
+        pair = lambda p, q: normal_abs_mean(  # noqa: E731
+            p[0] - q[0], jnp.sqrt(jnp.square(p[1]) + jnp.square(q[1]))
+        )
+        loc_b, scale_b = (
+            jnp.broadcast_to(loc, v.shape),
+            jnp.broadcast_to(scale, v.shape),
+        )
+        return -obs + 0.5 * derangement_pair_mean((loc_b, scale_b), pair, omega)
+
+    args = (loc, scale, y, omega)
+    np.testing.assert_allclose(
+        normal_strata_crps(*args), definition(*args), rtol=RTOL, atol=RTOL
+    )
+    cotangent = random.uniform(random.PRNGKey(61), (b,))
+    grads = [
+        jax.grad(lambda *a, f=f: jnp.sum(cotangent * f(*a)), argnums=(0, 1, 2, 3))(
+            *args
+        )
+        for f in (normal_strata_crps, definition)
+    ]
+    for got, want in zip(*grads, strict=True):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=10 * RTOL, atol=10 * RTOL)
+
+
 def _normal_terms(loc, scale, y_obs, y_sim=None):
     return _terms(loc if y_sim is None else y_sim, y_obs)._replace(
         y_loc=loc, y_scale=scale, y_sim=y_sim
