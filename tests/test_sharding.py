@@ -20,6 +20,7 @@ EXPECTED = [
     "pvi-log-posterior",
     "pacm",
     "pvi-crps",
+    "pvi-crps-mixture",
     "pvi-quadratic",
     "pvi-quadratic-derangement",
     "pvi-quadratic-many-trials",
@@ -73,6 +74,7 @@ def test_shard_data_rejects_sizes_it_would_have_to_pad():
         "pvi-crps",
         "pacm",
         "stratified-mixture",
+        "pvi-crps-mixture",
         "pvi-quadratic-derangement",
     ],
 )

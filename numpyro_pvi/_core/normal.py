@@ -173,7 +173,7 @@ def _blocked_strata_score(
     are temporaries of the block only (no loop up to
     :data:`UNBLOCKED_SIZE`)."""
     b = y.shape[0]
-    size = max(128, STRATA_BLOCK_SIZE // loc.shape[0] // 128 * 128)
+    size = max(16, STRATA_BLOCK_SIZE // loc.shape[0] // 16 * 16)
     if b <= size or loc.shape[0] * b <= UNBLOCKED_SIZE:
         return _strata_score(loc, scale, y, omega)
     blocks = -(-b // size)
