@@ -299,15 +299,22 @@ class EnergyScore(Score):
     stratified sampling (mixture guides) the pairs are weighted as in
     :class:`CRPS`: :math:`v_j v_l`, times :math:`M/(M-1)` within a component.
 
-    In one dimension with :math:`\beta = 1` the estimate is the CRPS's
-    all-pairs estimate, computed as :class:`CRPS` computes it (sign sums, a
-    comparison per pair in place of a square root and a division).
+    In one dimension with :math:`\beta = 1` the energy score is the CRPS,
+    and it is estimated as :class:`CRPS` estimates it: the all-pairs
+    estimate by sign sums (a comparison per pair in place of a square root
+    and a division), and with ``estimator="auto"`` (the default), where
+    every observed site is a :class:`~numpyro.distributions.Normal`, the
+    closed form (both expectations over :math:`y` exact, no simulations),
+    so that ``PredictiveELBO("energy")`` and ``PredictiveELBO("crps")`` are
+    the same objective on scalar observations. Otherwise ``"auto"`` is
+    ``"all-pairs"``.
 
     ``estimator="derangement"`` pairs each draw with the next one only, as
     for :class:`CRPS`: unbiased, :math:`O(M b\, d)`, more variance.
 
     :param float beta: the exponent :math:`\beta \in (0, 2)`.
-    :param str estimator: ``"all-pairs"`` (default) or ``"derangement"``.
+    :param str estimator: ``"auto"`` (default), ``"all-pairs"`` or
+        ``"derangement"``.
 
     **References**
 
@@ -318,11 +325,16 @@ class EnergyScore(Score):
     """
 
     name = "energy"
-    requires = frozenset({Y_SIM})
+    # as for the CRPS: the closed form's request is dropped by XLA where the
+    # estimate does not read it
+    requires = frozenset({Y_SIM, Y_LOC_SCALE})
     min_particles = 2
     mixture_is_quadratic = True
+    default_estimator = "auto"
 
-    def __init__(self, beta: float = 1.0, *, estimator: str = "all-pairs") -> None:
+    def __init__(
+        self, beta: float = 1.0, *, estimator: str = default_estimator
+    ) -> None:
         try:
             beta = float(beta)
         except (TypeError, ValueError):
@@ -335,15 +347,19 @@ class EnergyScore(Score):
                 f"score, got {beta!r}."
             )
         self.beta = beta
-        self.estimator = _check_estimator(estimator, "EnergyScore", ESTIMATORS[1:3])
+        self.estimator = _check_estimator(estimator, "EnergyScore", ESTIMATORS[:3])
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
+        scalar = terms.y_obs is not None and terms.y_obs.shape[-1] == 1
+        is_crps = self.beta == 1.0 and scalar
+        if is_crps and self.estimator == "auto" and terms.y_loc is not None:
+            return _closed_form(terms)
         y_sim, y_obs = simulations(terms, self.name)
         if self.estimator == "derangement":
             return _derangement(
                 terms, y_sim, y_obs, lambda diff: _pow_norm(diff, self.beta)
             )
-        if y_sim.shape[-1] == 1 and self.beta == 1.0:  # the CRPS
+        if is_crps:
             return _all_pairs(terms, y_sim[..., 0], y_obs[:, 0])
         if terms.num_strata > 1:
             v, _, m = strata(terms)
@@ -354,6 +370,6 @@ class EnergyScore(Score):
         return -obs_term + pair_norm_sum(y_sim, v, m, self.beta)
 
     def __repr__(self) -> str:
-        if self.estimator == "all-pairs":
+        if self.estimator == self.default_estimator:
             return f"EnergyScore(beta={self.beta!r})"
         return f"EnergyScore(beta={self.beta!r}, estimator={self.estimator!r})"

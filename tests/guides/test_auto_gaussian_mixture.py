@@ -558,25 +558,28 @@ def _score_terms(key, guide, params, model, x, y, m, score):
 @pytest.mark.parametrize("m", [2, 5])
 def test_stratified_crps_and_energy_are_unbiased(m):
     """Mean over keys of the stratified CRPS = closed-form CRPS of the mixture
-    predictive; the 1-D energy score with beta = 1 is the same estimate."""
+    predictive; the 1-D energy score with beta = 1 is the same estimate with
+    each estimator (by default the CRPS's closed form, a Normal likelihood)."""
     x, y = _data()
     guide, params = _fixed_guide(linreg, x, y)
     exact = _exact_mixture_crps(x, y, _exact_log_weights(x))
-    crps, energy = CRPS(estimator="all-pairs"), EnergyScore(1.0)
+    crps, energy = CRPS(estimator="all-pairs"), EnergyScore(1.0, estimator="all-pairs")
 
     def estimate(key):
         t = _score_terms(key, guide, params, linreg, x, y, m, crps)
         return (
             crps.estimate(t),
             energy.estimate(t),
+            CRPS().estimate(t) - EnergyScore(1.0).estimate(t),
             t.weights.log_predictive,
             t.y_sim[..., 0],
         )
 
     keys = random.split(random.PRNGKey(7), 2000)
-    est, est_energy, log_w, xs = jax.jit(jax.vmap(estimate))(keys)
+    est, est_energy, auto_difference, log_w, xs = jax.jit(jax.vmap(estimate))(keys)
     tol = 1e-8 if jax.config.jax_enable_x64 else 2e-5
     np.testing.assert_allclose(est_energy, est, atol=tol, rtol=0)
+    np.testing.assert_array_equal(auto_difference, 0.0)
     mean, se = est.mean(0), est.std(0) / math.sqrt(keys.shape[0])
     z = (mean - exact) / se
     assert jnp.max(jnp.abs(z)) < 4.5, z

@@ -298,6 +298,43 @@ def test_crps_of_normal_predictive_is_unbiased_for_closed_form(
     assert abs(float(jnp.mean(losses)) - exact) < 4.5 * se, (losses.mean(), exact, se)
 
 
+def studentt_model(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.StudentT(4.0, mu, SIGMA), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model, same_as",
+    [
+        (normal_model, CRPS()),  # the closed form: no simulations
+        (studentt_model, EnergyScore(1.0, estimator="all-pairs")),
+    ],
+    ids=["normal", "student-t"],
+)
+def test_default_energy_score_of_scalar_observations_is_the_crps(model, same_as):
+    # beta = 1 on scalar observations: the default energy objective is the
+    # default CRPS objective (value and gradient, the same draws) where the
+    # likelihood is Normal, and the all-pairs estimate otherwise
+    def loss_and_grad(score):
+        elbo = PredictiveELBO(score, num_particles=5, regularizer=None)
+        return jax.value_and_grad(
+            lambda p: elbo.loss(random.PRNGKey(3), p, model, normal_guide, Y_CRPS)
+        )(NORMAL_PARAMS)
+
+    got, want = loss_and_grad("energy"), loss_and_grad(same_as)
+    np.testing.assert_allclose(got[0], want[0], rtol=RTOL)
+    for name in NORMAL_PARAMS:
+        np.testing.assert_allclose(got[1][name], want[1][name], rtol=RTOL)
+    # the check has power: the closed form is not the all-pairs estimate
+    other = loss_and_grad(EnergyScore(1.0, estimator="all-pairs"))
+    assert (model is studentt_model) == bool(jnp.isclose(other[0], got[0]))
+    # another exponent is not the CRPS: simulations, as before
+    assert EnergyScore(0.5).estimator == "auto"
+    half = loss_and_grad(EnergyScore(0.5))[0]
+    assert half == loss_and_grad(EnergyScore(0.5, estimator="all-pairs"))[0]
+
+
 def test_crps_properness_over_a_location_and_scale_grid():
     # truth y ~ N(0, 1); forecasts N(mu, s^2); the expected score (over y and
     # over the ensemble) must be highest at mu = 0, s = 1.
