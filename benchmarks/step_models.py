@@ -50,6 +50,38 @@ def make_glm(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return glm_model, (x, y)
 
 
+def student_model(x: jax.Array, y: jax.Array) -> None:
+    """Robust regression: a Student-t likelihood (4 degrees of freedom)."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.StudentT(4.0, x @ w, sigma), obs=y)
+
+
+def make_student(rng_key: jax.Array, n: int = 5000, d: int = 12):
+    kx, kw, ke = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    y = x @ random.normal(kw, (d,)) + 0.5 * random.t(ke, 4.0, (n,))
+    return student_model, (x, y)
+
+
+def gamma_model(x: jax.Array, y: jax.Array) -> None:
+    """Gamma regression (log link) with its shape a latent variable."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 0.5).expand([d]).to_event(1))
+    shape = numpyro.sample("shape", dist.LogNormal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Gamma(shape, shape / jnp.exp(x @ w)), obs=y)
+
+
+def make_gamma(rng_key: jax.Array, n: int = 5000, d: int = 8):
+    kx, kw, ke = random.split(rng_key, 3)
+    x = 0.3 * random.normal(kx, (n, d))
+    y = random.gamma(ke, 3.0, (n,)) / 3.0 * jnp.exp(x @ random.normal(kw, (d,)))
+    return gamma_model, (x, y)
+
+
 BNN_HIDDEN = 32
 
 
@@ -259,6 +291,17 @@ def make_bnn_example(rng_key: jax.Array, n: int = 100):
 MODELS: dict[str, BenchModel] = {
     "glm": BenchModel(
         "glm", "linear regression, N=10000, D=20 (cheap likelihood)", make_glm
+    ),
+    "student": BenchModel(
+        "student",
+        "robust regression, N=5000, D=12, Student-t likelihood (simulations "
+        "from a Gamma mixing variable)",
+        make_student,
+    ),
+    "gamma": BenchModel(
+        "gamma",
+        "Gamma regression, N=5000, D=8, latent shape (its draws' implicit gradient)",
+        make_gamma,
     ),
     "bnn": BenchModel(
         "bnn",

@@ -109,12 +109,8 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "pvi_crps",
             lambda m: PredictiveELBO("crps", num_particles=m),
-            models=(
-                "glm",
-                "bnn",
-                "bnn_example",
-                "hetero",
-            ),  # needs a reparameterised likelihood
+            # needs a reparameterised likelihood
+            models=("glm", "bnn", "bnn_example", "hetero", "student", "gamma"),
         ),
         Objective(
             "pvi_crps_derangement",
@@ -129,7 +125,7 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "pvi_energy",
             lambda m: PredictiveELBO("energy", num_particles=m),
-            models=("glm", "bnn", "bnn_example", "hetero"),
+            models=("glm", "bnn", "bnn_example", "hetero", "student", "gamma"),
         ),
         Objective(
             "pvi_quadratic",

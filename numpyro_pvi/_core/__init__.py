@@ -51,6 +51,7 @@ from numpyro_pvi._core.draws import (
     structured_draws,
 )
 from numpyro_pvi._core.folds import fold_ids
+from numpyro_pvi._core.gamma_draws import fast_draw, has_fast_draw, standard_gamma
 from numpyro_pvi._core.held_out import (
     Pointwise,
     log_sum_estimate,
@@ -129,6 +130,9 @@ __all__ = [
     "approximate_loo_log_weights",
     "approximate_loo_pointwise",
     "fold_ids",
+    "fast_draw",
+    "has_fast_draw",
+    "standard_gamma",
     "joint_log_likelihood",
     "CHAIN_METHODS",
     "FitRecipe",

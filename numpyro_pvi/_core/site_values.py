@@ -40,6 +40,7 @@ from numpyro.distributions import (
 )
 
 from numpyro_pvi._core.data_plate import DataPlate, per_observation
+from numpyro_pvi._core.gamma_draws import fast_draw, has_fast_draw
 
 #: Distributions that wrap another without changing its family.
 _WRAPPERS = (ExpandedDistribution, Independent, MaskedDistribution)
@@ -157,7 +158,11 @@ def _site_draw(
             "reparameterised sampler, which this score needs to differentiate "
             "simulated observations. " + score_advice(site, scalar)
         )
-    draw = fn.sample(key)
+    base = innermost(fn)
+    if has_fast_draw(base):  # NumPyro's own sampler's law, vectorised
+        draw = fast_draw(base, key, fn.shape())
+    else:
+        draw = fn.sample(key)
     shape = jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"]))
     draw = jnp.broadcast_to(draw, shape)
     return _masked_rows(

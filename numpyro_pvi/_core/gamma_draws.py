@@ -1,0 +1,182 @@
+r"""Simulated observations of Gamma-based likelihoods (``Gamma``, ``Chi2``,
+``StudentT``) by an exact vectorised sampler.
+
+:func:`jax.random.gamma` draws each value in its own rejection loop with
+its own key; on a CPU that took 348 ms for the ``(64, 6000)`` draws of one
+step of a Student-t regression at ``M = 64``, two orders of magnitude more
+than the step of ``Trace_ELBO`` (``benchmarks/RESULTS.md``). The scores
+that compare simulated observations (the CRPS and the energy score of a
+likelihood without a closed form) draw that many at every step.
+:func:`standard_gamma` draws the same law with Marsaglia and Tsang's
+method as array operations: one candidate for every value, then the
+rejected ones (under 5%) again, gathered into blocks, until each value has
+an accepted candidate: 14–17 ms for those draws. Its derivative in the
+shape parameter is the implicit reparameterisation gradient
+(:func:`jax.lax.random_gamma_grad`, as :func:`jax.random.gamma`'s), which
+costs about 350 ns a value where the shape is a latent variable.
+
+**References**
+
+1. Marsaglia, G. & Tsang, W. W. (2000). *A simple method for generating
+   gamma variables*. ACM TOMS 26(3), 363–372.
+2. Figurnov, M., Mohamed, S. & Mnih, A. (2018). *Implicit
+   reparameterization gradients*. NeurIPS.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax import random
+from numpyro.distributions import Distribution, Gamma, StudentT
+
+#: Candidates per rejected value in each redraw (every candidate is
+#: accepted with probability above 0.95, so two leave about 1 in 400).
+REDRAW_CANDIDATES = 2
+#: Rounds of redraws after which a value still without an accepted
+#: candidate is NaN (a shape parameter so large that float rounding
+#: rejects every candidate), never a hang.
+MAX_ROUNDS = 64
+
+
+def _candidates(
+    key: jax.Array, a: jax.Array, shape: tuple[int, ...]
+) -> tuple[jax.Array, jax.Array]:
+    """One Marsaglia–Tsang candidate of ``Gamma(a)`` (``a >= 1``) per entry
+    of ``shape``: the value and whether it is accepted."""
+    d = a - 1.0 / 3.0
+    c = jax.lax.rsqrt(9.0 * d)
+    key_z, key_u = random.split(key)
+    z = random.normal(key_z, shape, a.dtype)
+    u = random.uniform(key_u, shape, a.dtype)
+    t = 1.0 + c * z
+    v = t * t * t
+    positive = v > 0
+    log_v = jnp.log(jnp.where(positive, v, 1.0))
+    accept = positive & (jnp.log(u) < 0.5 * z * z + d - d * v + d * log_v)
+    return d * v, accept
+
+
+def _rejected(accepted: jax.Array, size: int) -> jax.Array:
+    """``(size,)`` the indices of the first ``size`` values not accepted
+    (``n`` past the last): a prefix count and a binary search, cheaper on a
+    CPU than :func:`jax.numpy.nonzero`'s scatter or :func:`jax.numpy.cumsum`."""
+    count = jax.lax.associative_scan(jnp.add, (~accepted).astype(jnp.int32))
+    return jnp.searchsorted(count, jnp.arange(1, size + 1, dtype=jnp.int32))
+
+
+def _redraw(
+    a: jax.Array, size: int, state: tuple[jax.Array, jax.Array, jax.Array, jax.Array]
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """One round: up to ``size`` of the values still rejected, each with
+    :data:`REDRAW_CANDIDATES` candidates, the first accepted one kept."""
+    value, accepted, key, rounds = state
+    key, key_round = random.split(key)
+    idx = _rejected(accepted, size)
+    a_idx = a.at[idx].get(mode="fill", fill_value=1.0)
+    shape = (REDRAW_CANDIDATES, size)
+    cand, ok = _candidates(key_round, jnp.broadcast_to(a_idx, shape), shape)
+    first = jnp.argmax(ok, axis=0)
+    new = jnp.take_along_axis(cand, first[None], axis=0)[0]
+    any_ok = jnp.any(ok, axis=0)
+    old = value.at[idx].get(mode="fill", fill_value=0.0)
+    value = value.at[idx].set(jnp.where(any_ok, new, old), mode="drop")
+    accepted = accepted.at[idx].set(any_ok, mode="drop")
+    return value, accepted, key, rounds + 1
+
+
+def _boosted(
+    key: jax.Array, alpha: jax.Array, boost: jax.Array, value: jax.Array
+) -> jax.Array:
+    u = random.uniform(key, value.shape, value.dtype)
+    return jnp.where(boost, value * u ** (1.0 / jnp.where(boost, alpha, 1.0)), value)
+
+
+def _draw(key: jax.Array, alpha: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    alpha = jnp.broadcast_to(alpha, shape).reshape(-1)
+    n = alpha.shape[0]
+    valid = jnp.isfinite(alpha) & (alpha > 0)
+    boost = alpha < 1  # Gamma(a) = Gamma(a + 1) U^(1/a)
+    a = jnp.where(valid, jnp.where(boost, alpha + 1.0, alpha), 1.0)
+    key_first, key_redraw, key_boost = random.split(key, 3)
+    value, accepted = _candidates(key_first, a, a.shape)
+    if n:
+        # under 5% rejected: one round for a block of them all, then
+        # rounds of small blocks for the few (1 in 400) left
+        state = (value, accepted, key_redraw, jnp.zeros((), jnp.int32))
+        state = _redraw(a, min(n, 256 + n // 16), state)
+        value, accepted, _, _ = jax.lax.while_loop(
+            lambda s: ~jnp.all(s[1]) & (s[3] < MAX_ROUNDS),
+            partial(_redraw, a, min(n, 256 + n // 1024)),
+            state,
+        )
+    value = jax.lax.cond(  # the uniforms only where a shape is below 1
+        jnp.any(boost), partial(_boosted, key_boost, alpha, boost), lambda v: v, value
+    )
+    return jnp.where(valid & accepted, value, jnp.nan).reshape(shape)
+
+
+@partial(jax.custom_jvp, nondiff_argnums=(2,))
+def standard_gamma(
+    key: jax.Array, alpha: jax.Array, shape: tuple[int, ...]
+) -> jax.Array:
+    r"""Exact draws of :math:`\mathrm{Gamma}(\alpha, 1)` of ``shape``
+    (``alpha`` broadcasts to it), with Marsaglia and Tsang's method
+    (:math:`\alpha < 1` by :math:`\mathrm{Gamma}(\alpha+1)\,U^{1/\alpha}`)
+    and the implicit reparameterisation gradient in ``alpha``,
+
+    .. math::
+
+        \frac{\partial x}{\partial \alpha} = -\frac{\partial_\alpha
+        F(x; \alpha)}{f(x; \alpha)}.
+
+    The law of :func:`jax.random.gamma`, not its random stream. A shape
+    parameter that is not positive and finite gives NaN.
+    """
+    return _draw(key, jnp.asarray(alpha, dtype=jnp.result_type(alpha, float)), shape)
+
+
+@standard_gamma.defjvp
+def _standard_gamma_jvp(
+    shape: tuple[int, ...],
+    primals: tuple[jax.Array, jax.Array],
+    tangents: tuple[jax.Array, jax.Array],
+) -> tuple[jax.Array, jax.Array]:
+    key, alpha = primals
+    alpha = jnp.asarray(alpha, dtype=jnp.result_type(alpha, float))
+    value = _draw(key, alpha, shape)
+    grad = jax.lax.random_gamma_grad(jnp.broadcast_to(alpha, shape), value)
+    return value, grad * jnp.broadcast_to(tangents[1], shape)
+
+
+def _student_t(key: jax.Array, fn: StudentT, shape: tuple[int, ...]) -> jax.Array:
+    # T = Z sqrt(df / V), V ~ chi^2(df) = 2 Gamma(df / 2)
+    key_normal, key_gamma = random.split(key)
+    df = jnp.asarray(fn.df, dtype=jnp.result_type(fn.df, float))
+    v = 2.0 * standard_gamma(key_gamma, 0.5 * df, shape)
+    z = random.normal(key_normal, shape, v.dtype)
+    return fn.loc + fn.scale * (z * jnp.sqrt(df / v))
+
+
+def _gamma(key: jax.Array, fn: Gamma, shape: tuple[int, ...]) -> jax.Array:
+    return standard_gamma(key, fn.concentration, shape) / fn.rate
+
+
+#: Samplers by the ``sample`` method they replace: a subclass that keeps
+#: NumPyro's sampler (``Chi2`` keeps ``Gamma``'s) is drawn the same way.
+_SAMPLERS = {StudentT.sample: _student_t, Gamma.sample: _gamma}
+
+
+def has_fast_draw(base: Distribution) -> bool:
+    """Whether :func:`fast_draw` draws ``base`` (a distribution under no
+    wrapper) with the vectorised sampler."""
+    return type(base).sample in _SAMPLERS
+
+
+def fast_draw(base: Distribution, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """A draw of ``shape`` (``base``'s batch shape broadcast to it, as its
+    Expanded, Independent or Masked wrappers draw) from ``base``, a
+    distribution for which :func:`has_fast_draw` holds."""
+    return _SAMPLERS[type(base).sample](key, base, shape)

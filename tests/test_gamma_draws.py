@@ -1,0 +1,145 @@
+"""The vectorised sampler of Gamma-based likelihoods' simulated observations
+(``numpyro_pvi/_core/gamma_draws.py``): the law of its draws, its implicit
+reparameterisation gradient, and the scores that read them against
+scoringrules' closed forms."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+import scipy.special as sc
+import scipy.stats as ss
+from jax import random
+
+from numpyro_pvi import PredictiveELBO
+from numpyro_pvi._core import fast_draw, has_fast_draw, standard_gamma
+from numpyro_pvi.scores import CRPS
+
+sr = pytest.importorskip("scoringrules")
+
+N = 20_000
+#: Kolmogorov–Smirnov critical value at level 1e-3, for N draws.
+KS_CRITICAL = math.sqrt(-0.5 * math.log(0.5e-3)) / math.sqrt(N)
+
+
+#: One compiled draw for every shape parameter of the tests.
+draw = jax.jit(standard_gamma, static_argnums=2)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0, 2.5, 40.0])
+def test_draws_follow_the_gamma_law(alpha):
+    x = np.asarray(draw(random.PRNGKey(0), jnp.float32(alpha), (N,)), np.float64)
+    assert np.all(np.isfinite(x)) and np.all(x >= 0)
+    assert ss.kstest(x, ss.gamma(alpha).cdf).statistic < KS_CRITICAL
+    # power: a shape 5% off is rejected by the same test
+    assert ss.kstest(x, ss.gamma(1.05 * alpha).cdf).statistic > KS_CRITICAL
+
+
+def test_shapes_broadcast_and_each_value_has_its_own_law():
+    alpha = jnp.array([0.5, 3.0, 12.0])
+    x = np.asarray(draw(random.PRNGKey(1), alpha, (N // 4, 3)))
+    assert x.shape == (N // 4, 3)
+    for j, a in enumerate(np.asarray(alpha)):
+        stat = ss.kstest(x[:, j].astype(np.float64), ss.gamma(a).cdf).statistic
+        assert stat < math.sqrt(-0.5 * math.log(0.5e-3)) / math.sqrt(N // 4)
+    assert standard_gamma(random.PRNGKey(1), 2.0, (0, 3)).shape == (0, 3)
+
+
+def test_a_shape_that_is_not_positive_and_finite_gives_nan():
+    alpha = jnp.array([jnp.nan, -1.0, 0.0, jnp.inf, 2.0])
+    x = draw(random.PRNGKey(2), alpha, (5,))
+    assert np.all(np.isnan(np.asarray(x[:4]))) and np.isfinite(float(x[4]))
+
+
+@pytest.mark.py312  # JAX's implicit gradient: also in the JAX 0.12 leg
+@pytest.mark.parametrize("alpha", [0.4, 3.0])
+def test_gradient_is_the_implicit_reparameterisation(alpha):
+    # d x / d alpha of each draw at fixed u = F(x; alpha), against finite
+    # differences of scipy's inverse of the regularised incomplete gamma
+    # function; and unbiased for the derivative of the mean (E x = alpha)
+    x, grad = jax.jvp(
+        lambda a: draw(random.PRNGKey(3), a, (N,)),
+        (jnp.float32(alpha),),
+        (jnp.float32(1.0),),
+    )
+    x, grad = np.asarray(x, np.float64), np.asarray(grad, np.float64)
+    u, h = sc.gammainc(alpha, x[:50]), 1e-6
+    numeric = (sc.gammaincinv(alpha + h, u) - sc.gammaincinv(alpha - h, u)) / (2 * h)
+    np.testing.assert_allclose(grad[:50], numeric, rtol=2e-3, atol=1e-5)
+    assert abs(grad.mean() - 1.0) < 4.5 * grad.std() / math.sqrt(N)
+
+
+class _ZeroT(dist.StudentT):
+    def sample(self, key, sample_shape=()):
+        return jnp.zeros(sample_shape + self.batch_shape)
+
+
+def test_only_numpyro_own_samplers_are_replaced():
+    assert has_fast_draw(dist.StudentT(3.0))
+    assert has_fast_draw(dist.Gamma(2.0, 1.0)) and has_fast_draw(dist.Chi2(3.0))
+    assert not has_fast_draw(dist.Normal(0.0, 1.0))
+    assert not has_fast_draw(_ZeroT(3.0))  # its own sampler is kept
+    # a wrapped site's shape, from its batch shape broadcast
+    base = dist.StudentT(5.0, jnp.zeros(3), 2.0)
+    x = jax.jit(lambda k: fast_draw(base, k, (4, 3)))(random.PRNGKey(5))
+    assert x.shape == (4, 3) and np.all(np.isfinite(np.asarray(x)))
+
+
+MU0 = 0.4
+Y = jnp.array([-9.0, -0.7, 0.2, 1.3, 6.0])  # outliers far from the predictive
+
+
+def _likelihoods():
+    # the likelihood at mu, its CRPS at MU0 in closed form, that of another
+    # law near it (for the test's power), the observations
+    return {
+        "student-t": (
+            lambda mu: dist.StudentT(3.0, mu, 1.5),
+            lambda y: sr.crps_t(y, 3.0, MU0, 1.5),
+            lambda y: sr.crps_normal(y, MU0, 1.5),  # Normal tails
+            Y,
+        ),
+        "gamma": (
+            lambda mu: dist.Gamma(2.5, 2.5 / jnp.exp(mu)),
+            lambda y: sr.crps_gamma(y, 2.5, scale=math.exp(MU0) / 2.5),
+            lambda y: sr.crps_gamma(y, 2.0, scale=math.exp(MU0) / 2.0),  # same mean
+            jnp.abs(Y) + 0.1,
+        ),
+        "chi2, expanded and masked": (
+            lambda mu: dist.Chi2(jnp.exp(mu) * 3.0).expand([5]).mask(True),
+            lambda y: sr.crps_gamma(y, 1.5 * math.exp(MU0), scale=2.0),
+            lambda y: sr.crps_gamma(y, 1.8 * math.exp(MU0), scale=2.0),
+            jnp.abs(Y) + 0.1,
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", list(_likelihoods()))
+def test_crps_of_gamma_based_likelihoods_is_unbiased(name):
+    # a point-mass guide: the predictive is the likelihood at MU0, whose
+    # CRPS scoringrules has in closed form; the fair all-pairs estimate
+    # from the simulations is unbiased for it (Monte Carlo tolerance)
+    likelihood, closed_form, other, y = _likelihoods()[name]
+
+    def model(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", y.shape[0]):
+            numpyro.sample("y", likelihood(mu), obs=y)
+
+    def guide(y):
+        numpyro.sample("mu", dist.Delta(numpyro.param("mu0", MU0)))
+
+    loss = PredictiveELBO(CRPS(), num_particles=4, regularizer=None)
+    keys = random.split(random.PRNGKey(6), 4000)
+    losses = jax.jit(
+        jax.vmap(lambda k: loss.loss(k, {"mu0": jnp.asarray(MU0)}, model, guide, y))
+    )(keys)
+    y64 = np.asarray(y, np.float64)
+    exact = float(np.sum(closed_form(y64)))
+    se = float(jnp.std(losses)) / math.sqrt(keys.shape[0])
+    assert abs(float(jnp.mean(losses)) - exact) < 4.5 * se, (losses.mean(), exact, se)
+    assert abs(float(np.sum(other(y64))) - exact) > 6 * se  # power
