@@ -82,6 +82,24 @@ def make_gamma(rng_key: jax.Array, n: int = 5000, d: int = 8):
     return gamma_model, (x, y)
 
 
+def beta_model(x: jax.Array, y: jax.Array) -> None:
+    """Beta regression (logit link, latent precision)."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 0.5).expand([d]).to_event(1))
+    phi = numpyro.sample("phi", dist.LogNormal(2.0, 0.5))
+    mean = jax.nn.sigmoid(x @ w)
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Beta(mean * phi, (1.0 - mean) * phi), obs=y)
+
+
+def make_beta(rng_key: jax.Array, n: int = 5000, d: int = 8):
+    kx, kw, ke = random.split(rng_key, 3)
+    x = 0.5 * random.normal(kx, (n, d))
+    mean = jax.nn.sigmoid(x @ random.normal(kw, (d,)))
+    y = random.beta(ke, 10.0 * mean, 10.0 * (1.0 - mean))
+    return beta_model, (x, jnp.clip(y, 1e-4, 1.0 - 1e-4))
+
+
 BNN_HIDDEN = 32
 
 
@@ -302,6 +320,12 @@ MODELS: dict[str, BenchModel] = {
         "gamma",
         "Gamma regression, N=5000, D=8, latent shape (its draws' implicit gradient)",
         make_gamma,
+    ),
+    "beta": BenchModel(
+        "beta",
+        "Beta regression, N=5000, D=8, latent precision (two Gamma draws "
+        "per simulation)",
+        make_beta,
     ),
     "bnn": BenchModel(
         "bnn",

@@ -73,6 +73,40 @@ def test_gradient_is_the_implicit_reparameterisation(alpha):
     assert abs(grad.mean() - 1.0) < 4.5 * grad.std() / math.sqrt(N)
 
 
+@pytest.mark.parametrize("a, b", [(0.2, 0.3), (2.0, 5.0)])
+def test_beta_and_dirichlet_draws_follow_their_laws(a, b):
+    # shapes far below 1 included: the log-gammas do not underflow
+    beta = jax.jit(lambda k: fast_draw(dist.Beta(a, b), k, (N,)))(random.PRNGKey(7))
+    x = np.asarray(beta, np.float64)
+    assert np.all((x > 0) & (x < 1))
+    assert ss.kstest(x, ss.beta(a, b).cdf).statistic < KS_CRITICAL
+    assert ss.kstest(x, ss.beta(1.1 * a, b).cdf).statistic > KS_CRITICAL  # power
+    # a Dirichlet's component is Beta(alpha_j, sum(alpha) - alpha_j)
+    alpha = jnp.array([a, b, 1.5])
+    d = jax.jit(lambda k: fast_draw(dist.Dirichlet(alpha), k, (N, 3)))(
+        random.PRNGKey(8)
+    )
+    np.testing.assert_allclose(np.asarray(d.sum(-1)), 1.0, rtol=1e-5)
+    rest = a + b + 1.5
+    for j, aj in enumerate((a, b, 1.5)):
+        stat = ss.kstest(np.asarray(d[:, j], np.float64), ss.beta(aj, rest - aj).cdf)
+        assert stat.statistic < KS_CRITICAL
+
+
+def test_multivariate_t_components_follow_their_laws():
+    # component j of loc + L T: a Student-t at loc_j with scale |row j of L|
+    scale_tril = jnp.array([[1.0, 0.0], [0.6, 0.8]]) * 2.0
+    fn = dist.MultivariateStudentT(3.0, jnp.array([1.0, -2.0]), scale_tril)
+    x = jax.jit(lambda k: fast_draw(fn, k, (N, 2)))(random.PRNGKey(9))
+    for j, scale in enumerate((2.0, 2.0)):  # |(0.6, 0.8)| = 1
+        law = ss.t(3.0, loc=float(fn.loc[j]), scale=scale)
+        assert ss.kstest(np.asarray(x[:, j], np.float64), law.cdf).statistic < (
+            KS_CRITICAL
+        )
+    law = ss.t(3.0, loc=1.0, scale=2.2)  # power
+    assert ss.kstest(np.asarray(x[:, 0], np.float64), law.cdf).statistic > (KS_CRITICAL)
+
+
 class _ZeroT(dist.StudentT):
     def sample(self, key, sample_shape=()):
         return jnp.zeros(sample_shape + self.batch_shape)
@@ -81,6 +115,10 @@ class _ZeroT(dist.StudentT):
 def test_only_numpyro_own_samplers_are_replaced():
     assert has_fast_draw(dist.StudentT(3.0))
     assert has_fast_draw(dist.Gamma(2.0, 1.0)) and has_fast_draw(dist.Chi2(3.0))
+    assert has_fast_draw(dist.Beta(2.0, 1.0))
+    assert has_fast_draw(dist.Dirichlet(jnp.ones(3)))
+    assert has_fast_draw(dist.BetaProportion(0.3, 10.0))  # Beta's sampler
+    assert has_fast_draw(dist.MultivariateStudentT(3.0, jnp.zeros(2), jnp.eye(2)))
     assert not has_fast_draw(dist.Normal(0.0, 1.0))
     assert not has_fast_draw(_ZeroT(3.0))  # its own sampler is kept
     # a wrapped site's shape, from its batch shape broadcast
@@ -108,6 +146,12 @@ def _likelihoods():
             lambda y: sr.crps_gamma(y, 2.5, scale=math.exp(MU0) / 2.5),
             lambda y: sr.crps_gamma(y, 2.0, scale=math.exp(MU0) / 2.0),  # same mean
             jnp.abs(Y) + 0.1,
+        ),
+        "beta": (
+            lambda mu: dist.Beta(2.0 * jnp.exp(mu), 3.0),
+            lambda y: sr.crps_beta(y, 2.0 * math.exp(MU0), 3.0),
+            lambda y: sr.crps_beta(y, 2.4 * math.exp(MU0), 3.0),
+            jnp.array([0.01, 0.2, 0.45, 0.7, 0.99]),
         ),
         "chi2, expanded and masked": (
             lambda mu: dist.Chi2(jnp.exp(mu) * 3.0).expand([5]).mask(True),

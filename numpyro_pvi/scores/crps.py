@@ -129,14 +129,15 @@ class CRPS(Score):
     Gradients flow through the simulated observations, so every observed
     site needs a reparameterised sampler (e.g.
     :class:`~numpyro_pvi.distributions.Simulator` for likelihood-free
-    models); no likelihood is evaluated. ``StudentT``, ``Gamma`` and
-    ``Chi2`` sites are simulated by an exact vectorised sampler of their
-    law (Marsaglia and Tsang's, with the implicit reparameterisation
-    gradient in the shape), not by :func:`jax.random.gamma`'s rejection
-    loop per value: on a Student-t regression (``N = 5000``, one core) a
-    step takes 5.3× ``Trace_ELBO`` at ``M = 8`` and 12.8× at ``M = 64``,
-    against 47× and 169×. For vector-valued observations or
-    several observed sites per index use :class:`EnergyScore`.
+    models); no likelihood is evaluated. ``StudentT``, ``Gamma``,
+    ``Chi2``, ``Beta`` and ``Dirichlet`` sites are simulated by an exact
+    vectorised sampler of their law (Marsaglia and Tsang's, with the
+    implicit reparameterisation gradient in the shape), not by
+    :func:`jax.random.gamma`'s rejection loop per value: on a Student-t
+    regression (``N = 5000``, one core) a step takes 5.3× ``Trace_ELBO``
+    at ``M = 8`` and 12.8× at ``M = 64``, against 47× and 169×. For
+    vector-valued observations or several observed sites per index use
+    :class:`EnergyScore`.
 
     Under stratified sampling (mixture guides, ``M`` draws from each
     component :math:`k` with weight :math:`\omega_k(x_i)`) the predictive is
