@@ -36,6 +36,7 @@ from numpyro.distributions import (
     Independent,
     MaskedDistribution,
     Normal,
+    TransformedDistribution,
     Unit,
 )
 
@@ -158,16 +159,36 @@ def _site_draw(
             "reparameterised sampler, which this score needs to differentiate "
             "simulated observations. " + score_advice(site, scalar)
         )
-    base = innermost(fn)
-    if has_fast_draw(base):  # NumPyro's own sampler's law, vectorised
-        draw = fast_draw(base, key, fn.shape())
-    else:
+    draw = _vectorised_draw(fn, key)
+    if draw is None:
         draw = fn.sample(key)
     shape = jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"]))
     draw = jnp.broadcast_to(draw, shape)
     return _masked_rows(
         per_observation(draw, plate, fn.event_dim), _value_mask(site, plate)
     )
+
+
+def _vectorised_draw(fn: Distribution, key: jax.Array) -> jax.Array | None:
+    """A draw of ``fn`` by :func:`~numpyro_pvi._core.gamma_draws.fast_draw`
+    where its law is one of those (NumPyro's own sampler's law, vectorised),
+    under its wrappers and through the transforms of a
+    ``TransformedDistribution`` that keeps NumPyro's sampler (an
+    ``InverseGamma`` is a Gamma draw's reciprocal); ``None`` otherwise."""
+    shape = fn.shape()
+    base = innermost(fn)
+    transforms: list[Any] = []
+    while type(base).sample is TransformedDistribution.sample:
+        transforms = list(base.transforms) + transforms
+        base = innermost(base.base_dist)
+    if not has_fast_draw(base):
+        return None
+    for transform in reversed(transforms):
+        shape = transform.inverse_shape(shape)
+    draw = fast_draw(base, key, shape)
+    for transform in transforms:
+        draw = transform(draw)
+    return draw
 
 
 def _normal_loc_scale(
