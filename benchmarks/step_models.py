@@ -103,6 +103,26 @@ def make_beta(rng_key: jax.Array, n: int = 5000, d: int = 8):
 BNN_HIDDEN = 32
 
 
+def trivariate_model(x: jax.Array, y: jax.Array) -> None:
+    """Multivariate linear regression: three outcomes per observation, a
+    correlated Normal likelihood (vector observations of the energy score)."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d, 3]).to_event(2))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0).expand([3]).to_event(1))
+    scale_tril = jnp.diag(sigma) + 0.3 * jnp.tril(jnp.ones((3, 3)), -1)
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample(
+            "y", dist.MultivariateNormal(x @ w, scale_tril=scale_tril), obs=y
+        )
+
+
+def make_trivariate(rng_key: jax.Array, n: int = 4000, d: int = 8):
+    kx, kw, ke = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    y = x @ random.normal(kw, (d, 3)) + 0.3 * random.normal(ke, (n, 3))
+    return trivariate_model, (x, y)
+
+
 def bnn_model(x: jax.Array, y: jax.Array) -> None:
     """One-hidden-layer Bayesian neural network with tanh units."""
     d, h = x.shape[1], BNN_HIDDEN
@@ -326,6 +346,12 @@ MODELS: dict[str, BenchModel] = {
         "Beta regression, N=5000, D=8, latent precision (two Gamma draws "
         "per simulation)",
         make_beta,
+    ),
+    "trivariate": BenchModel(
+        "trivariate",
+        "multivariate regression, N=4000, D=8, 3 outcomes, MultivariateNormal "
+        "likelihood (the energy score of vector observations)",
+        make_trivariate,
     ),
     "bnn": BenchModel(
         "bnn",

@@ -136,7 +136,7 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "pvi_energy",
             lambda m: PredictiveELBO("energy", num_particles=m),
-            models=REPARAMETERISED,
+            models=(*REPARAMETERISED, "trivariate"),
         ),
         Objective(
             "pvi_quadratic",

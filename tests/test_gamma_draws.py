@@ -120,7 +120,7 @@ def test_only_numpyro_own_samplers_are_replaced():
     assert has_fast_draw(dist.Dirichlet(jnp.ones(3)))
     assert has_fast_draw(dist.BetaProportion(0.3, 10.0))  # Beta's sampler
     assert has_fast_draw(dist.MultivariateStudentT(3.0, jnp.zeros(2), jnp.eye(2)))
-    assert not has_fast_draw(dist.Normal(0.0, 1.0))
+    assert not has_fast_draw(dist.Laplace(0.0, 1.0))
     assert not has_fast_draw(_ZeroT(3.0))  # its own sampler is kept
     # a wrapped site's shape, from its batch shape broadcast
     base = dist.StudentT(5.0, jnp.zeros(3), 2.0)

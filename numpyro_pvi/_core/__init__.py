@@ -50,8 +50,9 @@ from numpyro_pvi._core.draws import (
     split_arrays,
     structured_draws,
 )
+from numpyro_pvi._core.fast_draws import fast_draw, has_fast_draw
 from numpyro_pvi._core.folds import fold_ids
-from numpyro_pvi._core.gamma_draws import fast_draw, has_fast_draw, standard_gamma
+from numpyro_pvi._core.gamma_draws import standard_gamma
 from numpyro_pvi._core.held_out import (
     Pointwise,
     log_sum_estimate,

@@ -26,7 +26,9 @@ costs about 350 ns a value where the shape is a latent variable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +36,12 @@ from jax import random
 from numpyro.distributions import (
     Beta,
     Dirichlet,
-    Distribution,
     Gamma,
     MultivariateStudentT,
     StudentT,
 )
+
+from numpyro_pvi._core.normal_draws import standard_normal
 
 #: Candidates per rejected value in each redraw (every candidate is
 #: accepted with probability above 0.95, so two leave about 1 in 400).
@@ -192,7 +195,7 @@ def _student_t(key: jax.Array, fn: StudentT, shape: tuple[int, ...]) -> jax.Arra
     key_normal, key_gamma = random.split(key)
     df = _float(fn.df)
     v = 2.0 * standard_gamma(key_gamma, 0.5 * df, shape)
-    z = random.normal(key_normal, shape, v.dtype)
+    z = standard_normal(key_normal, shape, v.dtype)
     return fn.loc + fn.scale * (z * jnp.sqrt(df / v))
 
 
@@ -203,7 +206,7 @@ def _multivariate_t(
     key_normal, key_gamma = random.split(key)
     df = _float(fn.df)
     v = 2.0 * standard_gamma(key_gamma, 0.5 * df, shape[:-1])
-    z = random.normal(key_normal, shape, v.dtype) * jnp.sqrt(df / v)[..., None]
+    z = standard_normal(key_normal, shape, v.dtype) * jnp.sqrt(df / v)[..., None]
     return fn.loc + jnp.squeeze(jnp.matmul(fn.scale_tril, z[..., None]), axis=-1)
 
 
@@ -230,25 +233,12 @@ def _dirichlet(key: jax.Array, fn: Dirichlet, shape: tuple[int, ...]) -> jax.Arr
     return _open_unit(jax.nn.softmax(log_gamma, axis=-1))
 
 
-#: Samplers by the ``sample`` method they replace: a subclass that keeps
-#: NumPyro's sampler (``Chi2`` keeps ``Gamma``'s) is drawn the same way.
-_SAMPLERS = {
+#: Samplers by the ``sample`` method they replace
+#: (:mod:`~numpyro_pvi._core.fast_draws`).
+SAMPLERS: dict[Callable[..., Any], Callable[..., jax.Array]] = {
     StudentT.sample: _student_t,
     MultivariateStudentT.sample: _multivariate_t,
     Gamma.sample: _gamma,
     Beta.sample: _beta,
     Dirichlet.sample: _dirichlet,
 }
-
-
-def has_fast_draw(base: Distribution) -> bool:
-    """Whether :func:`fast_draw` draws ``base`` (a distribution under no
-    wrapper) with the vectorised sampler."""
-    return type(base).sample in _SAMPLERS
-
-
-def fast_draw(base: Distribution, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """A draw of ``shape`` (``base``'s batch shape broadcast to it, as its
-    Expanded, Independent or Masked wrappers draw) from ``base``, a
-    distribution for which :func:`has_fast_draw` holds."""
-    return _SAMPLERS[type(base).sample](key, base, shape)

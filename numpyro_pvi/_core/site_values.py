@@ -41,7 +41,7 @@ from numpyro.distributions import (
 )
 
 from numpyro_pvi._core.data_plate import DataPlate, per_observation
-from numpyro_pvi._core.gamma_draws import fast_draw, has_fast_draw
+from numpyro_pvi._core.fast_draws import fast_draw, has_fast_draw
 
 #: Distributions that wrap another without changing its family.
 _WRAPPERS = (ExpandedDistribution, Independent, MaskedDistribution)
@@ -170,7 +170,7 @@ def _site_draw(
 
 
 def _vectorised_draw(fn: Distribution, key: jax.Array) -> jax.Array | None:
-    """A draw of ``fn`` by :func:`~numpyro_pvi._core.gamma_draws.fast_draw`
+    """A draw of ``fn`` by :func:`~numpyro_pvi._core.fast_draws.fast_draw`
     where its law is one of those (NumPyro's own sampler's law, vectorised),
     under its wrappers and through the transforms of a
     ``TransformedDistribution`` that keeps NumPyro's sampler (an

@@ -112,46 +112,68 @@ def _weighted_pair_abs_sum_jvp(
     return value, particle_sum(v * c * dx + a * dv)
 
 
+#: Largest event size whose pair sums take each component of the draws as an
+#: ``(N, b)`` array of its own: XLA's CPU backend reduces a short trailing
+#: event axis slowly (the value and gradient of ``(64, 4000, 3)`` draws'
+#: pair sums: 166–212 ms with the event axis, 25–31 ms by components), and
+#: beyond about 6 components it evaluates each component's accumulation as a
+#: fusion of its own, each recomputing the norms (d = 8: equal; 12: twice
+#: as slow; ``benchmarks/RESULTS.md``).
+_COMPONENTS_MAX = 6
+
+
+def _square_norm(diff: jax.Array) -> jax.Array:
+    """``‖diff‖²`` of one component ``(N, b)`` or of an ``(N, b, d)`` block."""
+    sq = jnp.square(diff)
+    return sq if diff.ndim == 2 else jnp.sum(sq, axis=-1)
+
+
 def _norm_pair_sums(
     x: jax.Array, v: jax.Array, stratum_size: int, beta: float, with_grad: bool
 ) -> tuple[jax.Array, ...]:
     r""":math:`R_j = \sum_k c_{jk} v_k \|x_j - x_k\|^\beta` ``(N, b)`` and,
     ``with_grad``, :math:`G_j = \sum_k c_{jk} v_k\, \beta
-    \|x_j - x_k\|^{\beta - 2} (x_j - x_k)` ``(N, b, d)``, with :math:`c_{jk}
-    = S/(S-1)` for two draws of one stratum of ``stratum_size`` :math:`S`,
-    else 1. One pass over the ``(N, b, d)`` draws per particle ``k`` in a
-    ``fori_loop`` (no ``(N, N, b)`` intermediate); no gradient flows through
-    it. A pair of equal draws adds 0 to both."""
+    \|x_j - x_k\|^{\beta - 2} (x_j - x_k)`, with :math:`c_{jk} = S/(S-1)` for
+    two draws of one stratum of ``stratum_size`` :math:`S`, else 1. One pass
+    over the ``(N, b, d)`` draws per particle ``k`` in a ``fori_loop`` (no
+    ``(N, N, b)`` intermediate); no gradient flows through it. A pair of
+    equal draws adds 0 to both. :math:`G` comes as one ``(N, b)`` array per
+    component up to :data:`_COMPONENTS_MAX` components, else as one ``(N, b,
+    d)`` array: ``(R, G_1, ..., G_d)`` or ``(R, G)``."""
     x, v = jax.lax.stop_gradient(x), jax.lax.stop_gradient(v)
-    n = x.shape[0]
+    n, d = x.shape[0], x.shape[-1]
+    parts = tuple(x[..., i] for i in range(d)) if d <= _COMPONENTS_MAX else (x,)
     stratum = jnp.arange(n) // stratum_size
     same = stratum_size / (stratum_size - 1)
 
     def body(k: jax.Array, acc: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        diff = x - jax.lax.dynamic_index_in_dim(x, k, 0, keepdims=True)
-        sq = jnp.square(diff) if scalar else jnp.sum(jnp.square(diff), axis=-1)
+        diffs = [
+            t - jax.lax.dynamic_index_in_dim(t, k, 0, keepdims=True) for t in parts
+        ]
+        sq = sum(_square_norm(t) for t in diffs)
         zero = sq == 0
         safe = jnp.where(zero, 1.0, sq)
-        norm = jnp.sqrt(safe) if beta == 1.0 else safe ** (0.5 * beta)
-        norm = jnp.where(zero, 0.0, norm)
         weight = jnp.where(stratum == stratum[k], same, 1.0)[:, None]
         weight = weight * jax.lax.dynamic_index_in_dim(v, k, 0, keepdims=True)
+        if beta == 1.0:  # the slope 1 / ‖d‖ and ‖d‖ = ‖d‖² / ‖d‖
+            step = weight * jnp.where(zero, 0.0, jax.lax.rsqrt(safe))
+            out = (acc[0] + step * sq,)
+        else:
+            norm = jnp.where(zero, 0.0, safe ** (0.5 * beta))
+            step = weight * (beta * norm / safe)  # β ‖d‖^(β-2)
+            out = (acc[0] + weight * norm,)
         if not with_grad:
-            return (acc[0] + weight * norm,)
-        slope = jnp.where(zero, 0.0, beta * norm / safe)  # β ||d||^(β-2)
-        step = weight * slope if scalar else (weight * slope)[..., None]
-        return acc[0] + weight * norm, acc[1] + step * diff
+            return out
+        return out + tuple(
+            a + (step if t.ndim == 2 else step[..., None]) * t
+            for a, t in zip(acc[1:], diffs, strict=True)
+        )
 
-    # one value per draw: the event axis is dropped (a trailing axis of one
-    # element makes XLA's CPU backend lay out the draws' producers anew)
-    scalar = x.shape[-1] == 1
-    if scalar:
-        x = x[..., 0]
-    shape = jnp.broadcast_shapes(v.shape, x.shape if scalar else x.shape[:-1])
-    init: tuple[jax.Array, ...] = (jnp.zeros(shape, x.dtype),)
+    shape = jnp.broadcast_shapes(v.shape, x.shape[:-1])
+    init = (jnp.zeros(shape, x.dtype),)
     if with_grad:
-        init += (jnp.zeros(shape if scalar else shape + x.shape[-1:], x.dtype),)
-    return jax.lax.fori_loop(0, n, body, init, unroll=8)
+        init += tuple(jnp.zeros(shape + t.shape[2:], x.dtype) for t in parts)
+    return jax.lax.fori_loop(0, n, body, init, unroll=2)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
@@ -188,8 +210,11 @@ def _pair_norm_sum_jvp(
 ) -> tuple[jax.Array, jax.Array]:
     x, v = primals
     dx, dv = tangents
-    r, g = _norm_pair_sums(x, v, stratum_size, beta, with_grad=True)
-    g_dx = g * dx[..., 0] if g.ndim < dx.ndim else jnp.sum(g * dx, axis=-1)
+    r, *g = _norm_pair_sums(x, v, stratum_size, beta, with_grad=True)
+    if g[0].ndim == dx.ndim:  # one array (N, b, d)
+        g_dx = jnp.sum(g[0] * dx, axis=-1)
+    else:  # one (N, b) array per component
+        g_dx = sum(g_i * dx[..., i] for i, g_i in enumerate(g))
     tangent = particle_sum(v * g_dx + r * dv)
     return 0.5 * particle_sum(r * v), tangent
 

@@ -153,12 +153,14 @@ def _naive_norm_pair_sum(x, v, stratum_size, beta):
 @pytest.mark.numerics
 @pytest.mark.parametrize("beta", [0.5, 1.0, 1.7])
 @pytest.mark.parametrize("strata", [1, 3])
-def test_norm_pair_sum_value_and_gradients_match_all_pairs(beta, strata):
+@pytest.mark.parametrize("d", [3, 8])
+def test_norm_pair_sum_value_and_gradients_match_all_pairs(beta, strata, d):
     # The energy score's pair term (one pass, custom derivative) against the
     # explicit pair array: value, d/dx and d/dv by reverse and forward mode,
     # with a tie (two equal draws: zero, not NaN, gradient) and weights per
-    # observation (a mixture guide's strata) or per particle.
-    x = random.normal(random.PRNGKey(7), (12, 5, 3))
+    # observation (a mixture guide's strata) or per particle; vectors of a
+    # few components (one array each) and of more (one array).
+    x = random.normal(random.PRNGKey(7), (12, 5, d))
     x = x.at[1].set(x[0])
     v = random.uniform(random.PRNGKey(8), (12, 5))
     size = 12 // strata
