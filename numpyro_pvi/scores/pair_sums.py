@@ -170,7 +170,7 @@ def _norm_pair_sums(
         )
 
     shape = jnp.broadcast_shapes(v.shape, x.shape[:-1])
-    init = (jnp.zeros(shape, x.dtype),)
+    init: tuple[jax.Array, ...] = (jnp.zeros(shape, x.dtype),)
     if with_grad:
         init += tuple(jnp.zeros(shape + t.shape[2:], x.dtype) for t in parts)
     return jax.lax.fori_loop(0, n, body, init, unroll=2)
@@ -214,7 +214,9 @@ def _pair_norm_sum_jvp(
     if g[0].ndim == dx.ndim:  # one array (N, b, d)
         g_dx = jnp.sum(g[0] * dx, axis=-1)
     else:  # one (N, b) array per component
-        g_dx = sum(g_i * dx[..., i] for i, g_i in enumerate(g))
+        g_dx = g[0] * dx[..., 0]
+        for i, g_i in enumerate(g[1:], start=1):
+            g_dx = g_dx + g_i * dx[..., i]
     tangent = particle_sum(v * g_dx + r * dv)
     return 0.5 * particle_sum(r * v), tangent
 
