@@ -50,20 +50,41 @@ def make_glm(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return glm_model, (x, y)
 
 
-def student_model(x: jax.Array, y: jax.Array) -> None:
-    """Robust regression: a Student-t likelihood (4 degrees of freedom)."""
+def student_model(x: jax.Array, y: jax.Array, df: float | None = 4.0) -> None:
+    """Robust regression: a Student-t likelihood (4 degrees of freedom, or a
+    latent number of them when ``df`` is None)."""
     d = x.shape[1]
     w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
     sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    if df is None:
+        df = numpyro.sample("df", dist.Gamma(2.0, 0.1))
     with numpyro.plate("data", x.shape[0]):
-        numpyro.sample("y", dist.StudentT(4.0, x @ w, sigma), obs=y)
+        numpyro.sample("y", dist.StudentT(df, x @ w, sigma), obs=y)
 
 
-def make_student(rng_key: jax.Array, n: int = 5000, d: int = 12):
+def make_student(
+    rng_key: jax.Array, n: int = 5000, d: int = 12, df: float | None = 4.0
+):
     kx, kw, ke = random.split(rng_key, 3)
     x = random.normal(kx, (n, d))
     y = x @ random.normal(kw, (d,)) + 0.5 * random.t(ke, 4.0, (n,))
-    return student_model, (x, y)
+    return partial(student_model, df=df), (x, y)
+
+
+def volatility_model(returns: jax.Array) -> None:
+    """NumPyro's ``examples/stochastic_volatility.py`` as written: a
+    Gaussian random walk of log volatilities, Student-t returns with latent
+    degrees of freedom, no plate."""
+    step_size = numpyro.sample("sigma", dist.Exponential(50.0))
+    s = numpyro.sample(
+        "s", dist.GaussianRandomWalk(scale=step_size, num_steps=returns.shape[0])
+    )
+    nu = numpyro.sample("nu", dist.Exponential(0.1))
+    numpyro.sample("r", dist.StudentT(df=nu, loc=0.0, scale=jnp.exp(s)), obs=returns)
+
+
+def make_volatility(rng_key: jax.Array, t: int = 2000):
+    return volatility_model, (0.02 * random.t(rng_key, 4.0, (t,)),)
 
 
 def gamma_model(x: jax.Array, y: jax.Array) -> None:
@@ -335,6 +356,18 @@ MODELS: dict[str, BenchModel] = {
         "robust regression, N=5000, D=12, Student-t likelihood (simulations "
         "from a Gamma mixing variable)",
         make_student,
+    ),
+    "student_df": BenchModel(
+        "student_df",
+        "robust regression, N=5000, D=12, Student-t likelihood with latent "
+        "degrees of freedom (their derivative in the simulations)",
+        partial(make_student, df=None),
+    ),
+    "volatility": BenchModel(
+        "volatility",
+        "NumPyro's stochastic volatility example, 2000 returns, no plate "
+        "(Student-t, latent degrees of freedom, a latent vector)",
+        make_volatility,
     ),
     "gamma": BenchModel(
         "gamma",

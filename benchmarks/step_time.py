@@ -101,13 +101,15 @@ FINITE_SUPPORT = (
 )
 
 #: The models with a reparameterised likelihood (the CRPS's and the energy
-#: score's; the last three simulated through Gamma variables).
+#: score's; from "student" on, simulated through Student-t or Gamma laws).
 REPARAMETERISED = (
     "glm",
     "bnn",
     "bnn_example",
     "hetero",
     "student",
+    "student_df",
+    "volatility",
     "gamma",
     "beta",
 )

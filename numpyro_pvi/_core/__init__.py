@@ -106,6 +106,7 @@ from numpyro_pvi._core.structure import (
     replay_trace,
     single_draw_outcome,
 )
+from numpyro_pvi._core.student_draws import standard_t
 from numpyro_pvi._core.svi_scan import svi_scan
 from numpyro_pvi._core.tracing import (
     guide_log_density,
@@ -134,6 +135,7 @@ __all__ = [
     "fast_draw",
     "has_fast_draw",
     "standard_gamma",
+    "standard_t",
     "joint_log_likelihood",
     "CHAIN_METHODS",
     "FitRecipe",

@@ -1,6 +1,6 @@
 r"""Simulated observations of Gamma-based likelihoods (``Gamma``, ``Chi2``,
-``StudentT``, ``MultivariateStudentT``, ``Beta``, ``BetaProportion``,
-``Dirichlet``) by an exact vectorised sampler.
+``MultivariateStudentT``, ``Beta``, ``BetaProportion``, ``Dirichlet``) by
+an exact vectorised sampler (``StudentT``: :mod:`~numpyro_pvi._core.student_draws`).
 
 :func:`jax.random.gamma` draws each value in its own rejection loop with
 its own key; on a CPU that took 348 ms for the ``(64, 6000)`` draws of one
@@ -38,7 +38,6 @@ from numpyro.distributions import (
     Dirichlet,
     Gamma,
     MultivariateStudentT,
-    StudentT,
 )
 
 from numpyro_pvi._core.normal_draws import standard_normal
@@ -190,15 +189,6 @@ standard_gamma.defjvp(partial(_gamma_jvp, False))
 standard_log_gamma.defjvp(partial(_gamma_jvp, True))
 
 
-def _student_t(key: jax.Array, fn: StudentT, shape: tuple[int, ...]) -> jax.Array:
-    # T = Z sqrt(df / V), V ~ chi^2(df) = 2 Gamma(df / 2)
-    key_normal, key_gamma = random.split(key)
-    df = _float(fn.df)
-    v = 2.0 * standard_gamma(key_gamma, 0.5 * df, shape)
-    z = standard_normal(key_normal, shape, v.dtype)
-    return fn.loc + fn.scale * (z * jnp.sqrt(df / v))
-
-
 def _multivariate_t(
     key: jax.Array, fn: MultivariateStudentT, shape: tuple[int, ...]
 ) -> jax.Array:
@@ -236,7 +226,6 @@ def _dirichlet(key: jax.Array, fn: Dirichlet, shape: tuple[int, ...]) -> jax.Arr
 #: Samplers by the ``sample`` method they replace
 #: (:mod:`~numpyro_pvi._core.fast_draws`).
 SAMPLERS: dict[Callable[..., Any], Callable[..., jax.Array]] = {
-    StudentT.sample: _student_t,
     MultivariateStudentT.sample: _multivariate_t,
     Gamma.sample: _gamma,
     Beta.sample: _beta,
