@@ -55,11 +55,12 @@ def _abs_mean(df: float) -> float:
 
 
 @pytest.mark.py312
-@pytest.mark.parametrize("df", [1.5, 3.0, 12.0])
+@pytest.mark.parametrize("df", [2.5, 3.0, 12.0])
 def test_gradient_in_the_degrees_of_freedom_is_unbiased(df):
-    # the pathwise derivative of |T| and of T^2 (df > 4: finite variance
-    # of the derivative), against the derivatives of E|T| and of
-    # E T^2 = df / (df - 2), within Monte Carlo error
+    # the pathwise derivative of |T| (df > 2: it grows as |T| log|T|, of
+    # finite variance only then; at df = 1.5 the standard error is no
+    # measure of the error) and of T^2 (df > 4), against the derivatives of
+    # E|T| and of E T^2 = df / (df - 2), within Monte Carlo error
     n = 200_000
     key = random.PRNGKey(3)
 

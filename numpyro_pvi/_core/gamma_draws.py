@@ -26,6 +26,7 @@ costs about 350 ns a value where the shape is a latent variable.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -41,6 +42,7 @@ from numpyro.distributions import (
 )
 
 from numpyro_pvi._core.normal_draws import standard_normal
+from numpyro_pvi._core.uniforms import uniforms
 
 #: Candidates per rejected value in each redraw (every candidate is
 #: accepted with probability above 0.95, so two leave about 1 in 400).
@@ -51,6 +53,14 @@ REDRAW_CANDIDATES = 2
 MAX_ROUNDS = 64
 
 
+def _normal_deviate(u: jax.Array) -> jax.Array:
+    """A standard normal deviate from a uniform one on ``[0, 1)``, as
+    :func:`jax.random.normal` makes it (on ``(-1, 1)`` through the inverse
+    error function)."""
+    low = jnp.nextafter(jnp.asarray(-1.0, u.dtype), 0.0)
+    return math.sqrt(2.0) * jax.lax.erf_inv(jnp.maximum(low, 2.0 * u - 1.0))
+
+
 def _candidates(
     key: jax.Array, a: jax.Array, shape: tuple[int, ...]
 ) -> tuple[jax.Array, jax.Array]:
@@ -58,9 +68,8 @@ def _candidates(
     of ``shape``: the value and whether it is accepted."""
     d = a - 1.0 / 3.0
     c = jax.lax.rsqrt(9.0 * d)
-    key_z, key_u = random.split(key)
-    z = random.normal(key_z, shape, a.dtype)
-    u = random.uniform(key_u, shape, a.dtype)
+    u_z, u = uniforms(key, shape, 2, a.dtype)
+    z = _normal_deviate(u_z)
     t = 1.0 + c * z
     v = t * t * t
     positive = v > 0

@@ -41,8 +41,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import random
 from numpyro.distributions import StudentT
+
+from numpyro_pvi._core.uniforms import uniforms
 
 __all__ = ["SAMPLERS", "standard_t"]
 
@@ -52,10 +53,8 @@ def standard_t(key: jax.Array, df: jax.Array, shape: tuple[int, ...]) -> jax.Arr
     degrees of freedom (broadcast to ``shape``), by Bailey's polar method,
     differentiable in ``df``. A ``df`` that is not positive gives NaN."""
     df = jnp.asarray(df, dtype=jnp.result_type(df, float))
-    key_angle, key_radius = random.split(key)
-    angle = random.uniform(key_angle, shape, df.dtype)
-    tiny = jnp.finfo(df.dtype).tiny  # no log(0)
-    w = random.uniform(key_radius, shape, df.dtype, minval=tiny)
+    angle, w = uniforms(key, shape, 2, df.dtype)
+    w = jnp.maximum(w, jnp.finfo(df.dtype).tiny)  # no log(0)
     a = -2.0 * jnp.log(w) / df
     log_radius = 0.5 * (jnp.log(df) + a + jnp.log(-jnp.expm1(-a)))
     return jnp.cos(2.0 * math.pi * angle) * jnp.exp(log_radius)
