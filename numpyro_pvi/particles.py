@@ -43,6 +43,7 @@ __all__ = [
     "REQUESTS",
     "WHOLE_DATA",
     "Y_LOC_SCALE",
+    "Y_LOG_LOC_SCALE",
     "Y_SIM",
     "ParticleTerms",
     "StratifiedGuide",
@@ -65,6 +66,9 @@ Y_SIM = "y_sim"
 #: Location and scale of Normal likelihoods, ``y_loc`` and ``y_scale`` (with
 #: ``y_obs``).
 Y_LOC_SCALE = "y_loc_scale"
+#: Location and scale of the logarithm of LogNormal likelihoods,
+#: ``y_log_loc`` and ``y_log_scale`` (with ``y_obs``).
+Y_LOG_LOC_SCALE = "y_log_loc_scale"
 #: The log pmf over a finite support, ``log_pmf``.
 LOG_PMF = "log_pmf"
 #: The pmf over a finite support, ``pmf`` (probabilities, no logarithm).
@@ -90,27 +94,29 @@ OBSERVED = "observed"
 #: requests, beside this table (``numpyro_pvi/_core/particles.py``); a
 #: field no request fills is ``None``.
 #:
-#: ================  ===========================================
-#: request           fields
-#: ================  ===========================================
-#: ``log_lik``       ``log_lik``, ``log_lik_scaled``
-#: ``y_sim``         ``y_sim``, ``y_obs``
-#: ``y_loc_scale``   ``y_loc``, ``y_scale``, ``y_obs``
-#: ``log_pmf``       ``log_pmf``, ``obs_support``
-#: ``pmf``           ``pmf``, ``obs_support``
-#: ``binomial``      ``binomial_logits``, ``binomial_count``,
-#:                   ``obs_support``
-#: ``log_q_fixed``   ``log_q_fixed``
-#: ``latents``       ``latents``
-#: ``weight``        ``weights.observation``
-#: ``guide_draws``   ``guide_draws``
-#: ``observed``      ``observed``
-#: ================  ===========================================
+#: =====================  ===========================================
+#: request                fields
+#: =====================  ===========================================
+#: ``log_lik``            ``log_lik``, ``log_lik_scaled``
+#: ``y_sim``              ``y_sim``, ``y_obs``
+#: ``y_loc_scale``        ``y_loc``, ``y_scale``, ``y_obs``
+#: ``y_log_loc_scale``    ``y_log_loc``, ``y_log_scale``, ``y_obs``
+#: ``log_pmf``            ``log_pmf``, ``obs_support``
+#: ``pmf``                ``pmf``, ``obs_support``
+#: ``binomial``           ``binomial_logits``, ``binomial_count``,
+#:                        ``obs_support``
+#: ``log_q_fixed``        ``log_q_fixed``
+#: ``latents``            ``latents``
+#: ``weight``             ``weights.observation``
+#: ``guide_draws``        ``guide_draws``
+#: ``observed``           ``observed``
+#: =====================  ===========================================
 FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         LOG_LIK: ("log_lik", "log_lik_scaled"),
         Y_SIM: ("y_sim", "y_obs"),
         Y_LOC_SCALE: ("y_loc", "y_scale", "y_obs"),
+        Y_LOG_LOC_SCALE: ("y_log_loc", "y_log_scale", "y_obs"),
         LOG_PMF: ("log_pmf", "obs_support"),
         PMF: ("pmf", "obs_support"),
         BINOMIAL: ("binomial_logits", "binomial_count", "obs_support"),
@@ -195,6 +201,10 @@ class ParticleTerms(NamedTuple):
         data plate; ``None`` when any observed site is not Normal.
     :ivar y_scale: its scale, likewise (often ``(M, 1, d)``: one noise scale
         for all observations).
+    :ivar y_log_loc: ``(M, b, d)`` the location of ``log y`` under ``p(y_i
+        | θ_j)`` when every observed site is LogNormal, laid out as
+        ``y_loc``; ``None`` when any observed site is not LogNormal.
+    :ivar y_log_scale: its scale, likewise.
     :ivar log_pmf: ``(M, V, b, c)`` log pmf over the finite support (``V``
         values, ``-inf`` padding shorter supports) of each component ``c``.
     :ivar pmf: ``(M, V, b, c)`` the same pmf as probabilities (``0``
@@ -235,6 +245,8 @@ class ParticleTerms(NamedTuple):
     y_sim: jax.Array | None = None
     y_loc: jax.Array | None = None
     y_scale: jax.Array | None = None
+    y_log_loc: jax.Array | None = None
+    y_log_scale: jax.Array | None = None
     log_pmf: jax.Array | None = None
     pmf: jax.Array | None = None
     binomial_logits: jax.Array | None = None

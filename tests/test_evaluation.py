@@ -381,6 +381,12 @@ def _subset_cases():
             keep = jnp.arange(x.shape[0]) != 2  # observation 2 masked out
             numpyro.sample("y", dist.Normal(w * x, s).mask(keep), obs=y)
 
+    def lognormal(x, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+        s = numpyro.sample("s", dist.LogNormal(0.0, 0.3))
+        with numpyro.plate("data", x.shape[0]):
+            numpyro.sample("y", dist.LogNormal(w * x, s), obs=y)
+
     def pair(x, y=None):
         w = numpyro.sample("w", dist.Normal(0.0, 1.0))
         with numpyro.plate("data", x.shape[0]):
@@ -403,6 +409,13 @@ def _subset_cases():
         "log, masked": (normal, x, 1.0 + x, "log", AutoNormal),
         "log, mixture guide": (normal, x, 1.0 + x, "log", mixture),
         "crps, closed form, masked": (normal, x, 1.0 + x, "crps", AutoNormal),
+        "crps, lognormal closed form, mixture guide": (
+            lognormal,
+            x,
+            jnp.exp(x),
+            "crps",
+            mixture,
+        ),
         "energy": (pair, x, jnp.stack([x, -x], -1), "energy", AutoNormal),
         "quadratic, binomial": (
             binomial,

@@ -18,6 +18,7 @@ from numpyro_pvi.particles import (
     LOG_Q_FIXED,
     OBS_WEIGHT,
     PMF,
+    Y_LOG_LOC_SCALE,
     Y_SIM,
     ParticleTerms,
     log_mean_exp,
@@ -340,6 +341,12 @@ def _normal_model(y):
         numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
 
 
+def _lognormal_model(y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.LogNormal(theta, 1.0), obs=y + 0.5)
+
+
 def _bernoulli_model(y):
     theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
     with numpyro.plate("data", y.shape[0]):
@@ -360,6 +367,7 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
         LOG_PMF: _bernoulli_model,
         PMF: _bernoulli_model,
         BINOMIAL: _binomial_model,
+        Y_LOG_LOC_SCALE: _lognormal_model,
     }.get(request_name, _normal_model)
     y = jnp.array([0.0, 1.0, 1.0, 0.0])
     terms = _terms(

@@ -51,6 +51,8 @@ _PER_PARTICLE = (
     "y_sim",
     "y_loc",
     "y_scale",
+    "y_log_loc",
+    "y_log_scale",
     "log_pmf",
     "pmf",
     "binomial_logits",
@@ -128,8 +130,8 @@ def particle_subset(terms: ParticleTerms, index: jax.Array) -> ParticleTerms:
 
 
 #: The axis of the data plate's observations in each per-observation field
-#: of :class:`~numpyro_pvi.particles.ParticleTerms` (``y_loc`` and
-#: ``y_scale`` may have one entry for all observations).
+#: of :class:`~numpyro_pvi.particles.ParticleTerms` (``y_loc``, ``y_scale``
+#: and their LogNormal kin may have one entry for all observations).
 _OBSERVATION_AXIS = {
     "log_lik": 1,
     "log_lik_scaled": 1,
@@ -138,6 +140,8 @@ _OBSERVATION_AXIS = {
     "y_sim": 1,
     "y_loc": 1,
     "y_scale": 1,
+    "y_log_loc": 1,
+    "y_log_scale": 1,
     "log_pmf": 2,
     "pmf": 2,
     "binomial_logits": 1,

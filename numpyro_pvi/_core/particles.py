@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax import random
 from jax.lax import stop_gradient
+from numpyro.distributions import LogNormal
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._core.data_plate import (
@@ -76,6 +77,7 @@ from numpyro_pvi.particles import (
     REQUESTS,
     WHOLE_DATA,
     Y_LOC_SCALE,
+    Y_LOG_LOC_SCALE,
     Y_SIM,
     ParticleTerms,
     StratifiedGuide,
@@ -285,7 +287,7 @@ class _ParticleTracer:
             weight,
             observation_mask(observed, plate) if observed else None,
             observed_values(observed, plate)
-            if requests & {Y_SIM, Y_LOC_SCALE}
+            if requests & {Y_SIM, Y_LOC_SCALE, Y_LOG_LOC_SCALE}
             else None,
             {s["name"]: s["value"] for s in observed_sites(model_trace)}
             if OBSERVED in requests
@@ -398,6 +400,11 @@ def _y_loc_scale(p: _Particle) -> dict[str, jax.Array | None]:
     return {"y_loc": y_loc, "y_scale": y_scale}
 
 
+def _y_log_loc_scale(p: _Particle) -> dict[str, jax.Array | None]:
+    y_log_loc, y_log_scale = normal_loc_scale(p.observed, p.plate, LogNormal)
+    return {"y_log_loc": y_log_loc, "y_log_scale": y_log_scale}
+
+
 def _log_q_fixed(p: _Particle) -> dict[str, jax.Array]:
     t = p.tracer
     fixed = p.guide_values()
@@ -415,6 +422,7 @@ _PER_PARTICLE: dict[str, Callable[[_Particle], dict[str, Any]]] = {
     LOG_LIK: _log_lik,
     Y_SIM: _y_sim,
     Y_LOC_SCALE: _y_loc_scale,
+    Y_LOG_LOC_SCALE: _y_log_loc_scale,
     LOG_PMF: lambda p: {"log_pmf": site_log_pmf(p.observed, p.plate)},
     PMF: lambda p: {"pmf": site_pmf(p.observed, p.plate)},
     BINOMIAL: lambda p: dict(

@@ -191,10 +191,11 @@ def _vectorised_draw(fn: Distribution, key: jax.Array) -> jax.Array | None:
     return draw
 
 
-def _normal_loc_scale(
-    site: dict[str, Any], plate: DataPlate
+def _loc_scale(
+    site: dict[str, Any], plate: DataPlate, family: type[Distribution]
 ) -> tuple[jax.Array, jax.Array] | None:
-    """``(b, d)`` location and scale of a Normal site (under Expanded,
+    """``(b, d)`` location and scale of a site of ``family`` (``Normal``,
+    ``LogNormal``: ``loc`` and ``scale`` attributes; under Expanded,
     Independent and Masked wrappers), laid out like its draws (``(1, d)``
     for one that does not vary along the data plate); ``None`` for any
     other distribution. A masked component keeps its parameters: the
@@ -202,7 +203,7 @@ def _normal_loc_scale(
     component per observation is what the closed form scores)."""
     fn = site["fn"]
     base = innermost(fn)
-    if type(base) is not Normal:
+    if type(base) is not family:
         return None
     shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
     loc, scale = (
@@ -312,13 +313,16 @@ def simulated_values(
 
 
 def normal_loc_scale(
-    observed: list[dict[str, Any]], plate: DataPlate
+    observed: list[dict[str, Any]],
+    plate: DataPlate,
+    family: type[Distribution] = Normal,
 ) -> tuple[jax.Array, jax.Array] | tuple[None, None]:
     """``(b, d)`` location and scale of every observed site, laid out like
-    :func:`observed_values`, when all of them are Normal (each ``(1, d)``
-    when it does not vary along the data plate); ``(None, None)``
+    :func:`observed_values`, when all of them are of ``family`` (``Normal``;
+    ``LogNormal``: the location and scale of the logarithm), each ``(1, d)``
+    when it does not vary along the data plate; ``(None, None)``
     otherwise."""
-    pairs = [_normal_loc_scale(s, plate) for s in observed]
+    pairs = [_loc_scale(s, plate, family) for s in observed]
     if not pairs or any(p is None for p in pairs):
         return None, None
     present = [p for p in pairs if p is not None]

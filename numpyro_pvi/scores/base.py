@@ -21,9 +21,10 @@ class Score:
     r"""Base class of positively oriented scoring rules estimated from particles.
 
     Subclasses set ``requires`` (a subset of ``{"log_lik", "y_sim",
-    "y_loc_scale", "log_pmf", "pmf", "binomial"}``: per-observation
-    log-likelihoods, reparameterised simulated observations, the location
-    and scale of Normal likelihoods, the pmf over a finite support as log
+    "y_loc_scale", "y_log_loc_scale", "log_pmf", "pmf", "binomial"}``:
+    per-observation log-likelihoods, reparameterised simulated
+    observations, the location and scale of Normal likelihoods and of the
+    logarithm of LogNormal ones, the pmf over a finite support as log
     probabilities or probabilities, or the logits and counts of Binomial
     likelihoods) and implement
     :meth:`estimate`. ``min_particles`` is the smallest number of
