@@ -229,8 +229,8 @@ class CRPS(Score):
 
     ``estimator="auto"`` (the default) is ``"closed-form"`` when every
     observed site is a :class:`~numpyro.distributions.Normal`, or every one
-    a :class:`~numpyro.distributions.LogNormal` (possibly expanded or
-    ``.to_event``; not masked), and ``"all-pairs"`` otherwise.
+    a :class:`~numpyro.distributions.LogNormal` (possibly expanded,
+    ``.to_event`` or masked), and ``"all-pairs"`` otherwise.
     ``benchmarks/RESULTS.md`` compares the estimators by efficiency.
 
     :param str estimator: ``"auto"`` (default), ``"all-pairs"``,
