@@ -97,6 +97,7 @@ from numpyro_pvi._core.rejection import (
     check_no_model_params,
     rejection_score_function,
 )
+from numpyro_pvi._core.site_values import censoring_refusal, describe, is_censored
 from numpyro_pvi._core.structure import (
     check_full_data,
     feasible_improper,
@@ -148,6 +149,7 @@ __all__ = [
     "Pointwise",
     "RejectionStats",
     "cached_program_count",
+    "censoring_refusal",
     "check_bool",
     "check_data_plate",
     "check_no_model_params",
@@ -159,6 +161,7 @@ __all__ = [
     "check_real",
     "check_real_or_array",
     "data_sites",
+    "describe",
     "feasible_improper",
     "find_data_plate",
     "fixed_draw_terms",
@@ -167,6 +170,7 @@ __all__ = [
     "guide_log_density",
     "guide_sample_values",
     "improper_latents",
+    "is_censored",
     "join_arrays",
     "latent_dependent_observations",
     "latent_sites",

@@ -25,10 +25,12 @@ from numpyro.distributions import BinomialLogits, BinomialProbs, Distribution
 from numpyro_pvi._core.data_plate import DataPlate
 from numpyro_pvi._core.pmf import UNROLLED_SUPPORT, support_log_pmf, support_pmf
 from numpyro_pvi._core.site_values import (
+    censoring_refusal,
     component_mask,
     component_rows,
     describe,
     innermost,
+    is_censored,
     scalar_observation,
     score_advice,
     site_components,
@@ -43,6 +45,12 @@ def _enumerable(
     batch (and reinterpreted) dims to ``(b, c)`` rows (``scalar``: whether
     one observation is one value, for the advice of a refusal)."""
     fn = site["fn"]
+    if is_censored(fn):
+        raise ValueError(
+            censoring_refusal(site["name"], describe(fn))
+            + " The quadratic score, which compares the predictive pmf with "
+            "them, would be wrong. " + score_advice(site, scalar)
+        )
     if not getattr(fn, "has_enumerate_support", False):
         raise ValueError(
             f"Observed site '{site['name']}' ({describe(fn)}) has no finite "

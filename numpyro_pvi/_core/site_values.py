@@ -34,8 +34,11 @@ from numpyro.distributions import (
     Distribution,
     ExpandedDistribution,
     Independent,
+    IntervalCensoredDistribution,
+    LeftCensoredDistribution,
     MaskedDistribution,
     Normal,
+    RightCensoredDistribution,
     TransformedDistribution,
     Unit,
 )
@@ -52,6 +55,34 @@ def innermost(fn: Distribution) -> Distribution:
     while isinstance(fn, _WRAPPERS):
         fn = fn.base_dist
     return fn
+
+
+#: NumPyro's censored likelihoods: an observation is a censoring bound (or an
+#: interval) of the outcome, while the sampler draws the uncensored outcome.
+_CENSORED = (
+    IntervalCensoredDistribution,
+    LeftCensoredDistribution,
+    RightCensoredDistribution,
+)
+
+
+def is_censored(fn: Distribution) -> bool:
+    """Whether a site's likelihood is one of NumPyro's censored
+    distributions, whose observed values are not draws of its sampler (so
+    no simulated outcome compares with them)."""
+    return isinstance(innermost(fn), _CENSORED)
+
+
+def censoring_refusal(name: str, family: str) -> str:
+    """Why simulated outcomes do not compare with the observations of the
+    censored site ``name`` (of distribution ``family``), for an error
+    message."""
+    return (
+        f"Observed site '{name}' ({family}) is censored: "
+        "its observations are censoring bounds of the outcome, while its "
+        "sampler draws the uncensored outcome, so simulated outcomes do not "
+        "compare with them."
+    )
 
 
 def describe(fn: Distribution) -> str:
@@ -153,6 +184,12 @@ def _site_draw(
     site: dict[str, Any], plate: DataPlate, key: jax.Array, reparam: bool, scalar: bool
 ) -> jax.Array:
     fn = site["fn"]
+    if is_censored(fn):
+        raise ValueError(
+            censoring_refusal(site["name"], describe(fn))
+            + " A score that compares them (crps, energy, quadratic) would be "
+            "wrong. " + score_advice(site, scalar)
+        )
     if reparam and not fn.has_rsample:
         raise ValueError(
             f"Observed site '{site['name']}' ({describe(fn)}) has no "
@@ -238,6 +275,8 @@ def working_scores(site: dict[str, Any]) -> list[str]:
     where its support is finite."""
     fn, base = site["fn"], innermost(site["fn"])
     names = [] if getattr(base, "likelihood_free", False) else ["log"]
+    if is_censored(fn):
+        return names
     if fn.has_rsample:
         names += ["crps", "energy"] if base.event_dim == 0 else ["energy"]
     finite = getattr(fn, "has_enumerate_support", False)

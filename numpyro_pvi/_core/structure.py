@@ -20,7 +20,7 @@ from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistr
 from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoGuide
 
-from numpyro_pvi._core.site_values import innermost
+from numpyro_pvi._core.site_values import describe, innermost, is_censored
 from numpyro_pvi.distributions import simulators_without_density
 
 
@@ -88,6 +88,7 @@ class _SiteFn(NamedTuple):
     single_draw: bool = False
     masked: bool = False  # a mask (handlers.mask, .mask(), obs_mask) applies
     improper: bool = False  # an improper prior: no draws
+    censored: str | None = None  # a censored likelihood's family, for messages
 
 
 #: Outcomes observed once whose every distribution over their support is of
@@ -151,6 +152,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             single_draw_outcome(fn),
             _is_masked(fn),
             isinstance(innermost(fn), IMPROPER),
+            describe(fn) if is_censored(fn) else None,
         )
     return static
 

@@ -16,6 +16,7 @@ import xarray as xr
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
+from numpyro_pvi._core import describe, is_censored
 from numpyro_pvi.diagnostics._containers import ADAPTER
 from numpyro_pvi.diagnostics._idata import draws_dataset
 
@@ -24,16 +25,23 @@ class _simulate_observed(Messenger):
     """The observed sites ``names`` sample from their distribution instead of
     returning the data: the posterior predictive of the model as written.
     Other observed sites (a prior written as an observed site, a factor)
-    keep their values."""
+    keep their values, and so do censored ones, whose sampler draws the
+    uncensored outcome where they observe bounds; their names are collected
+    in ``censored``."""
 
     def __init__(self, fn: Callable, names: list[str]) -> None:
         self.names = frozenset(names)
+        self.censored: dict[str, str] = {}
         super().__init__(fn)
 
     def process_message(self, msg: dict[str, Any]) -> None:
-        if msg["type"] == "sample" and msg["name"] in self.names:
-            msg["is_observed"] = False
-            msg["value"] = None
+        if msg["type"] != "sample" or msg["name"] not in self.names:
+            return
+        if is_censored(msg["fn"]):
+            self.censored[msg["name"]] = describe(msg["fn"])
+            return
+        msg["is_observed"] = False
+        msg["value"] = None
 
 
 def simulate_observed(
@@ -43,16 +51,30 @@ def simulate_observed(
     observed: list[str],
     args: tuple,
     kwargs: dict,
+    *,
+    function: str = "to_inference_data",
+    stacklevel: int = 5,
 ) -> dict[str, np.ndarray]:
     """``(S, ...)`` every site of ``observed`` simulated at each of the ``S``
-    latent ``draws`` (one vectorised call of ``numpyro.infer.Predictive``)."""
+    latent ``draws`` (one vectorised call of ``numpyro.infer.Predictive``).
+    A censored site is left out, with a warning naming it and ``function``
+    (``stacklevel``: the user's call, for the warning)."""
+    simulating = _simulate_observed(model, observed)
     predictive = Predictive(
-        _simulate_observed(model, observed),
-        posterior_samples=dict(draws),
-        return_sites=observed,
+        simulating, posterior_samples=dict(draws), return_sites=observed
     )
     out = predictive(rng_key, *args, **kwargs)
-    return {name: np.asarray(out[name]) for name in observed}
+    for name, family in simulating.censored.items():
+        warnings.warn(
+            f"{function}: no simulated values of the observed site '{name}' "
+            f"({family}): it is censored, its observations are censoring "
+            "bounds of the outcome, and its sampler draws the uncensored "
+            "outcome, which does not compare with them (a posterior "
+            "predictive check of it would be wrong).",
+            UserWarning,
+            stacklevel=stacklevel,
+        )
+    return {n: np.asarray(out[n]) for n in observed if n not in simulating.censored}
 
 
 def model_inputs(
@@ -120,7 +142,7 @@ def predictive_groups(
         )
     else:
         groups["posterior_predictive"] = draws_dataset(
-            simulated, dims={n: dims[n] for n in observed}
+            simulated, dims={n: dims[n] for n in simulated}
         )
     inputs, bound = model_inputs(model, args, kwargs, observed_values)
     if inputs:
@@ -147,9 +169,9 @@ def predictive_groups(
             new.arguments[name] = None  # the observed data: simulated instead
     new.arguments.update(predictions)
     key = jax.random.fold_in(rng_key, 1)
+    predicted = simulate_observed(key, model, draws, observed, new.args, new.kwargs)
     groups["predictions"] = draws_dataset(
-        simulate_observed(key, model, draws, observed, new.args, new.kwargs),
-        dims={n: dims[n] for n in observed},
+        predicted, dims={n: dims[n] for n in predicted}
     )
     new_inputs = {k: np.asarray(v) for k, v in predictions.items() if v is not None}
     groups["predictions_constant_data"] = ADAPTER.dict_to_dataset(

@@ -17,6 +17,7 @@ from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
 from numpyro_pvi._core import (
+    censoring_refusal,
     latent_dependent_observations,
     obs_mask_site,
     resolve_observed_sites,
@@ -155,6 +156,7 @@ def resolve_sites(
                 "simulates complete data sets: call it with the model's "
                 "arguments for complete data (obs_mask=None)."
             )
+    _refuse_censored(model_trace, function)
     improper = [
         name
         for name, site in model_trace.items()
@@ -186,6 +188,33 @@ def resolve_sites(
         density_terms = set(latent_dependent_observations(model, args, kwargs))
         observed = [name for name in observed if name not in density_terms]
     return list(observed), list(latent)
+
+
+#: Why a procedure on simulated data sets cannot take a censored likelihood,
+#: and what works instead.
+_CENSORED_REMEDY = {
+    "vsbc": "VSBC fits data sets simulated with that sampler, which are not "
+    "data sets of the model. Run vsbc on the model with the uncensored "
+    "likelihood (the censored distribution's base_dist): it checks the same "
+    "fitting procedure on complete data.",
+    "predictive_calibration": "The PIT ranks each observation among "
+    "simulated outcomes, which would be wrong here whatever simulates the "
+    "data sets. Compare fits by their held-out log score instead "
+    "(cross_validate, predictive_score), or run predictive_calibration on the "
+    "model with the uncensored likelihood (the censored distribution's "
+    "base_dist).",
+}
+
+
+def _refuse_censored(model_trace: dict, function: str) -> None:
+    """Raise, naming the site, when an observed site is censored."""
+    for name, site in model_trace.items():
+        family = site["fn"].censored if site["type"] == "sample" else None
+        if site["is_observed"] and family is not None:
+            raise ValueError(
+                f"{function}: {censoring_refusal(name, family)} "
+                + _CENSORED_REMEDY[function]
+            )
 
 
 def set_up_guide(

@@ -166,7 +166,16 @@ def psis_resample(
     observed = [
         s["name"] for s in data_sites(observed_sites(tr), plate_of(tr, None))[0]
     ]
-    predictive = simulate_observed(key_predict, model, draws, observed, args, kwargs)
+    predictive = simulate_observed(
+        key_predict,
+        model,
+        draws,
+        observed,
+        args,
+        kwargs,
+        function="psis_resample",
+        stacklevel=3,
+    )
     dims = site_dims(tr)
     groups = {
         "posterior": draws_dataset(draws, dims={n: dims[n] for n in draws}),

@@ -1,0 +1,197 @@
+"""Censored likelihoods (NumPyro's ``LeftCensoredDistribution``,
+``RightCensoredDistribution`` and ``IntervalCensoredDistribution``, as
+NumPyro's censoring notebook uses them).
+
+A censored observation is a bound (or an interval) of the outcome, while the
+distribution's sampler draws the uncensored outcome. The log score reads the
+censored density and applies; every score that compares simulated outcomes
+with the observations (CRPS, energy, quadratic), the posterior predictive
+and the procedures on simulated data sets would be silently wrong, so each
+refuses, naming the site, with a remedy that works.
+"""
+
+import warnings
+
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from jax import random
+from numpyro.infer import SVI, Trace_ELBO
+from numpyro.infer.autoguide import AutoNormal
+from scipy import stats
+
+from numpyro_pvi import PredictiveELBO, Replications, diagnostics, predictive_score
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=40).astype(np.float32)
+TIMES = (RNG.weibull(1.5, size=40) * np.exp(0.3 + 0.5 * X)).astype(np.float32)
+#: right-censored at 2 (the study ends), left-censored below 0.3 (not seen
+#: before the first visit)
+RIGHT = TIMES > 2.0
+LEFT = TIMES < 0.3
+T_RIGHT = np.minimum(TIMES, 2.0)
+T_LEFT = np.maximum(TIMES, 0.3)
+BOUNDS = np.stack(
+    [np.where(LEFT, 0.0, T_RIGHT), np.where(RIGHT, np.inf, T_LEFT)], -1
+).astype(np.float32)
+
+
+def weibull(x):
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    k = numpyro.sample("k", dist.Gamma(4.0, 2.0))
+    return dist.Weibull(scale=jnp.exp(a + b * x), concentration=k)
+
+
+def right_censored(x, censored, t=None):
+    base = weibull(x)
+    with numpyro.plate("subjects", x.shape[0]):
+        numpyro.sample("t", dist.RightCensoredDistribution(base, censored), obs=t)
+
+
+def left_censored(x, censored, t=None):
+    base = weibull(x)
+    with numpyro.plate("subjects", x.shape[0]):
+        numpyro.sample("t", dist.LeftCensoredDistribution(base, censored), obs=t)
+
+
+def interval_censored(x, left, right, t=None):
+    base = weibull(x)
+    with numpyro.plate("subjects", x.shape[0]):
+        numpyro.sample("t", dist.IntervalCensoredDistribution(base, left, right), obs=t)
+
+
+def with_uncensored_site(x, censored, t=None, z=None):
+    """A censored outcome and an uncensored one per subject."""
+    base = weibull(x)
+    with numpyro.plate("subjects", x.shape[0]):
+        numpyro.sample("t", dist.RightCensoredDistribution(base, censored), obs=t)
+        numpyro.sample("z", dist.Normal(base.scale, 1.0), obs=z)
+
+
+PROGRAMS = {
+    "right": (right_censored, (X, RIGHT), {"t": T_RIGHT}),
+    "left": (left_censored, (X, LEFT), {"t": T_LEFT}),
+    "interval": (interval_censored, (X, LEFT, RIGHT), {"t": BOUNDS}),
+}
+ADVICE = "Use score='log' for this likelihood."
+
+
+def _params(model, args, kwargs):
+    guide = AutoNormal(model)
+    svi = SVI(model, guide, optax.adam(0.01), Trace_ELBO())
+    return guide, svi.get_params(svi.init(random.PRNGKey(0), *args, **kwargs))
+
+
+@pytest.mark.parametrize(
+    "program",
+    [pytest.param(p, marks=[] if p == "right" else pytest.mark.slow) for p in PROGRAMS],
+)
+def test_scores_of_simulated_outcomes_refuse_and_the_advice_works(program):
+    model, args, kwargs = PROGRAMS[program]
+    refusal = r"Observed site 't' \(\w+CensoredDistribution\) is censored"
+    guide, params = _params(model, args, kwargs)
+    for score in ("crps", "energy", "quadratic"):
+        with pytest.raises(ValueError, match=refusal) as objective:
+            PredictiveELBO(score).loss(
+                random.PRNGKey(0), params, model, guide, *args, **kwargs
+            )
+        with pytest.raises(ValueError, match=refusal) as evaluation:
+            predictive_score(
+                random.PRNGKey(1), params, model, guide, *args, score=score, **kwargs
+            )
+        for err in (objective, evaluation):
+            assert ADVICE in str(err.value), (score, str(err.value))
+    # the advice works, for the objective and for the evaluation
+    result = SVI(model, guide, optax.adam(0.01), PredictiveELBO("log")).run(
+        random.PRNGKey(2), 5, *args, progress_bar=False, **kwargs
+    )
+    assert np.all(np.isfinite(result.losses))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # unreliable estimates
+        scores = predictive_score(
+            random.PRNGKey(1), params, model, guide, *args, score="log", **kwargs
+        )
+    assert scores.score.shape == (40,) and np.all(np.isfinite(scores.score))
+
+
+def test_log_score_reads_the_censored_density():
+    """At a guide of negligible spread the predictive log score is the
+    likelihood's at its location: the log survival function at a
+    right-censored time, the log density elsewhere (scipy's Weibull); it
+    would be the density everywhere if the censoring were ignored."""
+    model, args, kwargs = PROGRAMS["right"]
+    guide, params = _params(model, args, kwargs)
+    loc = {"a": 0.3, "b": 0.5, "k": float(np.log(1.5))}  # k's unconstrained value
+    params = {
+        **{f"{n}_auto_loc": jnp.asarray(v) for n, v in loc.items()},
+        **{f"{n}_auto_scale": jnp.asarray(1e-4) for n in loc},
+    }
+    weib = stats.weibull_min(1.5, scale=np.exp(0.3 + 0.5 * X.astype(float)))
+    expected = np.where(RIGHT, weib.logsf(T_RIGHT), weib.logpdf(T_RIGHT))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # a near point mass
+        got = predictive_score(random.PRNGKey(3), params, model, guide, *args, **kwargs)
+    assert RIGHT.sum() >= 5
+    np.testing.assert_allclose(got.score, expected, rtol=2e-3, atol=2e-3)
+
+
+def test_posterior_predictive_leaves_the_censored_site_out_and_says_so():
+    z = (np.exp(0.3 + 0.5 * X) + RNG.normal(size=40)).astype(np.float32)
+    model, args, kwargs = with_uncensored_site, (X, RIGHT), {"t": T_RIGHT, "z": z}
+    guide, params = _params(model, args, kwargs)
+    with pytest.warns(UserWarning, match="observed site 't' .* is censored") as rec:
+        data = diagnostics.to_inference_data(
+            random.PRNGKey(4), params, model, guide, *args, num_draws=50, **kwargs
+        )
+    assert any("to_inference_data" in str(w.message) for w in rec)
+    predictive = diagnostics.get_group(data, "posterior_predictive")
+    assert set(predictive.data_vars) == {"z"}
+    assert {"t", "z"} <= set(diagnostics.get_group(data, "observed_data").data_vars)
+    # the censored density is still in the pointwise log-likelihood
+    log_lik = diagnostics.get_group(data, "log_likelihood")
+    (joint,) = log_lik.data_vars
+    assert log_lik[joint].shape[-1] == 40
+    with pytest.warns(UserWarning, match="psis_resample: .*'t'.* is censored"):
+        resampled = diagnostics.psis_resample(
+            random.PRNGKey(5), params, model, guide, *args, num_draws=20, **kwargs
+        )
+    assert set(diagnostics.get_group(resampled, "posterior_predictive").data_vars) == {
+        "z"
+    }
+
+
+@pytest.mark.parametrize(
+    "function", [diagnostics.vsbc, diagnostics.predictive_calibration]
+)
+def test_procedures_on_simulated_data_refuse_and_the_remedy_works(function):
+    model, args, kwargs = PROGRAMS["interval"]
+    tiny = Replications(
+        num_simulations=2, num_svi_steps=2, num_draws=10, progress_bar=False
+    )
+    name = function.__name__
+    with pytest.raises(ValueError) as err:
+        function(
+            random.PRNGKey(0), model, AutoNormal(model), optax.adam(0.01),
+            Trace_ELBO(), *args, replications=tiny, **kwargs,
+        )  # fmt: skip
+    message = str(err.value)
+    assert message.startswith(f"{name}: Observed site 't'"), message
+    assert "base_dist" in message and "uncensored likelihood" in message
+
+    # the remedy: the same procedure on the uncensored likelihood
+    def uncensored(x, t=None):
+        base = weibull(x)
+        with numpyro.plate("subjects", x.shape[0]):
+            numpyro.sample("t", base, obs=t)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        result = function(
+            random.PRNGKey(0), uncensored, AutoNormal(uncensored), optax.adam(0.01),
+            Trace_ELBO(), X, t=TIMES, replications=tiny,
+        )  # fmt: skip
+    assert result is not None
