@@ -7,7 +7,9 @@ distribution's sampler draws the uncensored outcome. The log score reads the
 censored density and applies; every score that compares simulated outcomes
 with the observations (CRPS, energy, quadratic), the posterior predictive
 and the procedures on simulated data sets would be silently wrong, so each
-refuses, naming the site, with a remedy that works.
+refuses, naming the site, with a remedy that works. So do the procedures on
+simulated data sets at a ``numpyro.factor`` (the older way of writing a
+censored likelihood), whose term no draw simulates.
 """
 
 import warnings
@@ -195,3 +197,39 @@ def test_procedures_on_simulated_data_refuse_and_the_remedy_works(function):
             Trace_ELBO(), X, t=TIMES, replications=tiny,
         )  # fmt: skip
     assert result is not None
+
+
+def factor_likelihood(x, t=None):
+    base = weibull(x)
+    with numpyro.plate("subjects", x.shape[0]):
+        numpyro.factor("lik", base.log_prob(t))
+
+
+def prior_factor(x, t=None):
+    base = weibull(x)
+    numpyro.factor("shrink", -(base.concentration**2))
+    with numpyro.plate("subjects", x.shape[0]):
+        numpyro.sample("t", base, obs=t)
+
+
+@pytest.mark.parametrize(
+    "function", [diagnostics.vsbc, diagnostics.predictive_calibration]
+)
+@pytest.mark.parametrize(
+    "model, match",
+    [
+        (factor_likelihood, "the observed site 'lik' is a numpyro.factor"),
+        (prior_factor, "numpyro.factor site 'shrink' is a term of its log density"),
+    ],
+)
+def test_procedures_on_simulated_data_refuse_a_factor(function, model, match):
+    """VSBC ran on the model's own data in every replication (a factor has
+    no outcome to simulate), and on prior draws that ignore a factor of the
+    prior."""
+    tiny = Replications(num_simulations=2, num_svi_steps=2, num_draws=10)
+    with pytest.raises(ValueError, match=f"{function.__name__}: .*{match}") as err:
+        function(
+            random.PRNGKey(0), model, AutoNormal(model), optax.adam(0.01),
+            Trace_ELBO(), X, t=TIMES, replications=tiny,
+        )  # fmt: skip
+    assert "Write " in str(err.value)

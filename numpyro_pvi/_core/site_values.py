@@ -190,6 +190,12 @@ def _site_draw(
             + " A score that compares them (crps, energy, quadratic) would be "
             "wrong. " + score_advice(site, scalar)
         )
+    if isinstance(innermost(fn), Unit):
+        raise ValueError(
+            f"Observed site '{site['name']}' (a numpyro.factor) is a term of the "
+            "log density, with no outcome to simulate, which this score "
+            "compares with the observations. " + score_advice(site, scalar)
+        )
     if reparam and not fn.has_rsample:
         raise ValueError(
             f"Observed site '{site['name']}' ({describe(fn)}) has no "

@@ -89,6 +89,7 @@ class _SiteFn(NamedTuple):
     masked: bool = False  # a mask (handlers.mask, .mask(), obs_mask) applies
     improper: bool = False  # an improper prior: no draws
     censored: str | None = None  # a censored likelihood's family, for messages
+    factor: bool = False  # a numpyro.factor: a density term, no draws
 
 
 #: Outcomes observed once whose every distribution over their support is of
@@ -153,6 +154,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             _is_masked(fn),
             isinstance(innermost(fn), IMPROPER),
             describe(fn) if is_censored(fn) else None,
+            isinstance(innermost(fn), dist.Unit),
         )
     return static
 

@@ -187,6 +187,7 @@ def resolve_sites(
     if observed_sites is None:
         density_terms = set(latent_dependent_observations(model, args, kwargs))
         observed = [name for name in observed if name not in density_terms]
+    _refuse_factors(model_trace, observed, function, prior_draws)
     return list(observed), list(latent)
 
 
@@ -214,6 +215,42 @@ def _refuse_censored(model_trace: dict, function: str) -> None:
             raise ValueError(
                 f"{function}: {censoring_refusal(name, family)} "
                 + _CENSORED_REMEDY[function]
+            )
+
+
+def _refuse_factors(
+    model_trace: dict, observed: Sequence[str], function: str, prior_draws: bool
+) -> None:
+    """Raise, naming the site, at a ``numpyro.factor`` that the simulated data
+    sets cannot honour: one in a plate among the data (a likelihood term,
+    no outcome to simulate), or any other when it is simulated or the
+    procedure draws the latents from the prior (the draws do not see it)."""
+    for name, site in model_trace.items():
+        if site["type"] != "sample" or not site["fn"].factor:
+            continue
+        if name in observed and site["cond_indep_stack"]:
+            raise ValueError(
+                f"{function}: the observed site '{name}' is a numpyro.factor, "
+                "a term of the log density with no outcome to simulate, so the "
+                "model has no simulated data sets. Write the likelihood as an "
+                "observed sample site (numpyro.sample(name, distribution, "
+                "obs=y)), whose outcomes it simulates."
+            )
+        if name in observed or prior_draws:
+            instead = (
+                ", or pass replications=Replications(data_generator=...) "
+                "(data sets from a process of your own: no prior draws are "
+                "needed)"
+                if function == "predictive_calibration" and name not in observed
+                else ""
+            )
+            raise ValueError(
+                f"{function}: the model's numpyro.factor site '{name}' is a "
+                "term of its log density that no draw simulates: draws from "
+                "the sample sites' priors do not see it, so the simulated data "
+                "sets would not be the model's. Write that term as the "
+                "distribution of a sample site (an observed one for a "
+                f"likelihood){instead}."
             )
 
 

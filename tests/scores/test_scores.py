@@ -865,3 +865,12 @@ def test_a_factor_in_the_data_plate_is_part_of_the_observation():
     loss = PredictiveELBO("crps", num_particles=4)
     with pytest.raises(ValueError, match=r"'cens_lik' \(a numpyro.factor\).*'log'"):
         loss.loss(random.PRNGKey(0), params, censored_model, guide, y, censored)
+    # and so does the evaluation, which needs no reparameterised draws (the
+    # energy score read the factor as a zero-width outcome and left the
+    # censoring out)
+    for score in ("crps", "energy"):
+        with pytest.raises(ValueError, match=r"'cens_lik' \(a numpyro.factor\).*'log'"):
+            predictive_score(
+                random.PRNGKey(0), params, censored_model, guide, y, censored,
+                score=score, num_draws=2,
+            )  # fmt: skip
