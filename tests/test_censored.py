@@ -202,7 +202,7 @@ def test_procedures_on_simulated_data_refuse_and_the_remedy_works(function):
 def factor_likelihood(x, t=None):
     base = weibull(x)
     with numpyro.plate("subjects", x.shape[0]):
-        numpyro.factor("lik", base.log_prob(t))
+        numpyro.factor("likelihood", base.log_prob(t))
 
 
 def prior_factor(x, t=None):
@@ -218,7 +218,7 @@ def prior_factor(x, t=None):
 @pytest.mark.parametrize(
     "model, match",
     [
-        (factor_likelihood, "the observed site 'lik' is a numpyro.factor"),
+        (factor_likelihood, "the observed site 'likelihood' is a numpyro.factor"),
         (prior_factor, "numpyro.factor site 'shrink' is a term of its log density"),
     ],
 )

@@ -44,13 +44,17 @@ def data_injector(
     args: tuple,
     kwargs: dict,
     simulated_data_to_args: Callable | None,
+    model_trace: dict | None = None,
+    function: str = "",
 ) -> Callable[[dict], tuple[tuple, dict]]:
     """Return ``data -> (args, kwargs)`` that passes simulated data to the model.
 
     An observed site whose name is a parameter of ``model`` receives its
     simulated value through that argument (so a guide that reads the data sees
     the simulated data); every observed site is also conditioned on, which
-    overrides any ``obs=`` the model was called with.
+    overrides any ``obs=`` the model was called with. With ``model_trace``,
+    an argument whose shape is not its observed site's is refused (naming
+    ``function``), with ``simulated_data_to_args`` as the remedy.
     """
     if simulated_data_to_args is not None:
         if not callable(simulated_data_to_args):
@@ -77,6 +81,8 @@ def data_injector(
         for n in observed
         if n in signature.parameters and signature.parameters[n].kind in kinds
     ]
+    if model_trace is not None:
+        _check_argument_shapes(signature, names, model_trace, args, kwargs, function)
 
     def inject(data: dict) -> tuple[tuple, dict]:
         if not names:
@@ -87,6 +93,35 @@ def data_injector(
         return tuple(bound.args), dict(bound.kwargs)
 
     return inject
+
+
+def _check_argument_shapes(
+    signature: inspect.Signature,
+    names: Sequence[str],
+    model_trace: dict,
+    args: tuple,
+    kwargs: dict,
+    function: str,
+) -> None:
+    """Raise when the model's argument named after an observed site is not
+    that site's observed value (NumPyro's AR(2) example takes the series
+    ``y`` and observes ``y[2:]``): a simulated data set passed through it
+    would not fit, and the model would mix simulated and real values."""
+    bound = signature.bind_partial(*args, **kwargs).arguments
+    for name in names:
+        if bound.get(name) is None:
+            continue
+        given, observed = np.shape(bound[name]), np.shape(model_trace[name]["value"])
+        if given != observed:
+            raise ValueError(
+                f"{function}: the model's argument '{name}' has shape {given}, "
+                f"but its observed site '{name}' has shape {observed}, so a "
+                "simulated data set cannot be passed through that argument as "
+                "it is. Pass replications=Replications(simulated_data_to_args="
+                "f), with f(data, *args, **kwargs) -> (args, kwargs) building "
+                f"the model's arguments from a simulated data set (data['{name}'] "
+                "has the observed site's shape)."
+            )
 
 
 def generated_data(

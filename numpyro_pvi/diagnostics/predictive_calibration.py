@@ -281,7 +281,15 @@ def calibration_arrays(
         )
     if isinstance(loss, PredictiveELBO):
         check_same_plate(model_trace, plate, loss.data_plate, f"{_WHERE}: {loss!r}")
-    inject = data_injector(model, observed, args, kwargs, r.simulated_data_to_args)
+    inject = data_injector(
+        model,
+        observed,
+        args,
+        kwargs,
+        r.simulated_data_to_args,
+        model_trace,
+        _WHERE,
+    )
     data = generated_data(
         key_data,
         r.num_simulations,

@@ -95,7 +95,15 @@ def _setup(
         kwargs=kwargs,
     )
     validate_latent_sites(model_trace, latent_names)
-    inject = data_injector(model, observed, args, kwargs, r.simulated_data_to_args)
+    inject = data_injector(
+        model,
+        observed,
+        args,
+        kwargs,
+        r.simulated_data_to_args,
+        model_trace,
+        "vsbc",
+    )
     quantities = resolve_quantities(
         test_quantities,
         latent_names=latent_names,

@@ -545,3 +545,31 @@ def test_python_on_model_arguments_in_every_fitted_guide_call():
             random.PRNGKey(0), result.params, program.model, guide, *other
         ).score.shape == (args[0].shape[0],)
     assert jnp.asarray(args[0]).dtype.kind == "i"
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        diagnostics.vsbc,
+        pytest.param(diagnostics.predictive_calibration, marks=pytest.mark.slow),
+    ],
+)
+def test_an_argument_that_is_not_the_observation_gets_a_remedy_that_works(function):
+    """The AR(2) example's argument ``y`` (30 values) shares its name with
+    the observed site (28): a simulated data set passed through it raised
+    JAX's scan error (predictive_calibration) or a test quantity's; now the
+    procedure refuses, naming the argument, and the remedy it gives runs."""
+    y = jnp.asarray(np.cumsum(np.random.default_rng(0).normal(size=30)), "float32")
+    replications = dict(num_simulations=2, num_svi_steps=5, num_draws=10)
+    call = (random.PRNGKey(0), ar2_scan, AutoNormal(ar2_scan), optax.adam(0.01))
+    with pytest.raises(ValueError, match=r"argument 'y' has shape \(30,\).*\(28,\)"):
+        function(*call, Trace_ELBO(), y, replications=Replications(**replications))
+
+    def to_args(data, y):  # the remedy: the first two values, then the simulation
+        return (jnp.concatenate([y[:2], data["y"]]),), {}
+
+    fix = Replications(**replications, simulated_data_to_args=to_args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # few draws
+        result = function(*call, Trace_ELBO(), y, replications=fix)
+    assert result is not None
