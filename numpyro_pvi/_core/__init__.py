@@ -31,6 +31,7 @@ from numpyro_pvi._core.binomial_pairs import (
 )
 from numpyro_pvi._core.contrastive import fixed_draw_terms
 from numpyro_pvi._core.data_plate import (
+    SCAN_INDEX,
     DataPlate,
     check_same_plate,
     data_sites,
@@ -39,6 +40,7 @@ from numpyro_pvi._core.data_plate import (
     observed_sites,
     per_observation,
     plate_of,
+    scan_promoted,
 )
 from numpyro_pvi._core.draws import (
     CONCRETE_VALUE_ERRORS,
@@ -180,6 +182,8 @@ __all__ = [
     "moment_matcher",
     "obs_mask_site",
     "observed_sites",
+    "SCAN_INDEX",
+    "scan_promoted",
     "particle_terms",
     "per_observation",
     "plate_of",

@@ -17,6 +17,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from numpyro.distributions import Distribution
+from numpyro.distributions.batch_util import promote_batch_shape
 from numpyro.handlers import condition, seed, substitute, trace
 
 from numpyro_pvi._core.tracing import site_log_prob, sum_log_density
@@ -24,8 +26,33 @@ from numpyro_pvi.particles import WHOLE_DATA
 
 
 def observed_sites(tr: dict[str, Any]) -> list[dict[str, Any]]:
-    """The observed sample sites of a trace, in order."""
-    return [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
+    """The observed sample sites of a trace, in order; a site of a ``scan``
+    body with its distribution's inner shapes read from its parameters
+    (:func:`scan_promoted`)."""
+    return [
+        {**s, "fn": scan_promoted(s["fn"])} if SCAN_INDEX in s.get("infer", {}) else s
+        for s in tr.values()
+        if s["type"] == "sample" and s["is_observed"]
+    ]
+
+
+#: the key NumPyro's ``scan`` puts in the ``infer`` of every site of its body
+SCAN_INDEX = "_scan_current_index"
+
+
+def scan_promoted(fn: Distribution) -> Distribution:
+    """``fn`` with the batch shapes of the distributions inside it (a
+    Student-t's chi-square, a LogNormal's Normal, a wrapper's base) read
+    from their parameters. NumPyro's ``scan`` stacks a body site's
+    distributions along a leading axis and promotes the outer one's batch
+    shape only; the inner ones keep one step's, and their sampler then draws
+    one noise shared by every step (a LogNormal, a HalfNormal) or fails on
+    the shapes (a Student-t)."""
+    fn = promote_batch_shape(fn)
+    for name, value in vars(fn).items():
+        if isinstance(value, Distribution):
+            setattr(fn, name, scan_promoted(value))
+    return fn
 
 
 class DataPlate(NamedTuple):

@@ -16,7 +16,7 @@ import xarray as xr
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
-from numpyro_pvi._core import describe, is_censored
+from numpyro_pvi._core import SCAN_INDEX, describe, is_censored, scan_promoted
 from numpyro_pvi.diagnostics._containers import ADAPTER
 from numpyro_pvi.diagnostics._idata import draws_dataset
 
@@ -42,6 +42,8 @@ class _simulate_observed(Messenger):
             return
         msg["is_observed"] = False
         msg["value"] = None
+        if SCAN_INDEX in msg.get("infer", {}):
+            msg["fn"] = scan_promoted(msg["fn"])
 
 
 def simulate_observed(
