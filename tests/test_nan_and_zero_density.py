@@ -94,6 +94,38 @@ def test_psis_verdict_on_zero_density_draws_agrees_with_numpyro(loc):
     diagnostics.plot_psis(data)  # the tail plot handles -inf ratios
 
 
+def _uniform_model(y):
+    theta = numpyro.sample("theta", dist.Exponential(0.1))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Uniform(0.0, theta), obs=y)
+
+
+def _narrow_guide(y):
+    numpyro.sample("theta", dist.LogNormal(jnp.log(jnp.max(y)), 0.02))
+
+
+@pytest.mark.py312  # the approximate LOO of both ArviZ generations
+def test_approximate_loo_names_the_observations_whose_ratios_lp_leaves_open():
+    """A ``Uniform(0, theta)`` likelihood: the guide's draws with theta below
+    the largest observation have zero joint density, and the leave-one-out
+    ratio p(theta, y_-i) / q(theta) at that observation is not a function of
+    lp: the export warns, naming it, and its elpd reads nan; the other
+    observations, where no draw has zero likelihood, keep finite values."""
+    y = jnp.asarray(np.random.default_rng(0).uniform(0, 5, 20), jnp.float32)
+    data = diagnostics.to_inference_data(
+        random.PRNGKey(0), {}, _uniform_model, _narrow_guide, y, num_draws=400
+    )
+    log_lik = np.asarray(data.log_likelihood["y"]).reshape(400, 20)
+    violated = np.flatnonzero(np.isneginf(log_lik).any(0))
+    assert 0 < violated.size < 20 and int(np.argmax(y)) in violated
+    with pytest.warns(UserWarning, match=r"zero likelihood at these") as record:
+        loo = diagnostics.approximate_loo(data, pointwise=True)
+    assert f"'y': {violated.tolist()}" in str(record[0].message)
+    elpd_i = np.asarray(loo["loo_i"] if not ARVIZ_1 else loo.elpd_i)
+    assert np.isnan(elpd_i[violated]).all()
+    assert np.isfinite(np.delete(elpd_i, violated)).all()
+
+
 # --------------------------------------------------------------------------
 # NaN reads NaN
 # --------------------------------------------------------------------------

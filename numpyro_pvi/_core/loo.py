@@ -32,7 +32,8 @@ def approximate_loo_log_weights(
     :return: ``(N, S)`` normalised log weights and ``(N,)`` k̂.
     """
     correction = log_p - log_q
-    log_ratio = -log_lik + (correction - np.max(correction))
+    with np.errstate(invalid="ignore"):  # nan where a ratio is 0 / 0 (the caller warns)
+        log_ratio = -log_lik + (correction - np.max(correction))
     log_ratio = log_ratio - np.max(log_ratio, axis=-1, keepdims=True)
     log_weight, pareto_k = psislw(log_ratio)
     return np.asarray(log_weight), np.asarray(pareto_k)

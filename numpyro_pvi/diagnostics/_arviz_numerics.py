@@ -151,7 +151,8 @@ class ArviZ1Numerics:
         """``arviz_stats.loo_approximate_posterior``."""
         from arviz_stats import loo_approximate_posterior
 
-        return loo_approximate_posterior(data, log_p, log_q, **options)
+        with np.errstate(invalid="ignore"):  # 0 / 0 ratios: the export names them
+            return loo_approximate_posterior(data, log_p, log_q, **options)
 
     def elpd_fields(self, elpd: Any) -> dict[str, Any]:
         """arviz-stats' ``elpd``, ``p``, ``elpd_i``."""

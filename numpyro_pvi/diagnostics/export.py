@@ -3,6 +3,7 @@ log-likelihood of the data plate."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -403,4 +404,38 @@ def _posterior_export(data: Container, where: str) -> xr.Dataset:
             f"{where}: sample_stats lacks {sorted(missing)}; pass the "
             "result of numpyro_pvi.diagnostics.to_inference_data."
         )
+    _warn_undefined_ratios(data, stats["lp"], where)
     return stats
+
+
+def _warn_undefined_ratios(data: Container, lp: xr.DataArray, where: str) -> None:
+    """Warn of the observations whose leave-one-out ratios the export does
+    not determine: a draw of zero likelihood there has
+    :math:`p(\theta_s, y) = 0`, and ``lp`` then says nothing of
+    :math:`p(\theta_s, y_{-i})`, the ratio's numerator (a bound of the
+    data's support that is a parameter, as in a ``Uniform(0, theta)``
+    likelihood, makes such draws)."""
+    zero_joint = np.isneginf(lp)
+    if not bool(zero_joint.any()):
+        return
+    undefined = {}
+    for name, log_lik in ADAPTER.dataset(data, "log_likelihood").data_vars.items():
+        cells = (np.isneginf(log_lik) & zero_joint).any(SAMPLE_DIMS)
+        if bool(cells.any()):
+            flat = np.flatnonzero(cells.values)
+            undefined[str(name)] = flat.tolist()[:10] + (
+                ["..."] if flat.size > 10 else []
+            )
+    if undefined:
+        warnings.warn(
+            f"{where}: some draws of the guide have zero likelihood at these "
+            f"observations (flat indices, by site: {undefined}), so zero joint "
+            "density: the leave-one-out ratio p(theta, y_-i) / q(theta) of such "
+            "a draw is not determined by lp (the model says nothing of it "
+            "without the observation), and the elpd and k-hat of these "
+            "observations read nan. A K-fold estimate refits without each "
+            "fold: arviz.compare(numpyro_pvi.selection.cross_validate(...)"
+            ".to_elpd()).",
+            UserWarning,
+            stacklevel=3,
+        )
