@@ -409,23 +409,21 @@ def _posterior_export(data: Container, where: str) -> xr.Dataset:
 
 
 def _warn_undefined_ratios(data: Container, lp: xr.DataArray, where: str) -> None:
-    """Warn of the observations whose leave-one-out ratios the export does
+    r"""Warn of the observations whose leave-one-out ratios the export does
     not determine: a draw of zero likelihood there has
     :math:`p(\theta_s, y) = 0`, and ``lp`` then says nothing of
     :math:`p(\theta_s, y_{-i})`, the ratio's numerator (a bound of the
     data's support that is a parameter, as in a ``Uniform(0, theta)``
     likelihood, makes such draws)."""
-    zero_joint = np.isneginf(lp)
+    zero_joint = lp == -np.inf
     if not bool(zero_joint.any()):
         return
     undefined = {}
     for name, log_lik in ADAPTER.dataset(data, "log_likelihood").data_vars.items():
-        cells = (np.isneginf(log_lik) & zero_joint).any(SAMPLE_DIMS)
+        cells = ((log_lik == -np.inf) & zero_joint).any(SAMPLE_DIMS)
         if bool(cells.any()):
-            flat = np.flatnonzero(cells.values)
-            undefined[str(name)] = flat.tolist()[:10] + (
-                ["..."] if flat.size > 10 else []
-            )
+            flat = np.flatnonzero(cells.values).tolist()
+            undefined[str(name)] = flat[:10] + ["..."] * (len(flat) > 10)
     if undefined:
         warnings.warn(
             f"{where}: some draws of the guide have zero likelihood at these "
