@@ -176,7 +176,9 @@ def predictive_score(
        *Implicitly adaptive importance sampling*. Statistics and Computing 31.
     """
     where = "predictive_score"
-    params, model, guide = check_fitted_call(where, params, model, guide)
+    params, model, guide = check_fitted_call(
+        where, params, model, guide, args=args, kwargs=kwargs
+    )
     score = get_score(score)
     num_draws = check_int(num_draws, "num_draws", where, minimum=score.min_particles)
     data_plate = check_data_plate(data_plate, where)

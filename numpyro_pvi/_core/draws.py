@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_pvi._core.laplace import laplace_posterior
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.structure import check_full_data, replay_trace
 from numpyro_pvi._core.validation import check_int
@@ -30,7 +31,14 @@ from numpyro_pvi.particles import ParticleTerms
 
 
 def check_fitted_call(
-    function: str, params: Any, model: Any, guide: Any, *, needs_density: bool = False
+    function: str,
+    params: Any,
+    model: Any,
+    guide: Any,
+    *,
+    needs_density: bool = False,
+    args: tuple = (),
+    kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, jax.Array], Callable, Callable]:
     """Check ``(params, model, guide)`` of a call on a fitted guide.
 
@@ -41,7 +49,12 @@ def check_fitted_call(
     :param needs_density: the function reads the guide's log density: refuse
         a guide that declares it has none of its own (``has_density =
         False``, e.g. :class:`~numpyro_pvi.selection.StackedGuide`).
-    :return: ``(params, model, guide)`` in that order.
+    :param args: the model's positional arguments (an
+        ``AutoLaplaceApproximation`` not run yet sets itself up with them).
+    :param kwargs: the model's keyword arguments.
+    :return: ``(params, model, guide)`` in that order; an
+        ``AutoLaplaceApproximation`` as the fitted Laplace approximation it
+        stands for (:func:`~numpyro_pvi._core.laplace.laplace_posterior`).
     """
     problems = []
     if not isinstance(params, Mapping):
@@ -68,7 +81,8 @@ def check_fitted_call(
             "numpyro.infer.Predictive), or pass one candidate's fitted guide."
         )
     check_finite_params(function, params)
-    return dict(params), model, guide
+    guide, params = laplace_posterior(guide, params, args, kwargs or {})
+    return params, model, guide
 
 
 def has_own_density(guide: Any) -> bool:

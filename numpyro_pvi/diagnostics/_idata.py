@@ -21,9 +21,10 @@ from numpyro_pvi.diagnostics._containers import ADAPTER
 
 
 def guide_name(guide: Callable) -> str:
-    """The class name of an autoguide, or the name of a guide function."""
+    """The class name of an autoguide (``fitted_name`` where it stands for
+    the fitted form of another), or the name of a guide function."""
     if isinstance(guide, AutoGuide):
-        return type(guide).__name__
+        return getattr(guide, "fitted_name", type(guide).__name__)
     return getattr(guide, "__name__", type(guide).__name__)
 
 

@@ -189,7 +189,9 @@ def to_inference_data(
        Andersen, Jonasson, Vehtari (ICML 2019).
     """
     where = "to_inference_data"
-    params, model, guide = check_fitted_call(where, params, model, guide)
+    params, model, guide = check_fitted_call(
+        where, params, model, guide, args=args, kwargs=kwargs
+    )
     num_draws = check_int(num_draws, "num_draws", where, minimum=1)
     data_plate = check_data_plate(data_plate, where)
     targets = check_loss_target(loss, where)

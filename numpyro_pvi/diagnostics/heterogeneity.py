@@ -198,13 +198,15 @@ def heterogeneity(
     """
     reference_guide = guide if reference_guide is None else reference_guide
     params, model, guide = check_fitted_call(
-        "heterogeneity (PVI fit)", params, model, guide
+        "heterogeneity (PVI fit)", params, model, guide, args=args, kwargs=kwargs
     )
     reference_params, model, reference_guide = check_fitted_call(
         "heterogeneity (VI fit: reference_params, reference_guide)",
         reference_params,
         model,
         reference_guide,
+        args=args,
+        kwargs=kwargs,
     )
     num_draws = check_int(num_draws, "num_draws", "heterogeneity", minimum=2)
     threshold = check_real(

@@ -271,7 +271,7 @@ def psis(
        Gabry (JMLR 2024).
     """
     params, model, guide = check_fitted_call(
-        "psis", params, model, guide, needs_density=True
+        "psis", params, model, guide, needs_density=True, args=args, kwargs=kwargs
     )
     num_draws = check_int(num_draws, "num_draws", "psis", minimum=2)
     max_draws = check_int(max_draws, "max_draws", "psis", minimum=2)

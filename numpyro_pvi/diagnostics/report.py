@@ -127,7 +127,7 @@ def report(
     """
     targets = check_loss_target(loss, "report")
     params, model, guide = check_fitted_call(
-        "report", params, model, guide, needs_density=True
+        "report", params, model, guide, needs_density=True, args=args, kwargs=kwargs
     )
     num_draws = check_int(num_draws, "num_draws", "report", minimum=2)
     data_plate = check_data_plate(data_plate, "report")

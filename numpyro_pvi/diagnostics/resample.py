@@ -122,7 +122,13 @@ def psis_resample(
        Carpenter, Gelman, Vehtari (JMLR 2022).
     """
     params, model, guide = check_fitted_call(
-        "psis_resample", params, model, guide, needs_density=True
+        "psis_resample",
+        params,
+        model,
+        guide,
+        needs_density=True,
+        args=args,
+        kwargs=kwargs,
     )
     num_draws = check_int(num_draws, "num_draws", "psis_resample", minimum=1)
     num_proposals = check_int(
