@@ -126,6 +126,7 @@ from numpyro_pvi._core.validation import (
     check_loss_target,
     check_real,
     check_real_or_array,
+    warn_laplace_held_out,
     warn_point_mass,
 )
 
@@ -212,5 +213,6 @@ __all__ = [
     "svi_scan",
     "unpack_latent",
     "validate_latent_sites",
+    "warn_laplace_held_out",
     "warn_point_mass",
 ]

@@ -159,6 +159,23 @@ def check_loss_target(loss: Any, where: str) -> bool | None:
 _POINT_MASS_GUIDES = (AutoDelta, AutoLaplaceApproximation)
 
 
+def warn_laplace_held_out(guide: Callable, where: str) -> None:
+    """Warn that the held-out scores of refitted ``AutoLaplaceApproximation``
+    fits are those of their MAP: a fit is a point mass, and its Laplace
+    approximation (the functions on a fitted guide read it) is not formed
+    per fold."""
+    if isinstance(guide, AutoLaplaceApproximation):
+        warnings.warn(
+            f"{where} with AutoLaplaceApproximation: each fold's fit is its MAP "
+            "(a point mass while fitted), so the held-out scores are those of "
+            "the MAP's plug-in predictive, not of a Laplace approximation. For "
+            "held-out scores of a Gaussian approximation, fit "
+            "AutoMultivariateNormal.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def warn_point_mass(guide: Callable, objective: str) -> None:
     """Warn that a predictive objective with a point-mass guide fits the
     likelihood: the predictive of a point mass is the likelihood itself."""

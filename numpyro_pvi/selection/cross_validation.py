@@ -25,6 +25,7 @@ from numpyro_pvi._core import (
     good_k,
     plate_of,
     replay_trace,
+    warn_laplace_held_out,
 )
 from numpyro_pvi.predictive import PredictiveELBO
 from numpyro_pvi.scores import Score, get_score
@@ -264,6 +265,7 @@ def cross_validate(
     """
     fit = check_recipe(fit, FitRecipe, "fit", _WHERE)
     score, num_folds = _check_options(fit, num_folds, score, rule)
+    warn_laplace_held_out(guide, _WHERE)
     candidates = labelled(
         default_candidates(guide, score, data_plate=data_plate)
         if candidates is None

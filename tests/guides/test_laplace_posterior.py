@@ -6,13 +6,16 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
+import optax
 import pytest
 from jax import random
+from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoLaplaceApproximation
 from scipy import stats
 
-from numpyro_pvi import predictive_score
+from numpyro_pvi import FitRecipe, predictive_score
 from numpyro_pvi.diagnostics import psis, to_inference_data
+from numpyro_pvi.selection import cross_validate
 
 pytestmark = pytest.mark.py312
 
@@ -61,3 +64,19 @@ def test_psis_and_scores_read_the_approximations_density(laplace):
     )
     exact = stats.norm(MEAN, np.sqrt(1 + VAR)).logpdf(np.asarray(Y))
     np.testing.assert_allclose(score.score, exact, atol=4 * float(np.max(score.se)))
+
+
+def test_cross_validation_says_its_laplace_fits_are_scored_at_their_map(laplace):
+    guide, _ = laplace
+    fit = FitRecipe(num_steps=20, num_draws=20, progress_bar=False)
+    with pytest.warns(UserWarning, match="plug-in predictive, not of a Laplace"):
+        cross_validate(
+            random.PRNGKey(0),
+            model,
+            guide,
+            optax.adam(0.05),
+            Y,
+            fit=fit,
+            candidates=[Trace_ELBO()],
+            num_folds=2,
+        )
