@@ -11,13 +11,14 @@ other values (simulated draws, the pmf over a finite support) are in
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro.distributions import Distribution
+from numpyro.distributions import Distribution, Independent
 from numpyro.distributions.batch_util import promote_batch_shape
 from numpyro.handlers import condition, seed, substitute, trace
 
@@ -195,6 +196,7 @@ def _batch_plate(observed: list[dict[str, Any]], dim: int) -> DataPlate:
     sizes = {name: shape[dim] for name, shape in shapes.items() if len(shape) >= -dim}
     if not sizes:
         if dim == -1:  # scalar observations: the data are one observation
+            _warn_independent_event(observed)
             return DataPlate(None, 0, 1, 1)
         raise ValueError(
             f"data_plate={dim}: no observed value has that many batch dimensions "
@@ -211,6 +213,28 @@ def _batch_plate(observed: list[dict[str, Any]], dim: int) -> DataPlate:
     size = sizes[first]
     name = f"{first}_dim_{len(shapes[first]) + dim}"
     return DataPlate(name, dim, size, size, batch=True)
+
+
+def _warn_independent_event(observed: list[dict[str, Any]]) -> None:
+    """Warn where the one observation of a model without a plate holds the
+    values of an ``Independent`` likelihood (``.to_event(1)``): they are
+    conditionally independent, so they may be meant as observations, which
+    a plate declares."""
+    for site in observed:
+        fn = site["fn"]
+        if isinstance(fn, Independent) and fn.event_shape and fn.shape() != (1,):
+            warnings.warn(
+                f"The observed site '{site['name']}' ({type(fn.base_dist).__name__}"
+                f"(...).to_event({fn.reinterpreted_batch_ndims}), event shape "
+                f"{fn.event_shape}) is in no plate, so its values form one "
+                "observation, scored by their joint predictive (as NumPyro's "
+                "log_likelihood counts them). If they are separate observations, "
+                "declare them with a plate instead of .to_event: with "
+                f"numpyro.plate('data', {fn.event_shape[0]}): numpyro.sample("
+                f"'{site['name']}', dist.{type(fn.base_dist).__name__}(...), obs=...).",
+                UserWarning,
+                stacklevel=2,
+            )
 
 
 def data_sites(

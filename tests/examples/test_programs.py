@@ -453,6 +453,33 @@ def test_scalar_sites_without_a_plate_form_one_observation():
     assert np.all(np.isfinite(fit("energy")))
 
 
+def test_an_event_of_independent_values_without_a_plate_says_so():
+    """``Normal(...).to_event(1)`` in no plate: one observation (as NumPyro's
+    log_likelihood counts it), with a warning naming the site and the plate
+    that would make its values observations; the remedy scores one
+    observation per value. Scalar sites in no plate (the Python loop) are
+    one observation too, by their own declaration: no warning."""
+    y = jnp.asarray(np.random.default_rng(0).standard_normal(12), jnp.float32)
+    guide = AutoNormal(ar2_plate)
+    svi = SVI(ar2_plate, guide, optax.adam(0.01), Trace_ELBO())
+    params = svi.get_params(svi.init(random.PRNGKey(0), y))
+    with pytest.warns(
+        UserWarning, match=r"'y' \(Normal\(\.\.\.\)\.to_event\(1\)"
+    ) as seen:
+        one = predictive_score(random.PRNGKey(1), params, ar2_one_site, guide, y)
+    assert one.score.shape == (1,)
+    assert "numpyro.plate('data', 10)" in str(seen[0].message)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*is in no plate")
+        remedy = predictive_score(random.PRNGKey(1), params, ar2_plate, guide, y)
+        loop_guide = AutoNormal(ar2_for_loop)
+        SVI(ar2_for_loop, loop_guide, optax.adam(0.01), Trace_ELBO()).init(
+            random.PRNGKey(0), y
+        )
+        loop = predictive_score(random.PRNGKey(1), params, ar2_for_loop, loop_guide, y)
+    assert remedy.score.shape == (10,) and loop.score.shape == (1,)
+
+
 def test_prior_written_as_an_observed_site_is_a_density_term():
     """The ordinal notebook's c_y_smp, outside the data plate: not scored,
     in the joint density (lp) and the regularizer, not in log_likelihood;
