@@ -552,3 +552,25 @@ def test_predictive_calibration_refuses_masked_observations():
                 num_simulations=4, num_svi_steps=5, progress_bar=False
             ),
         )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        predictive_score,
+        diagnostics.psis,
+        diagnostics.to_inference_data,
+        lambda *a, **k: diagnostics.report(*a, show=False, **k),
+    ],
+    ids=["predictive_score", "psis", "to_inference_data", "report"],
+)
+def test_missing_values_without_a_mask_are_refused_naming_them(imputing_fit, call):
+    """NaN in the data and no mask: the log-likelihood there is -inf (the
+    log score read -inf, psis blamed the guide's support); refused, naming
+    the site and the entries, with obs_mask as the remedy (which the
+    imputing fit above runs with the same NaN data)."""
+    guide, params, (x, y, _) = imputing_fit
+    with pytest.raises(
+        ValueError, match=r"'y' holds NaN at 2 entries.*\[2, 7\].*obs_mask"
+    ):
+        call(random.PRNGKey(0), params, imputing_model, guide, x, y)

@@ -147,6 +147,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
         static["args"] = tuple(int(a) if a is not None else None for a in site["args"])
     fn: Any = site.get("fn")
     if site["type"] == "sample":
+        static["nan_data"] = _nan_data(site)
         static["fn"] = _SiteFn(
             int(fn.event_dim),
             _Support(bool(fn.support.is_discrete)),
@@ -157,6 +158,21 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             isinstance(innermost(fn), dist.Unit),
         )
     return static
+
+
+def _nan_data(site: dict[str, Any]) -> list[int]:
+    """The flat indices of the NaN entries of an observed site's data where
+    no mask removes them (none for a latent site, a masked one, or a value
+    computed from latent values)."""
+    value = site.get("value")
+    if (
+        not site.get("is_observed")
+        or _is_masked(site["fn"])
+        or isinstance(value, jax.core.Tracer)
+        or not jnp.issubdtype(jnp.result_type(value), jnp.floating)
+    ):
+        return []
+    return np.flatnonzero(np.isnan(np.asarray(value))).tolist()
 
 
 def model_structure(
@@ -239,12 +255,25 @@ def latent_dependent_observations(
 
 
 def check_full_data(tr: Mapping[str, dict[str, Any]], function: str) -> None:
-    """Raise if a plate of the trace is subsampled.
+    """Raise if a plate of the trace is subsampled, or an observed site's
+    data hold NaN where no mask removes them (missing values: their
+    log-likelihood is -inf or NaN, and every score of theirs with it).
 
     :param tr: a trace, e.g. from :func:`replay_trace`.
     :param function: the calling function's name, for the message.
     """
     for name, site in tr.items():
+        missing = site.get("nan_data", [])
+        if missing:
+            raise ValueError(
+                f"{function}: the observed site '{name}' holds NaN at "
+                f"{len(missing)} entries (flat indices {missing[:5]}"
+                f"{', ...' if len(missing) > 5 else ''}) and no mask removes "
+                "them, so their log-likelihood, and every score read from it, "
+                "is -inf or NaN. Mask the missing values: numpyro.sample("
+                f"'{name}', ..., obs=y, obs_mask=~np.isnan(y)) (NumPyro imputes "
+                "them), or numpyro.handlers.mask around the site."
+            )
         if site["type"] != "plate":
             continue
         size, subsample = site["args"][0], np.shape(site["value"])[0]
