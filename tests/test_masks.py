@@ -574,3 +574,21 @@ def test_missing_values_without_a_mask_are_refused_naming_them(imputing_fit, cal
         ValueError, match=r"'y' holds NaN at 2 entries.*\[2, 7\].*obs_mask"
     ):
         call(random.PRNGKey(0), params, imputing_model, guide, x, y)
+
+
+@pytest.mark.parametrize(
+    "procedure", [diagnostics.vsbc, diagnostics.predictive_calibration]
+)
+def test_procedures_refuse_missing_values_without_a_mask(imputing_fit, procedure):
+    guide, _, (x, y, _) = imputing_fit
+    with pytest.raises(ValueError, match=r"'y' holds NaN at 2 entries.*obs_mask"):
+        procedure(
+            random.PRNGKey(0),
+            imputing_model,
+            AutoNormal(imputing_model),
+            optax.adam(0.01),
+            Trace_ELBO(),
+            x,
+            y,
+            replications=Replications(num_simulations=2, num_svi_steps=2),
+        )
