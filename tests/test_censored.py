@@ -9,7 +9,8 @@ with the observations (CRPS, energy, quadratic), the posterior predictive
 and the procedures on simulated data sets would be silently wrong, so each
 refuses, naming the site, with a remedy that works. So do the procedures on
 simulated data sets at a ``numpyro.factor`` (the older way of writing a
-censored likelihood), whose term no draw simulates.
+censored likelihood), whose term no draw simulates, and at a likelihood
+class that implements ``log_prob`` but not ``sample``.
 """
 
 import warnings
@@ -234,3 +235,66 @@ def test_procedures_on_simulated_data_refuse_a_factor(function, model, match):
             Trace_ELBO(), X, t=TIMES, replications=tiny,
         )  # fmt: skip
     assert "Write " in str(err.value)
+
+
+class _LogProbOnly(dist.Distribution):
+    """A user's likelihood class with a density and no sampler."""
+
+    support = dist.constraints.real
+
+    def __init__(self, loc):
+        self.loc = loc
+        super().__init__(batch_shape=jnp.shape(loc))
+
+    def log_prob(self, value):
+        return -jnp.logaddexp(value - self.loc, self.loc - value) - jnp.log(jnp.pi)
+
+
+def _log_prob_only(x, y=None):
+    a = numpyro.sample("a", dist.Normal(0.0, 5.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", _LogProbOnly(a * x), obs=y)
+
+
+def test_a_likelihood_without_a_sampler_is_named_where_outcomes_are_simulated():
+    """NumPyro's ``Distribution.sample`` raised an empty NotImplementedError
+    in the CRPS evaluation, ``psis_resample`` and ``vsbc``: each now names the
+    site; the posterior predictive leaves it out with a warning; the log
+    score, which reads the density only, runs."""
+    y = 2.0 * X + RNG.normal(size=40).astype(np.float32)
+    guide = AutoNormal(_log_prob_only)
+    svi = SVI(_log_prob_only, guide, optax.adam(0.05), Trace_ELBO())
+    params = svi.get_params(svi.init(random.PRNGKey(0), X, y))
+    key = random.PRNGKey(1)
+    assert np.isfinite(
+        predictive_score(key, params, _log_prob_only, guide, X, y).score
+    ).all()
+    named = r"'y' \(_LogProbOnly\) has no sampler.*Use score='log'"
+    with pytest.raises(ValueError, match=named):
+        predictive_score(key, params, _log_prob_only, guide, X, y, score="crps")
+    with pytest.raises(ValueError, match=named):
+        PredictiveELBO("energy").loss(key, params, _log_prob_only, guide, X, y)
+    with pytest.warns(UserWarning, match="'y' \\(_LogProbOnly\\): its distribution"):
+        data = diagnostics.to_inference_data(key, params, _log_prob_only, guide, X, y)
+    assert (
+        "posterior_predictive" not in data.groups()
+        or "y" not in data.posterior_predictive
+    )
+    replications = Replications(num_simulations=2, num_svi_steps=2)
+    for function, remedy in [
+        (diagnostics.vsbc, "give the distribution a sample method\\."),
+        (diagnostics.predictive_calibration, "data_generator"),
+    ]:
+        with pytest.raises(
+            ValueError, match="'y''s distribution implements.*" + remedy
+        ):
+            function(
+                key,
+                _log_prob_only,
+                AutoNormal(_log_prob_only),
+                optax.adam(0.01),
+                Trace_ELBO(),
+                X,
+                y,
+                replications=replications,
+            )

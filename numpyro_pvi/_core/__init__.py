@@ -99,7 +99,13 @@ from numpyro_pvi._core.rejection import (
     check_no_model_params,
     rejection_score_function,
 )
-from numpyro_pvi._core.site_values import censoring_refusal, describe, is_censored
+from numpyro_pvi._core.site_values import (
+    censoring_refusal,
+    describe,
+    has_sampler,
+    is_censored,
+    no_sampler,
+)
 from numpyro_pvi._core.structure import (
     check_full_data,
     feasible_improper,
@@ -174,6 +180,8 @@ __all__ = [
     "guide_sample_values",
     "improper_latents",
     "is_censored",
+    "has_sampler",
+    "no_sampler",
     "join_arrays",
     "latent_dependent_observations",
     "latent_sites",

@@ -85,6 +85,25 @@ def censoring_refusal(name: str, family: str) -> str:
     )
 
 
+def has_sampler(fn: Distribution) -> bool:
+    """Whether the distribution draws: ``False`` for one that implements
+    only ``log_prob`` (a user's likelihood class), under its wrappers and
+    the bases of transformed distributions."""
+    base = innermost(fn)
+    while isinstance(base, TransformedDistribution):
+        base = innermost(base.base_dist)
+    return type(base).sample is not Distribution.sample
+
+
+def no_sampler(name: str, fn: Distribution) -> str:
+    """That the observed site ``name`` has no sampler, for a message."""
+    return (
+        f"Observed site '{name}' ({describe(fn)}) has no sampler: its "
+        "distribution implements log_prob but not sample, so no outcome of it "
+        "can be simulated."
+    )
+
+
 def describe(fn: Distribution) -> str:
     """The name of a distribution under its wrappers, for messages (a
     ``numpyro.factor`` is an observed site of ``Unit`` distribution)."""
@@ -195,6 +214,12 @@ def _site_draw(
             f"Observed site '{site['name']}' (a numpyro.factor) is a term of the "
             "log density, with no outcome to simulate, which this score "
             "compares with the observations. " + score_advice(site, scalar)
+        )
+    if not has_sampler(fn):
+        raise ValueError(
+            no_sampler(site["name"], fn)
+            + " This score compares simulated outcomes with the observations. "
+            + score_advice(site, scalar)
         )
     if reparam and not fn.has_rsample:
         raise ValueError(

@@ -20,7 +20,12 @@ from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistr
 from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoGuide
 
-from numpyro_pvi._core.site_values import describe, innermost, is_censored
+from numpyro_pvi._core.site_values import (
+    describe,
+    has_sampler,
+    innermost,
+    is_censored,
+)
 from numpyro_pvi.distributions import simulators_without_density
 
 
@@ -90,6 +95,7 @@ class _SiteFn(NamedTuple):
     improper: bool = False  # an improper prior: no draws
     censored: str | None = None  # a censored likelihood's family, for messages
     factor: bool = False  # a numpyro.factor: a density term, no draws
+    sampler: bool = True  # its distribution draws (not log_prob alone)
 
 
 #: Outcomes observed once whose every distribution over their support is of
@@ -156,6 +162,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             isinstance(innermost(fn), IMPROPER),
             describe(fn) if is_censored(fn) else None,
             isinstance(innermost(fn), dist.Unit),
+            has_sampler(fn),
         )
     return static
 

@@ -16,7 +16,13 @@ import xarray as xr
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
-from numpyro_pvi._core import SCAN_INDEX, describe, is_censored, scan_promoted
+from numpyro_pvi._core import (
+    SCAN_INDEX,
+    describe,
+    has_sampler,
+    is_censored,
+    scan_promoted,
+)
 from numpyro_pvi.diagnostics._containers import ADAPTER
 from numpyro_pvi.diagnostics._idata import draws_dataset
 
@@ -26,19 +32,30 @@ class _simulate_observed(Messenger):
     returning the data: the posterior predictive of the model as written.
     Other observed sites (a prior written as an observed site, a factor)
     keep their values, and so do censored ones, whose sampler draws the
-    uncensored outcome where they observe bounds; their names are collected
-    in ``censored``."""
+    uncensored outcome where they observe bounds, and those whose
+    distribution has no sampler; ``left_out`` says why, by name."""
 
     def __init__(self, fn: Callable, names: list[str]) -> None:
         self.names = frozenset(names)
-        self.censored: dict[str, str] = {}
+        self.left_out: dict[str, str] = {}
         super().__init__(fn)
 
     def process_message(self, msg: dict[str, Any]) -> None:
         if msg["type"] != "sample" or msg["name"] not in self.names:
             return
-        if is_censored(msg["fn"]):
-            self.censored[msg["name"]] = describe(msg["fn"])
+        fn = msg["fn"]
+        if is_censored(fn):
+            self.left_out[msg["name"]] = (
+                f"({describe(fn)}): it is censored, its observations are "
+                "censoring bounds of the outcome, and its sampler draws the "
+                "uncensored outcome, which does not compare with them (a "
+                "posterior predictive check of it would be wrong)"
+            )
+            return
+        if not has_sampler(fn):
+            self.left_out[msg["name"]] = (
+                f"({describe(fn)}): its distribution implements log_prob but not sample"
+            )
             return
         msg["is_observed"] = False
         msg["value"] = None
@@ -59,24 +76,21 @@ def simulate_observed(
 ) -> dict[str, np.ndarray]:
     """``(S, ...)`` every site of ``observed`` simulated at each of the ``S``
     latent ``draws`` (one vectorised call of ``numpyro.infer.Predictive``).
-    A censored site is left out, with a warning naming it and ``function``
-    (``stacklevel``: the user's call, for the warning)."""
+    A censored site, or one without a sampler, is left out, with a warning
+    naming it and ``function`` (``stacklevel``: the user's call, for the
+    warning)."""
     simulating = _simulate_observed(model, observed)
     predictive = Predictive(
         simulating, posterior_samples=dict(draws), return_sites=observed
     )
     out = predictive(rng_key, *args, **kwargs)
-    for name, family in simulating.censored.items():
+    for name, why in simulating.left_out.items():
         warnings.warn(
-            f"{function}: no simulated values of the observed site '{name}' "
-            f"({family}): it is censored, its observations are censoring "
-            "bounds of the outcome, and its sampler draws the uncensored "
-            "outcome, which does not compare with them (a posterior "
-            "predictive check of it would be wrong).",
+            f"{function}: no simulated values of the observed site '{name}' {why}.",
             UserWarning,
             stacklevel=stacklevel,
         )
-    return {n: np.asarray(out[n]) for n in observed if n not in simulating.censored}
+    return {n: np.asarray(out[n]) for n in observed if n not in simulating.left_out}
 
 
 def model_inputs(
@@ -138,7 +152,8 @@ def predictive_groups(
     except NotImplementedError as err:  # a distribution without a sampler
         warnings.warn(
             f"to_inference_data: no posterior_predictive group: an observed site "
-            f"of {observed} cannot be simulated ({err}).",
+            f"of {observed} cannot be simulated "
+            f"({str(err) or type(err).__name__}).",
             UserWarning,
             stacklevel=3,
         )

@@ -223,6 +223,7 @@ def resolve_sites(
         density_terms = set(latent_dependent_observations(model, args, kwargs))
         observed = [name for name in observed if name not in density_terms]
     _refuse_factors(model_trace, observed, function, prior_draws)
+    _refuse_unsampled(model_trace, observed, function)
     return list(observed), list(latent)
 
 
@@ -286,6 +287,27 @@ def _refuse_factors(
                 "sets would not be the model's. Write that term as the "
                 "distribution of a sample site (an observed one for a "
                 f"likelihood){instead}."
+            )
+
+
+def _refuse_unsampled(
+    model_trace: dict, observed: Sequence[str], function: str
+) -> None:
+    """Raise, naming the site, when an observed site's distribution has no
+    sampler: the procedure simulates its outcomes."""
+    for name in observed:
+        site = model_trace[name]
+        if not site["fn"].sampler:
+            instead = (
+                ", or pass replications=Replications(data_generator=...) "
+                "(data sets from a process of your own)"
+                if function == "predictive_calibration"
+                else ""
+            )
+            raise ValueError(
+                f"{function}: the observed site '{name}''s distribution implements "
+                f"log_prob but not sample, and {function} simulates data sets "
+                f"of the model: give the distribution a sample method{instead}."
             )
 
 
