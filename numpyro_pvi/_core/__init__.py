@@ -31,16 +31,13 @@ from numpyro_pvi._core.binomial_pairs import (
 )
 from numpyro_pvi._core.contrastive import fixed_draw_terms
 from numpyro_pvi._core.data_plate import (
-    SCAN_INDEX,
     DataPlate,
     check_same_plate,
     data_sites,
     find_data_plate,
     joint_log_likelihood,
-    observed_sites,
     per_observation,
     plate_of,
-    scan_promoted,
 )
 from numpyro_pvi._core.draws import (
     CONCRETE_VALUE_ERRORS,
@@ -76,6 +73,7 @@ from numpyro_pvi._core.numpyro_private import (
     unpack_latent,
     validate_latent_sites,
 )
+from numpyro_pvi._core.observed import observed_sites, simulation_law
 from numpyro_pvi._core.particles import (
     ParticleSpec,
     particle_terms,
@@ -191,8 +189,7 @@ __all__ = [
     "moment_matcher",
     "obs_mask_site",
     "observed_sites",
-    "SCAN_INDEX",
-    "scan_promoted",
+    "simulation_law",
     "particle_terms",
     "per_observation",
     "plate_of",

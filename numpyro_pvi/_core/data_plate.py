@@ -11,6 +11,7 @@ other values (simulated draws, the pmf over a finite support) are in
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -18,42 +19,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from numpyro.distributions import Distribution, Independent
-from numpyro.distributions.batch_util import promote_batch_shape
+from numpyro.distributions import Independent
 from numpyro.handlers import condition, seed, substitute, trace
 
+from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.tracing import site_log_prob, sum_log_density
 from numpyro_pvi.particles import WHOLE_DATA
-
-
-def observed_sites(tr: dict[str, Any]) -> list[dict[str, Any]]:
-    """The observed sample sites of a trace, in order; a site of a ``scan``
-    body with its distribution's inner shapes read from its parameters
-    (:func:`scan_promoted`)."""
-    return [
-        {**s, "fn": scan_promoted(s["fn"])} if SCAN_INDEX in s.get("infer", {}) else s
-        for s in tr.values()
-        if s["type"] == "sample" and s["is_observed"]
-    ]
-
-
-#: the key NumPyro's ``scan`` puts in the ``infer`` of every site of its body
-SCAN_INDEX = "_scan_current_index"
-
-
-def scan_promoted(fn: Distribution) -> Distribution:
-    """``fn`` with the batch shapes of the distributions inside it (a
-    Student-t's chi-square, a LogNormal's Normal, a wrapper's base) read
-    from their parameters. NumPyro's ``scan`` stacks a body site's
-    distributions along a leading axis and promotes the outer one's batch
-    shape only; the inner ones keep one step's, and their sampler then draws
-    one noise shared by every step (a LogNormal, a HalfNormal) or fails on
-    the shapes (a Student-t)."""
-    fn = promote_batch_shape(fn)
-    for name, value in vars(fn).items():
-        if isinstance(value, Distribution):
-            setattr(fn, name, scan_promoted(value))
-    return fn
 
 
 class DataPlate(NamedTuple):
@@ -136,7 +107,9 @@ def plate_of(model_trace: dict[str, Any], data_plate: str | int | None) -> DataP
     else:
         stacks = [_frames(s) for s in observed if s["cond_indep_stack"]]
         if not stacks:  # no plate: the observed values' batch dimension
-            return _batch_plate(observed, -1)
+            plate = _batch_plate(observed, -1)
+            _warn_several_batch_dims(observed, plate)
+            return plate
         shared = set.intersection(*stacks)
         if not shared:
             raise ValueError(
@@ -213,6 +186,32 @@ def _batch_plate(observed: list[dict[str, Any]], dim: int) -> DataPlate:
     size = sizes[first]
     name = f"{first}_dim_{len(shapes[first]) + dim}"
     return DataPlate(name, dim, size, size, batch=True)
+
+
+def _warn_several_batch_dims(observed: list[dict[str, Any]], plate: DataPlate) -> None:
+    """Warn where a model without a plate observes values of several batch
+    dimensions: the observations are taken along the rightmost, which may
+    not be the one the user means (time steps in rows, series in columns)."""
+    for site in observed:
+        shape = _batch_shape(site)
+        if sum(n > 1 for n in shape[:-1]) == 0:
+            continue
+        others = " or ".join(
+            f"data_plate={-d}" for d in range(2, len(shape) + 1) if shape[-d] > 1
+        )
+        warnings.warn(
+            f"The observed site '{site['name']}' (batch shape {shape}) is in no "
+            "plate, so its observations are taken along its rightmost batch "
+            f"dimension: {plate.size} observations of "
+            f"{math.prod(shape[:-1])} values each, each scored by its joint "
+            "predictive. If the observations run along another dimension, pass "
+            f"{others}; to make each value an "
+            "observation, put the values, flattened to one dimension, in a "
+            "numpyro.plate. Passing data_plate=-1 keeps this choice and "
+            "silences this warning.",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 def _warn_independent_event(observed: list[dict[str, Any]]) -> None:

@@ -37,10 +37,10 @@ from numpyro_pvi._core.data_plate import (
     DataPlate,
     data_sites,
     observation_weight,
-    observed_sites,
     plate_of,
     site_log_lik,
 )
+from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.site_support import (
     binomial_logits_count,
     check_pmf_size,

@@ -289,5 +289,9 @@ def check_full_data(tr: Mapping[str, dict[str, Any]], function: str) -> None:
                 f"{function}: the plate '{name}' is subsampled ({subsample} of "
                 f"{size}), but {function} needs every observation (a subsampled "
                 "plate would give it a random subset of them); call it with the "
-                "model arguments that use the full data (no subsample_size)."
+                "model arguments that use the full data (no subsample_size). A "
+                "model that fixes subsample_size itself takes every index from "
+                "numpyro.handlers.substitute(model, data={"
+                f"'{name}': jnp.arange({size})}}) (the guide likewise), called "
+                "with the full data."
             )

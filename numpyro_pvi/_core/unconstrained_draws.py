@@ -20,10 +20,10 @@ from numpyro.handlers import seed, substitute, trace
 
 from numpyro_pvi._core.data_plate import (
     data_sites,
-    observed_sites,
     plate_of,
     site_log_lik,
 )
+from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.tracing import (
     guide_latent_log_density,

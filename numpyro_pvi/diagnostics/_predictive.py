@@ -16,13 +16,7 @@ import xarray as xr
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
-from numpyro_pvi._core import (
-    SCAN_INDEX,
-    describe,
-    has_sampler,
-    is_censored,
-    scan_promoted,
-)
+from numpyro_pvi._core import describe, has_sampler, is_censored, simulation_law
 from numpyro_pvi.diagnostics._containers import ADAPTER
 from numpyro_pvi.diagnostics._idata import draws_dataset
 
@@ -57,10 +51,9 @@ class _simulate_observed(Messenger):
                 f"({describe(fn)}): its distribution implements log_prob but not sample"
             )
             return
+        msg["fn"] = simulation_law(msg)
         msg["is_observed"] = False
         msg["value"] = None
-        if SCAN_INDEX in msg.get("infer", {}):
-            msg["fn"] = scan_promoted(msg["fn"])
 
 
 def simulate_observed(

@@ -21,6 +21,7 @@ from numpyro_pvi._core import (
     latent_dependent_observations,
     obs_mask_site,
     resolve_observed_sites,
+    simulation_law,
 )
 from numpyro_pvi.distributions import simulators_without_density
 
@@ -34,6 +35,7 @@ class unobserve(Messenger):
 
     def process_message(self, msg: dict[str, Any]) -> None:
         if msg["type"] == "sample" and msg["name"] in self.names:
+            msg["fn"] = simulation_law(msg)
             msg["value"] = None
             msg["is_observed"] = False
 
