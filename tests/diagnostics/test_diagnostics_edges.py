@@ -91,6 +91,30 @@ def test_subsampled_data_plate_is_refused(fit, call):
         call(guide, params)
 
 
+def fixed_batch_model(x, y=None, batch=5):
+    """The subsample size written into the model, the batch passed in (as
+    NumPyro's TBIP notebook does): the data's arguments do not change it."""
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    with numpyro.plate("obs", N, subsample_size=batch):
+        numpyro.sample("y", dist.Normal(a * x, 1.0), obs=y)
+
+
+def test_a_subsample_size_fixed_in_the_model_has_a_remedy_that_works():
+    def guide(x, y=None, batch=5):
+        numpyro.sample("a", dist.Normal(numpyro.param("a_loc", 0.5), 0.1))
+
+    key = random.PRNGKey(0)
+    message = r"substitute\(model, data=\{'obs': jnp.arange\(20\)\}\)"
+    with pytest.raises(ValueError, match=message):
+        predictive_score(key, {}, fixed_batch_model, guide, X[:5], Y[:5])
+    full = numpyro.handlers.substitute(fixed_batch_model, data={"obs": jnp.arange(N)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # NumPyro: 5 vs 20 indices
+        scores = predictive_score(key, {}, full, guide, X, Y)
+    unsubsampled = predictive_score(key, {}, fixed_batch_model, guide, X, Y, N)
+    np.testing.assert_allclose(scores.score, unsubsampled.score, rtol=1e-6)
+
+
 def test_predictive_score_scores_every_observation(fit):
     guide, params = fit
     scores = predictive_score(random.PRNGKey(0), params, model, guide, X, Y)
