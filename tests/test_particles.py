@@ -390,3 +390,64 @@ def test_the_per_particle_fields_are_the_tables_less_the_shared_ones():
     shared = {"y_obs", "obs_support", "weights.observation", "observed"}
     per_particle = {f for fields in FIELDS.values() for f in fields} - shared
     assert set(held_out._PER_PARTICLE) == per_particle | {"log_prior", "log_q"}
+
+
+def _factor_guide(y):
+    loc = numpyro.param("loc", 0.3)
+    numpyro.sample("theta", dist.Delta(loc))
+    numpyro.factor("correction", 2.0 * loc - 0.7)
+
+
+def _one_site_model(y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+
+def test_a_factor_of_the_guide_is_part_of_its_log_density():
+    """A guide's factor (``numpyro.factor``, an observed site of the guide)
+    is a term of its log density, as ``Trace_ELBO`` counts it: with a
+    deterministic guide and one particle the log score's objective is the
+    negative ELBO exactly, factor included."""
+    from numpyro.infer import Trace_ELBO
+
+    from numpyro_pvi import PredictiveELBO
+
+    y = jnp.array([0.5, -1.0, 2.0])
+    params = {"loc": jnp.array(0.3)}
+    key = random.PRNGKey(0)
+    elbo = Trace_ELBO().loss(key, params, _one_site_model, _factor_guide, y)
+    pvi = PredictiveELBO("log", num_particles=1).loss(
+        key, params, _one_site_model, _factor_guide, y
+    )
+    np.testing.assert_allclose(pvi, elbo, rtol=1e-6)
+    terms = _terms(_one_site_model, _factor_guide, y, num_particles=2)
+    np.testing.assert_allclose(terms.log_q, [2.0 * 0.3 - 0.7] * 2, rtol=1e-6)
+
+
+def test_the_log_density_of_autodais_includes_its_kinetic_energy_factor():
+    """``AutoDAIS`` draws through a factor (its kinetic-energy term): each
+    particle's ``log_q`` is NumPyro's log density of the guide at that draw,
+    every site summed."""
+    from numpyro.infer.autoguide import AutoDAIS
+    from numpyro.infer.util import log_density
+
+    from numpyro_pvi._core.particles import _particle_keys, split_particle_key
+
+    y = jnp.array([0.5, -1.0, 2.0, 1.5])
+    guide = AutoDAIS(_one_site_model, K=3, eta_init=0.05)
+    params = guide_params(guide, _one_site_model, y)
+    params = {**params, "auto_eta0": jnp.array(0.2)}  # a transport that moves
+    key = random.PRNGKey(0)
+    terms = run_particles(
+        key, params, _one_site_model, guide, (y,), {}, num_particles=3
+    )
+    _, draws_key = split_particle_key(key)
+    expected, factors = [], []
+    for k in random.split(draws_key, 3):
+        seeded = numpyro.handlers.seed(guide, _particle_keys(k)[1])
+        total, tr = log_density(seeded, (y,), {}, params)
+        expected.append(total)
+        factors.append(tr["auto_factor"]["fn"].log_factor)
+    assert np.min(np.abs(factors)) > 1e-4  # the factor is not zero here
+    np.testing.assert_allclose(terms.log_q, expected, rtol=1e-5, atol=1e-6)

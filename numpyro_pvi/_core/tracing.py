@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import random
 from jax.lax import stop_gradient
 from numpyro.distributions import Delta, MaskedDistribution
 from numpyro.handlers import replay, seed, substitute, trace
@@ -40,6 +41,14 @@ def site_log_prob(site: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
 def latent_sites(tr: dict[str, Any]) -> Iterable[dict[str, Any]]:
     """The latent (unobserved) sample sites of a trace."""
     return (s for s in tr.values() if s["type"] == "sample" and not s["is_observed"])
+
+
+def guide_density_sites(tr: dict[str, Any]) -> Iterable[dict[str, Any]]:
+    """The sample sites of a guide trace that make its log density: its
+    latent sites and its factors (``numpyro.factor``, an observed site of a
+    guide, e.g. the kinetic-energy term of ``AutoDAIS``), as NumPyro's
+    ``Trace_ELBO`` counts them."""
+    return (s for s in tr.values() if s["type"] == "sample")
 
 
 def sum_log_density(sites: Iterable[dict[str, Any]]) -> jax.Array:
@@ -96,8 +105,9 @@ def guide_latent_log_density(
     draws_only: bool = False,
 ) -> jax.Array:
     """The guide's log density at its draws (each site with its handler
-    scale), its sites of :func:`obs_mask_latents` left out at the observed
-    entries, as the model leaves them out.
+    scale, its factors included: :func:`guide_density_sites`), its sites of
+    :func:`obs_mask_latents` left out at the observed entries, as the model
+    leaves them out.
 
     :param guide_trace: a trace of the guide.
     :param masks: ``{site: mask}`` from :func:`obs_mask_latents` of the
@@ -108,8 +118,8 @@ def guide_latent_log_density(
     """
     masks = masks or {}
     total = jnp.zeros(())
-    for site in latent_sites(guide_trace):
-        if draws_only and not is_sample_draw(site):
+    for site in guide_density_sites(guide_trace):
+        if draws_only and not (is_sample_draw(site) or site["is_observed"]):
             continue
         log_prob = site_log_prob(site)[1]
         mask = masks.get(site["name"])
@@ -182,6 +192,23 @@ def is_sample_draw(site: dict[str, Any]) -> bool:
         and not site["is_observed"]
         and not _is_deterministic_transform(site)
     )
+
+
+def is_point_mass(
+    guide: Callable, params: Mapping[str, Any], args: tuple, kwargs: Mapping
+) -> bool:
+    """Whether every latent site of ``guide`` is a point mass (a Delta, as
+    ``AutoDelta`` draws them): one abstract trace of the guide."""
+    found: dict[str, bool] = {}
+
+    def run(key: jax.Array) -> int:
+        seeded = substitute(seed(guide, key), data=dict(params))
+        sites = list(latent_sites(trace(seeded).get_trace(*args, **kwargs)))
+        found["point_mass"] = bool(sites) and not any(map(is_sample_draw, sites))
+        return 0
+
+    jax.eval_shape(run, random.PRNGKey(0))
+    return found["point_mass"]
 
 
 def guide_sample_values(
