@@ -267,6 +267,44 @@ def test_point_mass_guide_warns():
         svi.run(random.PRNGKey(0), 2, X, Y, progress_bar=False)
 
 
+@pytest.mark.parametrize(
+    "function", [diagnostics.psis, diagnostics.report, diagnostics.psis_resample]
+)
+def test_a_point_mass_guide_has_no_importance_ratios(function):
+    """AutoDelta's draws are one value and it has no density: k̂ (which
+    would read -inf, "constant weights", a good fit) is refused, with a
+    remedy; a hand-written Delta guide likewise, a guide with a draw not."""
+    from numpyro.infer.autoguide import AutoDelta
+
+    guide = AutoDelta(model)
+    params = (
+        SVI(model, guide, optax.adam(0.01), Trace_ELBO())
+        .run(random.PRNGKey(0), 5, X, Y, progress_bar=False)
+        .params
+    )
+    with pytest.raises(ValueError, match="point mass.*AutoLaplaceApproximation"):
+        function(random.PRNGKey(1), params, model, guide, X, Y, num_draws=20)
+
+    def delta_guide(x, y=None):
+        for name in ("a", "b"):
+            numpyro.sample(name, dist.Delta(numpyro.param(f"{name}_loc", 0.0)))
+        numpyro.sample(
+            "sigma",
+            dist.Delta(numpyro.param("s", 1.0, constraint=dist.constraints.positive)),
+        )
+
+    with pytest.raises(ValueError, match="is a point mass"):
+        function(
+            random.PRNGKey(1),
+            {"a_loc": 0.0, "b_loc": 0.0, "s": 1.0},
+            model,
+            delta_guide,
+            X,
+            Y,
+            num_draws=20,
+        )
+
+
 def _label_inside(fig, artist):
     fig.canvas.draw()
     box = artist.get_window_extent(fig.canvas.get_renderer())
