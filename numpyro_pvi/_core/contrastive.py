@@ -137,6 +137,8 @@ def fixed_draw_terms(
         data_plate=WHOLE_DATA,
         objective=name,
         require_reparam=False,
+        # a model without data is a target density: its log joint is its prior
+        require_observed=False,
         stratified=False,
     )
     terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)

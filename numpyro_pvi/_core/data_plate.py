@@ -79,8 +79,12 @@ def plate_of(model_trace: dict[str, Any], data_plate: str | int | None) -> DataP
     observed = observed_sites(model_trace)
     if not observed:
         raise ValueError(
-            "The model has no observed site: predictive objectives score "
-            "observations, so pass the data to a sample statement with obs=..."
+            "The model has no observed site: predictive objectives and scores "
+            "compare predictions with observations, so pass the data to a sample "
+            "statement with obs=.... A model without data (a target density, "
+            "e.g. a potential written as a distribution or numpyro.factor) is "
+            "fitted by SoftCVIELBO, SNISForwardKL or Trace_ELBO, and checked "
+            "with diagnostics.psis, report and to_inference_data."
         )
     if data_plate == WHOLE_DATA:
         return DataPlate(None, 0, 1, 1)

@@ -203,6 +203,7 @@ def to_inference_data(
         frozenset({LOG_LIK, LATENTS, OBSERVED}),
         data_plate,
         objective="to_inference_data",
+        require_observed=False,
         stratified=False,
     )
     terms, tr = structured_draws(
@@ -218,6 +219,8 @@ def to_inference_data(
         attrs["objective"] = type(guide).__name__
         attrs["guide_density"] = NO_DENSITY_NOTE
     groups = export_groups(terms, tr, data_plate, targets, log_q=own_density)
+    if not observed_sites(tr):  # a target density: draws and their lp only
+        return ADAPTER.build(groups, attrs)
     plate = plate_of(tr, data_plate)
     observed = data_sites(observed_sites(tr), plate)[0]
     observed_values = present(terms.observed, "observed")
@@ -252,9 +255,23 @@ def export_groups(
     model's structure ``tr``: ``posterior``, the pointwise log-likelihood
     (``log_likelihood``, or :data:`NOT_POSTERIOR_LOG_LIKELIHOOD` when
     ``targets`` is false), ``sample_stats`` (``lp``, and ``log_q`` unless
-    the guide has no density of its own) and ``observed_data``."""
-    plate = plate_of(tr, data_plate)
+    the guide has no density of its own) and ``observed_data``; a model
+    without an observed site (a target density) has ``posterior`` and
+    ``sample_stats`` only."""
     dims = site_dims(tr)
+    latents = present(terms.latents, "latents")
+    groups = {
+        "posterior": draws_dataset(
+            latents, dims={name: dims[name] for name in latents}
+        ),
+        "sample_stats": draws_dataset(
+            {"lp": np.asarray(log_joint(terms), dtype=np.float64)}
+            | ({"log_q": np.asarray(terms.log_q, dtype=np.float64)} if log_q else {})
+        ),
+    }
+    if not observed_sites(tr):
+        return groups
+    plate = plate_of(tr, data_plate)
     # the observations' sites (observed sites outside the data plate are
     # terms of the joint density: in lp, not in log_likelihood)
     observed = [site["name"] for site in data_sites(observed_sites(tr), plate)[0]]
@@ -263,19 +280,11 @@ def export_groups(
     log_lik_group = (
         NOT_POSTERIOR_LOG_LIKELIHOOD if targets is False else "log_likelihood"
     )
-    latents = present(terms.latents, "latents")
     observed_values = present(terms.observed, "observed")
-    return {
-        "posterior": draws_dataset(
-            latents, dims={name: dims[name] for name in latents}
-        ),
+    return groups | {
         log_lik_group: draws_dataset(
             {log_lik_name: np.asarray(terms.log_lik_scaled, dtype=np.float64)},
             dims={log_lik_name: [obs_dim]},
-        ),
-        "sample_stats": draws_dataset(
-            {"lp": np.asarray(log_joint(terms), dtype=np.float64)}
-            | ({"log_q": np.asarray(terms.log_q, dtype=np.float64)} if log_q else {})
         ),
         "observed_data": ADAPTER.dict_to_dataset(
             {name: np.asarray(observed_values[name]) for name in observed},

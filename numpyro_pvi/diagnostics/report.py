@@ -136,6 +136,7 @@ def report(
         frozenset({LOG_LIK, LATENTS, OBSERVED}),
         data_plate,
         objective="report",
+        require_observed=False,
         stratified=False,
     )
     fit = (rng_key, params, model, guide, args, kwargs)
@@ -146,7 +147,10 @@ def report(
         **psis_groups(arrays, site_dims(tr), loss, targets),
     }
     summary = summary_table(groups["posterior"], groups["sample_stats"], groups["psis"])
-    observed = data_sites(observed_sites(tr), plate_of(tr, data_plate))[0]
+    has_data = bool(observed_sites(tr))  # else a target density: no LOO
+    observed = (
+        data_sites(observed_sites(tr), plate_of(tr, data_plate))[0] if has_data else []
+    )
     binary = bool(observed) and all(s["fn"].single_draw for s in observed)
     attrs = root_attrs(
         guide,
@@ -156,7 +160,11 @@ def report(
         psis_loo=PSIS_LOO_NOTE,
     )
     result = ADAPTER.build(groups, attrs)  # the one container
-    loo = NUMERICS.elpd_fields(approximate_loo(result, pointwise=True))
+    loo = (
+        NUMERICS.elpd_fields(approximate_loo(result, pointwise=True))
+        if has_data
+        else None
+    )
     text = _text(
         groups["psis"],
         summary,
@@ -170,9 +178,8 @@ def report(
     if show:
         print(text)
     extra = {
-        "loo": _loo_group(loo),
-        "psis_summary": xr.Dataset.from_dataframe(summary.rename_axis("parameter")),
-    }
+        "psis_summary": xr.Dataset.from_dataframe(summary.rename_axis("parameter"))
+    } | ({} if loo is None else {"loo": _loo_group(loo)})
     return ADAPTER.add_groups(result, extra, {"report": text})
 
 
@@ -183,6 +190,23 @@ def _loo_group(loo: dict[str, Any]) -> xr.Dataset:
     ds.attrs.update({k: loo[k] for k in ("elpd", "se", "p", "good_k")})
     ds.attrs["method"] = "PSIS-LOO corrected for the approximation (Magnusson 2019)"
     return ds
+
+
+def _loo_lines(loo: dict[str, Any] | None, reason: str | None) -> list[str]:
+    """The report's PSIS-LOO lines (a model without data has none to score)."""
+    if loo is None:
+        return ["PSIS-LOO: none, the model has no observed site."]
+    worst, high = _worst(loo["pareto_k"])
+    lines = [
+        f"PSIS-LOO (corrected for the approximation): elpd = {loo['elpd']:.1f} "
+        f"(se {loo['se']:.1f}), p = {loo['p']:.1f}; {high} of "
+        f"{loo['pareto_k'].size} observations with k̂ ≥ {K_THRESHOLD}; worst: "
+        + ", ".join(worst)
+        + "."
+    ]
+    if reason is not None:
+        lines.append("  LOO here estimates the Bayesian posterior's, not this fit's.")
+    return lines
 
 
 def _worst(pareto_k: xr.DataArray) -> tuple[list[str], int]:
@@ -205,7 +229,7 @@ def _sample_size(min_ss: float) -> str:
 def _text(
     psis_group: xr.Dataset,
     summary: pd.DataFrame,
-    loo: dict[str, Any],
+    loo: dict[str, Any] | None,
     *,
     header: str,
     reason: str | None,
@@ -223,16 +247,7 @@ def _text(
         f"Importance-sampling ESS: {ess:.0f} of {num} draws (minimum sample size "
         f"for this k̂: {_sample_size(min_ss)})."
     )
-    worst, high = _worst(loo["pareto_k"])
-    lines.append(
-        f"PSIS-LOO (corrected for the approximation): elpd = {loo['elpd']:.1f} "
-        f"(se {loo['se']:.1f}), p = {loo['p']:.1f}; {high} of "
-        f"{loo['pareto_k'].size} observations with k̂ ≥ {K_THRESHOLD}; worst: "
-        + ", ".join(worst)
-        + "."
-    )
-    if reason is not None:
-        lines.append("  LOO here estimates the Bayesian posterior's, not this fit's.")
+    lines.extend(_loo_lines(loo, reason))
     shift = (summary["psis_mean"] - summary["vi_mean"]).abs() / summary["vi_sd"]
     shown = summary.loc[shift.sort_values(ascending=False).index[:_SUMMARY_ROWS]]
     lines.append("Plain vs PSIS-adjusted (largest mean shifts in sd units first):")

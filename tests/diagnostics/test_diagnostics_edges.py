@@ -28,7 +28,7 @@ from numpyro_pvi import (
 )
 from numpyro_pvi._core import cached_program_count
 from numpyro_pvi.diagnostics.vsbc import loss_drift
-from tests.arviz_generation import elpd, group
+from tests.arviz_generation import elpd, group, group_names
 
 matplotlib.use("Agg")
 pytestmark = pytest.mark.py312
@@ -303,6 +303,30 @@ def test_a_point_mass_guide_has_no_importance_ratios(function):
             Y,
             num_draws=20,
         )
+
+
+def test_a_model_without_data_gets_its_draws_and_k_hat():
+    """A target density without data (NumPyro's neutra and funnel examples):
+    psis, report and to_inference_data give the draws, lp, log q and k̂ (no
+    log-likelihood, no LOO); the predictive functions refuse, naming the
+    objectives that fit such a model."""
+
+    def target():
+        numpyro.sample("x", dist.Normal(1.0, 2.0))
+
+    guide = AutoNormal(target)
+    params = {"x_auto_loc": jnp.array(1.0), "x_auto_scale": jnp.array(2.0)}
+    key = random.PRNGKey(0)
+    data = diagnostics.to_inference_data(key, params, target, guide, num_draws=50)
+    assert group_names(data) == {"posterior", "sample_stats"}
+    lp = np.asarray(group(data, "sample_stats")["lp"]).ravel()
+    log_q = np.asarray(group(data, "sample_stats")["log_q"]).ravel()
+    np.testing.assert_allclose(lp, log_q, rtol=1e-5)  # the guide is the target
+    out = diagnostics.report(key, params, target, guide, num_draws=200, show=False)
+    assert "no observed site" in out.attrs["report"]
+    assert out.attrs["verdict"].startswith("reliable")
+    with pytest.raises(ValueError, match="no observed site.*SoftCVIELBO"):
+        predictive_score(key, params, target, guide)
 
 
 def _label_inside(fig, artist):
