@@ -95,7 +95,11 @@ class StratifiedELBO(ELBO):
         **kwargs: Any,
     ) -> dict[str, Any]:
         spec = ParticleSpec.of(
-            self, (LOG_LIK,), data_plate=WHOLE_DATA, require_observed=False
+            self,
+            (LOG_LIK,),
+            data_plate=WHOLE_DATA,
+            require_observed=False,
+            fixed_observations=False,
         )
         terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
         elbo = jnp.sum(terms.weights.particle * log_joint(terms)) - expected_log_q(

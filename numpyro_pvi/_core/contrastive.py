@@ -139,6 +139,7 @@ def fixed_draw_terms(
         require_reparam=False,
         # a model without data is a target density: its log joint is its prior
         require_observed=False,
+        fixed_observations=False,
         stratified=False,
     )
     terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)

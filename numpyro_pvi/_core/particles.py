@@ -54,6 +54,7 @@ from numpyro_pvi._core.site_values import (
     observed_values,
     simulated_values,
 )
+from numpyro_pvi._core.structure import check_fixed_observations
 from numpyro_pvi._core.tracing import (
     guide_latent_log_density,
     guide_log_density,
@@ -109,6 +110,10 @@ class ParticleSpec:
         and the model, replayed on them, keeps its own parameters'.
     :ivar require_observed: raise when the model has no observed site. With
         ``False`` such a model has no observation (``b = 0``).
+    :ivar fixed_observations: raise when an observed site of the data plate
+        observes a value computed from the latent draws (a term of the joint
+        density, which no predictive score is defined for); ``False`` for
+        the callers that read the joint density only.
     :ivar stratified: draw ``M`` particles from each stratum of a
         :class:`~numpyro_pvi.particles.StratifiedGuide`, weighted by its
         strata weights; ``False`` draws ``M`` i.i.d. particles from any
@@ -125,6 +130,7 @@ class ParticleSpec:
     objective: str = "objective"
     require_reparam: bool = True
     require_observed: bool = True
+    fixed_observations: bool = True
     stratified: bool = True
     vectorize: Callable = field(default=_vmap)
 
@@ -193,6 +199,8 @@ def particle_terms(
     keys = random.split(rng_key, num_strata * spec.num_particles)
     components = jnp.repeat(jnp.arange(num_strata), spec.num_particles)
     shared = tracer.shared(keys[0], components[0])
+    if spec.fixed_observations and shared.names:
+        check_fixed_observations(model, args, kwargs, shared.names, spec.objective)
     per_particle = spec.vectorize(
         lambda kc: tracer.particle(shared.plate, *kc), (keys, components)
     )
@@ -217,6 +225,7 @@ class _Shared:
     """What does not depend on the particle, read from one trace."""
 
     plate: DataPlate
+    names: list[str]  # the observed sites of the data plate
     weight: jax.Array | None
     mask: jax.Array | None  # (b,) observations not masked out entirely
     y_obs: jax.Array | None
@@ -284,6 +293,7 @@ class _ParticleTracer:
             support = observed_support(observed, plate)
         return _Shared(
             plate,
+            [s["name"] for s in observed],
             weight,
             observation_mask(observed, plate) if observed else None,
             observed_values(observed, plate)

@@ -237,28 +237,84 @@ def improper_latents(
 
 
 def latent_dependent_observations(
-    model: Callable, args: tuple, kwargs: dict
+    model: Callable, args: tuple, kwargs: dict, names: list[str] | None = None
 ) -> list[str]:
-    """The observed sites whose value changes with the latent draws: priors
-    written as observed sites (``numpyro.sample("c", dist.Normal(0, 1),
-    obs=latent)``), terms of the joint density rather than data. Found by
-    running the model with two seeds."""
-    values = [
-        {
-            name: np.asarray(site["value"])
-            for name, site in trace(seed(feasible_improper(model), key))
-            .get_trace(*args, **kwargs)
-            .items()
-            if site["type"] == "sample" and site["is_observed"]
-        }
-        for key in (random.PRNGKey(0), random.PRNGKey(1))
-    ]
-    return [
-        name
-        for name, value in values[0].items()
-        if value.shape != values[1][name].shape
-        or not np.array_equal(value, values[1][name], equal_nan=True)
-    ]
+    """The observed sites (of ``names``; ``None``: all) whose value is
+    computed from the latent draws: priors written as observed sites
+    (``numpyro.sample("c", dist.Normal(0, 1), obs=latent)``), residuals
+    (``obs=y - mu``), terms of the joint density rather than data.
+
+    Found abstractly, under any trace: the model runs under ``jax.vmap``
+    over its latent sites' values (substituted), and a probe with a custom
+    batching rule (:func:`jax.custom_batching.custom_vmap`) on each observed
+    value records whether the value is batched, i.e. depends on them.
+    Values the model closes over, traced by a caller's own transformation
+    (an objective's ``jit``, a grid's ``vmap``), are constants of this
+    abstract trace and do not count.
+    """
+    batched: dict[str, bool] = {}
+
+    def probe(name: str) -> Callable:
+        @jax.custom_batching.custom_vmap
+        def identity(x: jax.Array) -> jax.Array:
+            return x
+
+        @identity.def_vmap
+        def rule(axis_size: int, in_batched: list, x: jax.Array) -> tuple:
+            batched[name] = bool(in_batched[0])
+            return x, in_batched[0]
+
+        return identity
+
+    def run(key: jax.Array) -> int:
+        proper = feasible_improper(model)
+        tr = trace(seed(proper, key)).get_trace(*args, **kwargs)
+        observed = [n for n, site in tr.items() if _is_observed(site)]
+        wanted = observed if names is None else [n for n in observed if n in names]
+        latents = {n: site["value"] for n, site in tr.items() if _is_latent(site)}
+
+        def values(draws: dict[str, jax.Array]) -> list[jax.Array]:
+            fixed = substitute(seed(proper, key), data=draws)
+            tr = trace(fixed).get_trace(*args, **kwargs)
+            return [probe(n)(jnp.asarray(tr[n]["value"])) for n in wanted]
+
+        stacked = jax.tree.map(lambda v: jnp.stack([v, v]), latents)
+        jax.vmap(values)(stacked)
+        return 0
+
+    jax.eval_shape(run, random.PRNGKey(0))
+    return [name for name, is_batched in batched.items() if is_batched]
+
+
+def check_fixed_observations(
+    model: Callable, args: tuple, kwargs: dict, names: list[str], function: str
+) -> None:
+    """Raise if an observed site of ``names`` (the data plate's) observes a
+    value computed from the latent draws (:func:`latent_dependent_observations`):
+    each draw would score its own observations."""
+    dependent = latent_dependent_observations(model, args, kwargs, names)
+    if dependent:
+        raise ValueError(
+            f"{function}: the observed site '{dependent[0]}' observes a value "
+            "computed from the latent draws (it changes from draw to draw), so "
+            "it is a term of the joint density rather than data, and a "
+            "predictive score, which compares each draw's predictive with the "
+            "same observations, is not defined for it. Put the dependence in "
+            "the distribution and observe the data (dist.Normal(mu, sigma), "
+            "obs=y rather than dist.Normal(0, sigma), obs=y - mu), or pass a "
+            "data_plate the site is outside of (it then enters with the prior, "
+            "as a term of the joint density). SoftCVIELBO, SNISForwardKL, "
+            "Trace_ELBO and diagnostics.psis read the joint density only and "
+            "take the model as it is."
+        )
+
+
+def _is_observed(site: dict[str, Any]) -> bool:
+    return site["type"] == "sample" and bool(site["is_observed"])
+
+
+def _is_latent(site: dict[str, Any]) -> bool:
+    return site["type"] == "sample" and not site["is_observed"]
 
 
 def check_full_data(tr: Mapping[str, dict[str, Any]], function: str) -> None:

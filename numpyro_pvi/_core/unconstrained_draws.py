@@ -93,6 +93,7 @@ def draw_unconstrained(key, params, args, kwargs, *, model, guide, num_draws, pl
         plate,
         objective="moment matching",
         require_reparam=False,
+        fixed_observations=False,  # the caller's draws were checked
         stratified=False,
     )
     terms = particle_terms(key, params, model, guide, args, kwargs, spec)

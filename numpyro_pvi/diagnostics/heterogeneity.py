@@ -267,6 +267,7 @@ def _draw_stats(
         WHOLE_DATA,  # only the latents are needed
         objective="heterogeneity",
         require_observed=False,
+        fixed_observations=False,
         stratified=False,
     )
     terms = guide_draws(key, params, model, guide, args, kwargs, spec)

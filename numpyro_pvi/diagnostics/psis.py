@@ -282,6 +282,7 @@ def psis(
         WHOLE_DATA,
         objective="psis",
         require_observed=False,
+        fixed_observations=False,
         stratified=False,
     )
     fit = (rng_key, params, model, guide, args, kwargs)
@@ -331,6 +332,7 @@ def psis_arrays(
         WHOLE_DATA,
         objective="psis",
         require_observed=False,
+        fixed_observations=False,
         stratified=False,
     )
     smooth, total = _stable_smoothing(

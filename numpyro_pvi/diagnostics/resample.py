@@ -150,6 +150,7 @@ def psis_resample(
         WHOLE_DATA,
         objective="psis_resample",
         require_observed=False,
+        fixed_observations=False,
         stratified=False,
     )
     fit = (key_draws, params, model, guide, args, kwargs)
