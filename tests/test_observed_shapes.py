@@ -153,3 +153,44 @@ def test_simulated_data_sets_have_the_observed_shape(procedure):
             replications=replications,
         )
     assert shapes and all(shape == (N,) for shape in shapes)
+
+
+def _two_lengths(categories, words):
+    """NumPyro's semi-supervised HMM example in small: two observed sites of
+    different lengths in no plate (transitions and emissions) and a factor."""
+    transition = numpyro.sample("transition", dist.Dirichlet(jnp.ones((3, 3))))
+    emission = numpyro.sample("emission", dist.Dirichlet(jnp.ones((3, 4))))
+    numpyro.sample(
+        "next", dist.Categorical(transition[categories[:-1]]), obs=categories[1:]
+    )
+    numpyro.sample("words", dist.Categorical(emission[categories]), obs=words)
+    numpyro.factor("unsupervised", jnp.log(emission[0, 1]))
+
+
+def test_sites_of_different_lengths_in_no_plate_take_the_whole_data():
+    """No batch dimension indexes observations of both sites: refused, with
+    data_plate=WHOLE_DATA as remedy, which scores the data as one
+    observation (with a point mass, the total log-likelihood)."""
+    from numpyro.infer.autoguide import AutoDelta
+    from numpyro.infer.util import log_likelihood
+
+    from numpyro_pvi.particles import WHOLE_DATA
+
+    categories, words = jnp.array([0, 1, 2, 2, 1]), jnp.array([3, 0, 1, 1, 2])
+    guide = AutoDelta(_two_lengths)
+    svi = numpyro.infer.SVI(_two_lengths, guide, optax.adam(0.1), Trace_ELBO())
+    params = svi.get_params(svi.init(random.PRNGKey(0), categories, words))
+    key = random.PRNGKey(1)
+    with pytest.raises(ValueError, match="differ in the size.*WHOLE_DATA"):
+        predictive_score(key, params, _two_lengths, guide, categories, words)
+    out = predictive_score(
+        key, params, _two_lengths, guide, categories, words, data_plate=WHOLE_DATA
+    )
+    draws = guide.median(params)
+    total = sum(
+        float(jnp.sum(v))
+        for v in log_likelihood(
+            _two_lengths, draws, categories, words, batch_ndims=0
+        ).values()
+    )
+    np.testing.assert_allclose(np.asarray(out.score), [total], rtol=1e-5)

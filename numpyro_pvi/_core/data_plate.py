@@ -184,7 +184,9 @@ def _batch_plate(observed: list[dict[str, Any]], dim: int) -> DataPlate:
             f"The observed sites differ in the size of batch dimension {dim} "
             f"({sizes}), so it cannot index observations. Put the observations "
             "in a numpyro.plate, or pass data_plate=... naming a plate or "
-            "another batch dimension."
+            "another batch dimension, or data_plate=numpyro_pvi.particles."
+            "WHOLE_DATA to score all the data as one observation (as a series "
+            "of dependent steps is)."
         )
     first = next(iter(sizes))
     size = sizes[first]
