@@ -26,7 +26,7 @@ import numpy as np
 from numpyro_pvi._core.laplace import laplace_posterior
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.structure import check_full_data, replay_trace
-from numpyro_pvi._core.tracing import is_point_mass
+from numpyro_pvi._core.tracing import point_mass_sites
 from numpyro_pvi._core.validation import check_int
 from numpyro_pvi.particles import ParticleTerms
 
@@ -83,13 +83,19 @@ def check_fitted_call(
         )
     check_finite_params(function, params)
     guide, params = laplace_posterior(guide, params, args, kwargs or {})
-    if needs_density and is_point_mass(guide, params, args, kwargs or {}):
+    point_masses = (
+        point_mass_sites(model, guide, params, args, kwargs or {})
+        if needs_density
+        else []
+    )
+    if point_masses:
         raise ValueError(
             f"{function} reads the guide's log density at its draws, but this "
-            f"guide ({type(guide).__name__}) is a point mass: every latent site "
-            "is a Delta, so its draws are one value and it has no density, and "
-            "the importance ratios p(θ, y)/q(θ) are not defined. Fit a guide "
-            "with a spread (AutoNormal, AutoMultivariateNormal, ...), or "
+            f"guide ({type(guide).__name__}) gives the latent sites "
+            f"{point_masses} as point masses (Delta, as AutoDelta does), so it "
+            "has no density over them and the importance ratios p(θ, y)/q(θ) "
+            "are not defined. Fit a guide with a spread over every latent site "
+            "(AutoNormal, AutoMultivariateNormal, ...), or "
             "AutoLaplaceApproximation, which this function reads as its Laplace "
             "approximation once fitted."
         )

@@ -9,6 +9,7 @@ Subsampled plates are seeded apart from the sample sites
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 from jax import random
 from jax.lax import stop_gradient
 from numpyro.distributions import Delta, MaskedDistribution
+from numpyro.distributions.transforms import biject_to
 from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.util import is_identically_one
 from numpyro.util import check_model_guide_match
@@ -194,21 +196,52 @@ def is_sample_draw(site: dict[str, Any]) -> bool:
     )
 
 
-def is_point_mass(
-    guide: Callable, params: Mapping[str, Any], args: tuple, kwargs: Mapping
-) -> bool:
-    """Whether every latent site of ``guide`` is a point mass (a Delta, as
-    ``AutoDelta`` draws them): one abstract trace of the guide."""
-    found: dict[str, bool] = {}
+def point_mass_sites(
+    model: Callable,
+    guide: Callable,
+    params: Mapping[str, Any],
+    args: tuple,
+    kwargs: Mapping,
+) -> list[str]:
+    """The model's latent sites that ``guide`` gives as point masses, when
+    its draws span fewer (unconstrained) dimensions than the model's latent
+    sites: ``AutoDelta``, or ``AutoDelta`` beside another guide in an
+    ``AutoGuideList``, where importance ratios are not defined. Empty for a
+    guide with a density over every latent dimension (an ``AutoContinuous``
+    guide's sites are Deltas of its one draw, which spans them all). One
+    abstract trace of each."""
+    found: dict[str, list[str]] = {}
 
     def run(key: jax.Array) -> int:
-        seeded = substitute(seed(guide, key), data=dict(params))
-        sites = list(latent_sites(trace(seeded).get_trace(*args, **kwargs)))
-        found["point_mass"] = bool(sites) and not any(map(is_sample_draw, sites))
+        guide_trace = trace(substitute(seed(guide, key), data=dict(params))).get_trace(
+            *args, **kwargs
+        )
+        model_trace = trace(replay(seed(model, key), guide_trace)).get_trace(
+            *args, **kwargs
+        )
+        latents = {s["name"]: s for s in latent_sites(model_trace)}
+        guide_sites = list(latent_sites(guide_trace))
+        draws = [s for s in guide_sites if is_sample_draw(s)]
+        drawn = {s["name"] for s in draws}
+        points = [n for n in map(_name, guide_sites) if n in latents and n not in drawn]
+        spans = sum(map(_dimensions, draws)) >= sum(map(_dimensions, latents.values()))
+        found["sites"] = [] if spans else points
         return 0
 
     jax.eval_shape(run, random.PRNGKey(0))
-    return found["point_mass"]
+    return found["sites"]
+
+
+def _name(site: dict[str, Any]) -> str:
+    return site["name"]
+
+
+def _dimensions(site: dict[str, Any]) -> int:
+    """The number of unconstrained dimensions of a sample site's value."""
+    fn, shape = site["fn"], jnp.shape(site["value"])
+    if fn.support.is_discrete:
+        return math.prod(shape)
+    return math.prod(biject_to(fn.support).inverse_shape(shape))
 
 
 def guide_sample_values(

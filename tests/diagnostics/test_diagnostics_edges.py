@@ -273,8 +273,14 @@ def test_point_mass_guide_warns():
 def test_a_point_mass_guide_has_no_importance_ratios(function):
     """AutoDelta's draws are one value and it has no density: k̂ (which
     would read -inf, "constant weights", a good fit) is refused, with a
-    remedy; a hand-written Delta guide likewise, a guide with a draw not."""
-    from numpyro.infer.autoguide import AutoDelta
+    remedy; a hand-written Delta guide likewise, and an AutoGuideList with
+    an AutoDelta part (naming its sites); the same list with AutoNormal
+    parts, and AutoMultivariateNormal (Deltas of its one draw), are not."""
+    from numpyro.infer.autoguide import (
+        AutoDelta,
+        AutoGuideList,
+        AutoMultivariateNormal,
+    )
 
     guide = AutoDelta(model)
     params = (
@@ -282,7 +288,7 @@ def test_a_point_mass_guide_has_no_importance_ratios(function):
         .run(random.PRNGKey(0), 5, X, Y, progress_bar=False)
         .params
     )
-    with pytest.raises(ValueError, match="point mass.*AutoLaplaceApproximation"):
+    with pytest.raises(ValueError, match="point masses.*AutoLaplaceApproximation"):
         function(random.PRNGKey(1), params, model, guide, X, Y, num_draws=20)
 
     def delta_guide(x, y=None):
@@ -293,7 +299,7 @@ def test_a_point_mass_guide_has_no_importance_ratios(function):
             dist.Delta(numpyro.param("s", 1.0, constraint=dist.constraints.positive)),
         )
 
-    with pytest.raises(ValueError, match="is a point mass"):
+    with pytest.raises(ValueError, match="as point masses"):
         function(
             random.PRNGKey(1),
             {"a_loc": 0.0, "b_loc": 0.0, "s": 1.0},
@@ -303,6 +309,25 @@ def test_a_point_mass_guide_has_no_importance_ratios(function):
             Y,
             num_draws=20,
         )
+
+    def listed(first):
+        guide = AutoGuideList(model)
+        guide.append(first(numpyro.handlers.block(model, expose=["a"])))
+        guide.append(AutoNormal(numpyro.handlers.block(model, hide=["a"])))
+        svi = SVI(model, guide, optax.adam(0.01), Trace_ELBO())
+        return guide, svi.get_params(svi.init(random.PRNGKey(0), X, Y))
+
+    guide, params = listed(AutoDelta)
+    with pytest.raises(ValueError, match=r"latent sites \['a'\] as point masses"):
+        function(random.PRNGKey(1), params, model, guide, X, Y, num_draws=20)
+    for guide, params in (
+        listed(AutoNormal),
+        (AutoMultivariateNormal(model), None),
+    ):
+        if params is None:
+            svi = SVI(model, guide, optax.adam(0.01), Trace_ELBO())
+            params = svi.get_params(svi.init(random.PRNGKey(0), X, Y))
+        function(random.PRNGKey(1), params, model, guide, X, Y, num_draws=20)
 
 
 def test_a_model_without_data_gets_its_draws_and_k_hat():
