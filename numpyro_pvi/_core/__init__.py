@@ -85,7 +85,7 @@ from numpyro_pvi._core.pmf import (
     support_log_pmf,
     support_pmf,
 )
-from numpyro_pvi._core.psis import good_k, psis_smooth
+from numpyro_pvi._core.psis import MIN_TAIL, good_k, psis_smooth
 from numpyro_pvi._core.recipes import (
     CHAIN_METHODS,
     FitRecipe,
@@ -138,6 +138,7 @@ __all__ = [
     "normal_abs_mean",
     "normal_strata_crps",
     "approximate_loo_log_weights",
+    "MIN_TAIL",
     "approximate_loo_pointwise",
     "fold_ids",
     "fast_draw",

@@ -13,6 +13,7 @@ import xarray as xr
 from jax import random
 
 from numpyro_pvi._core import (
+    MIN_TAIL,
     ParticleSpec,
     approximate_loo_log_weights,
     check_data_plate,
@@ -294,6 +295,12 @@ def export_groups(
     }
 
 
+#: The fewest draws that give arviz-stats' Pareto fit its smallest tail
+#: (``floor(S/5) ≥ MIN_TAIL``): below them PSIS-LOO is refused under either
+#: ArviZ generation alike.
+MIN_LOO_DRAWS = 25
+
+
 def approximate_loo(
     data: Container, *, pointwise: bool = True, var_name: str | None = None
 ) -> Any:
@@ -324,6 +331,14 @@ def approximate_loo(
        Andersen, Jonasson, Vehtari (ICML 2019).
     """
     stats = _posterior_export(data, "approximate_loo")
+    num_draws = int(stats["lp"].size)
+    if num_draws < MIN_LOO_DRAWS:
+        raise ValueError(
+            f"approximate_loo: the container holds {num_draws} draws, too few "
+            f"for PSIS, whose Pareto fit takes a tail of at least {MIN_TAIL} "
+            f"(at least {MIN_LOO_DRAWS} draws): export more draws "
+            f"(to_inference_data(..., num_draws={MIN_LOO_DRAWS}) or more)."
+        )
     return NUMERICS.approximate_loo(
         data, stats["lp"], stats["log_q"], pointwise=pointwise, var_name=var_name
     )
@@ -335,8 +350,8 @@ def approximate_loo_weights(
     r"""The leave-one-out importance weights of a variational fit's draws,
     corrected for the approximation, for ArviZ's LOO-PIT.
 
-    The log ratios :math:`\log p(	heta_s, y) - \log q(	heta_s) - \log p(y_i
-    \mid 	heta_s)` of :func:`approximate_loo`, Pareto-smoothed and
+    The log ratios :math:`\log p(\theta_s, y) - \log q(\theta_s) - \log p(y_i
+    \mid \theta_s)` of :func:`approximate_loo`, Pareto-smoothed and
     normalised per observation. ArviZ's ``loo_pit`` computes its weights from
     the log-likelihood alone, treating the guide's draws as posterior draws;
     with these it weights them towards each leave-one-out posterior:

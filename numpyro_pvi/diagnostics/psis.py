@@ -19,6 +19,7 @@ from jax import random
 from scipy.special import logsumexp
 
 from numpyro_pvi._core import (
+    MIN_TAIL,
     ParticleSpec,
     check_fitted_call,
     check_int,
@@ -52,8 +53,6 @@ K_THRESHOLD = 0.7
 #: (Yao et al. 2018, Algorithm 1).
 K_RELIABLE = 0.5
 CONSTANT_WEIGHTS = "constant weights"
-#: Fewest tail draws a generalized Pareto fit takes (ArviZ's minimum).
-MIN_TAIL = 5
 
 
 class ParetoSmoothing(NamedTuple):

@@ -28,6 +28,7 @@ from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs, site_dims
 from numpyro_pvi.diagnostics.export import (
+    MIN_LOO_DRAWS,
     PSIS_LOO_NOTE,
     approximate_loo,
     export_groups,
@@ -129,7 +130,7 @@ def report(
     params, model, guide = check_fitted_call(
         "report", params, model, guide, needs_density=True, args=args, kwargs=kwargs
     )
-    num_draws = check_int(num_draws, "num_draws", "report", minimum=2)
+    num_draws = check_int(num_draws, "num_draws", "report", minimum=MIN_LOO_DRAWS)
     data_plate = check_data_plate(data_plate, "report")
     spec = ParticleSpec(
         num_draws,

@@ -327,7 +327,25 @@ def test_a_point_mass_guide_has_no_importance_ratios(function):
         if params is None:
             svi = SVI(model, guide, optax.adam(0.01), Trace_ELBO())
             params = svi.get_params(svi.init(random.PRNGKey(0), X, Y))
-        function(random.PRNGKey(1), params, model, guide, X, Y, num_draws=20)
+        function(random.PRNGKey(1), params, model, guide, X, Y, num_draws=30)
+
+
+def test_too_few_draws_for_psis_loo_are_refused_alike(fit):
+    """Under 25 draws arviz-stats' Pareto fit has no tail of 5 (a raw
+    "n_draws_tail must be at least 5" from inside ArviZ 1.x, while ArviZ
+    0.2x smoothed 4): refused under both generations, saying how many."""
+    guide, params = fit
+    data = diagnostics.to_inference_data(
+        random.PRNGKey(0), params, model, guide, X, Y, num_draws=20
+    )
+    with pytest.raises(ValueError, match="20 draws, too few.*num_draws=25"):
+        diagnostics.approximate_loo(data)
+    with pytest.raises(ValueError, match="num_draws must be an integer >= 25"):
+        diagnostics.report(random.PRNGKey(0), params, model, guide, X, Y, num_draws=20)
+    data = diagnostics.to_inference_data(
+        random.PRNGKey(0), params, model, guide, X, Y, num_draws=25
+    )
+    assert np.isfinite(elpd(diagnostics.approximate_loo(data)))
 
 
 def test_a_model_without_data_gets_its_draws_and_k_hat():
