@@ -63,7 +63,7 @@ BINARY_SPREAD = (
 
 
 def _loss_name(loss: Any) -> str:
-    return "the objective" if loss is None else type(loss).__name__
+    return "an unnamed objective (loss=None)" if loss is None else type(loss).__name__
 
 
 @deprecation.accepts_old_calls(deprecation.fitted)
