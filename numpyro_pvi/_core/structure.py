@@ -143,11 +143,11 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
         "type": site["type"],
         "is_observed": site.get("is_observed", False),
         "cond_indep_stack": site.get("cond_indep_stack", []),
-        # a read-only view of the shape and dtype, no memory
-        "value": np.broadcast_to(
-            np.zeros((), jax.dtypes.canonicalize_dtype(jnp.result_type(value))),
-            np.shape(value),
-        ),
+        # a read-only view of the shape and dtype, no memory; a pytree of
+        # them for a parameter that is one (numpyro.module's network weights)
+        "value": jax.tree.map(_stand_in, value)
+        if isinstance(value, (list, tuple, dict))
+        else _stand_in(value),
     }
     if site["type"] == "plate":
         static["args"] = tuple(int(a) if a is not None else None for a in site["args"])
@@ -165,6 +165,12 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             has_sampler(fn),
         )
     return static
+
+
+def _stand_in(value: Any) -> np.ndarray:
+    """A read-only array of ``value``'s shape and dtype, with no memory."""
+    dtype = jax.dtypes.canonicalize_dtype(jnp.result_type(value))
+    return np.broadcast_to(np.zeros((), dtype), np.shape(value))
 
 
 def _nan_data(site: dict[str, Any]) -> list[int]:

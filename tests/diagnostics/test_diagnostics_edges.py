@@ -330,6 +330,40 @@ def test_a_point_mass_guide_has_no_importance_ratios(function):
         function(random.PRNGKey(1), params, model, guide, X, Y, num_draws=30)
 
 
+def test_network_parameters_of_numpyro_module_are_taken():
+    """numpyro.module (NumPyro's VAE example, stax) makes one parameter a
+    pytree of weights: the diagnostics take it (before, a raw TypeError
+    from the model's structure), with the scores of the same network
+    written with numpyro.param arrays."""
+    from jax.example_libraries import stax
+
+    def with_module(x, y=None):
+        net = numpyro.module("net", stax.Dense(1), (N, 1))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+        with numpyro.plate("obs", N):
+            numpyro.sample("y", dist.Normal(net(x[:, None])[:, 0], sigma), obs=y)
+
+    def with_params(x, y=None):
+        w, b = numpyro.param("w", jnp.zeros((1, 1))), numpyro.param("b", jnp.zeros(1))
+        sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+        with numpyro.plate("obs", N):
+            numpyro.sample("y", dist.Normal((x[:, None] @ w + b)[:, 0], sigma), obs=y)
+
+    guide = AutoNormal(with_module)
+    svi = SVI(with_module, guide, optax.adam(0.05), Trace_ELBO())
+    params = svi.run(random.PRNGKey(0), 50, X, Y, progress_bar=False).params
+    (w, b) = params["net$params"]
+    flat = {"w": w, "b": b, **{k: v for k, v in params.items() if "$" not in k}}
+    key = random.PRNGKey(1)
+    scores = [
+        np.asarray(predictive_score(key, p, m, AutoNormal(m), X, Y).score)
+        for p, m in ((params, with_module), (flat, with_params))
+    ]
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5)
+    data = diagnostics.to_inference_data(key, params, with_module, guide, X, Y)
+    assert group(data, "log_likelihood")["y"].shape[-1] == N
+
+
 def test_too_few_draws_for_psis_loo_are_refused_alike(fit):
     """Under 25 draws arviz-stats' Pareto fit has no tail of 5 (a raw
     "n_draws_tail must be at least 5" from inside ArviZ 1.x, while ArviZ
