@@ -167,30 +167,29 @@ def _two_lengths(categories, words):
     numpyro.factor("unsupervised", jnp.log(emission[0, 1]))
 
 
+def _point(categories, words):
+    """A point mass at fixed transition and emission probabilities."""
+    transition = jnp.array([[0.5, 0.3, 0.2], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]])
+    numpyro.sample("transition", dist.Delta(transition, event_dim=1))
+    numpyro.sample("emission", dist.Delta(jnp.full((3, 4), 0.25), event_dim=1))
+
+
 def test_sites_of_different_lengths_in_no_plate_take_the_whole_data():
     """No batch dimension indexes observations of both sites: refused, with
     data_plate=WHOLE_DATA as remedy, which scores the data as one
     observation (with a point mass, the total log-likelihood)."""
-    from numpyro.infer.autoguide import AutoDelta
     from numpyro.infer.util import log_likelihood
 
     from numpyro_pvi.particles import WHOLE_DATA
 
-    categories, words = jnp.array([0, 1, 2, 2, 1]), jnp.array([3, 0, 1, 1, 2])
-    guide = AutoDelta(_two_lengths)
-    svi = numpyro.infer.SVI(_two_lengths, guide, optax.adam(0.1), Trace_ELBO())
-    params = svi.get_params(svi.init(random.PRNGKey(0), categories, words))
+    data = jnp.array([0, 1, 2, 2, 1]), jnp.array([3, 0, 1, 1, 2])
     key = random.PRNGKey(1)
     with pytest.raises(ValueError, match="differ in the size.*WHOLE_DATA"):
-        predictive_score(key, params, _two_lengths, guide, categories, words)
+        predictive_score(key, {}, _two_lengths, _point, *data)
     out = predictive_score(
-        key, params, _two_lengths, guide, categories, words, data_plate=WHOLE_DATA
+        key, {}, _two_lengths, _point, *data, data_plate=WHOLE_DATA, num_draws=8
     )
-    draws = guide.median(params)
-    total = sum(
-        float(jnp.sum(v))
-        for v in log_likelihood(
-            _two_lengths, draws, categories, words, batch_ndims=0
-        ).values()
-    )
+    draws = numpyro.infer.util.Predictive(_point, num_samples=1)(key, *data)
+    terms = log_likelihood(_two_lengths, draws, *data)
+    total = sum(float(jnp.sum(v)) for v in terms.values())
     np.testing.assert_allclose(np.asarray(out.score), [total], rtol=1e-5)
