@@ -214,6 +214,16 @@ def resolve_sites(
             "(ImproperUniform), which has no draws to simulate data sets from; "
             f"{instead}."
         )
+    sites = model_trace.values()
+    if observed_sites is None and not any(
+        site["type"] == "sample" and site["is_observed"] for site in sites
+    ):
+        raise ValueError(
+            f"{function}: the model has no observed site, so there are no data "
+            f"sets to simulate and fit: {function} checks fits to data. A model "
+            "without data (a target density) is checked by diagnostics.psis or "
+            "report (k̂ of the guide against it)."
+        )
     try:
         observed, latent = resolve_observed_sites(model_trace, observed_sites)
     except ValueError as err:

@@ -404,6 +404,12 @@ def test_a_model_without_data_gets_its_draws_and_k_hat():
     assert out.attrs["verdict"].startswith("reliable")
     with pytest.raises(ValueError, match="no observed site.*SoftCVIELBO"):
         predictive_score(key, params, target, guide)
+    tiny = Replications(num_simulations=2, num_svi_steps=2, num_draws=10)
+    for procedure in (diagnostics.vsbc, diagnostics.predictive_calibration):
+        with pytest.raises(ValueError, match="no observed site.*diagnostics.psis"):
+            procedure(
+                key, target, guide, optax.adam(0.1), Trace_ELBO(), replications=tiny
+            )
 
 
 def _label_inside(fig, artist):
