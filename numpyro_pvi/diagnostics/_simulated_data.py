@@ -219,9 +219,11 @@ def resolve_sites(
         site["type"] == "sample" and site["is_observed"] for site in sites
     ):
         raise ValueError(
-            f"{function}: the model has no observed site, so there are no data "
-            f"sets to simulate and fit: {function} checks fits to data. A model "
-            "without data (a target density) is checked by diagnostics.psis or "
+            f"{function}: the model, called with these arguments, has no "
+            "observed site. If it observes data when given them, pass the data "
+            "as for SVI, or name the sites it simulates with observed_sites=[...]. "
+            f"A model without data (a target density) has no data sets for "
+            f"{function} to simulate and fit: check it with diagnostics.psis or "
             "report (k̂ of the guide against it)."
         )
     try:
