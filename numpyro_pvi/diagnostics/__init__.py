@@ -12,12 +12,9 @@ corrected for the approximation) and the PVI heterogeneity check of Lai & Yao
 """
 
 from numpyro_pvi.diagnostics._containers import get_group
-from numpyro_pvi.diagnostics.export import (
-    approximate_loo,
-    approximate_loo_weights,
-    to_inference_data,
-)
+from numpyro_pvi.diagnostics.export import to_inference_data
 from numpyro_pvi.diagnostics.heterogeneity import heterogeneity, plot_heterogeneity
+from numpyro_pvi.diagnostics.loo import approximate_loo, approximate_loo_weights
 from numpyro_pvi.diagnostics.predictive_calibration import predictive_calibration
 from numpyro_pvi.diagnostics.predictive_calibration_plot import (
     plot_predictive_calibration,
