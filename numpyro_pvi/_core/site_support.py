@@ -20,7 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import concrete_or_error
-from numpyro.distributions import BinomialLogits, BinomialProbs, Distribution
+from numpyro.distributions import (
+    BetaBinomial,
+    BinomialLogits,
+    BinomialProbs,
+    Distribution,
+)
 
 from numpyro_pvi._core.data_plate import DataPlate
 from numpyro_pvi._core.pmf import UNROLLED_SUPPORT, support_log_pmf, support_pmf
@@ -76,14 +81,22 @@ def _enumerable(
     )
 
 
-def _binomial_size(site: dict[str, Any], base: BinomialLogits | BinomialProbs) -> int:
-    """``max(total_count) + 1``, the values a Binomial site enumerates (its
-    ``total_count`` must be concrete)."""
+#: Likelihoods of counts out of ``total_count`` trials: their support is
+#: ``0, ..., max(total_count)``, read from concrete counts (NumPyro's
+#: ``enumerate_support`` of a ``BetaBinomial`` fails under ``jit`` once its
+#: concentrations are traced).
+COUNTS = (BinomialLogits, BinomialProbs, BetaBinomial)
+
+
+def _count_size(site: dict[str, Any], base: Distribution) -> int:
+    """``max(total_count) + 1``, the values a site of :data:`COUNTS`
+    enumerates (its ``total_count`` must be concrete)."""
+    family = type(base).__name__
     total_count = concrete_or_error(
         np.asarray,
         base.total_count,
         f"The quadratic score enumerates the support 0, ..., max(total_count) "
-        f"of the Binomial site '{site['name']}', whose size must be known when "
+        f"of the {family} site '{site['name']}', whose size must be known when "
         "the program is compiled, but total_count is a traced value here (an "
         "argument of a jitted function). Close over total_count instead (as "
         "SVI.run does with the model's arguments), or use score='log'.",
@@ -92,12 +105,13 @@ def _binomial_size(site: dict[str, Any], base: BinomialLogits | BinomialProbs) -
 
 
 def _support(site: dict[str, Any], base: Distribution) -> jax.Array:
-    """``(K, 1, ..., 1)`` the support of ``base``; for a Binomial, the values
-    ``0 .. max(total_count)`` (a ``total_count`` that varies between
-    observations gives the others zero probability above their own)."""
-    if not isinstance(base, (BinomialLogits, BinomialProbs)):
+    """``(K, 1, ..., 1)`` the support of ``base``; for counts
+    (:data:`COUNTS`), the values ``0 .. max(total_count)`` (a
+    ``total_count`` that varies between observations gives the others zero
+    probability above their own)."""
+    if not isinstance(base, COUNTS):
         return base.enumerate_support(expand=False)
-    size = _binomial_size(site, base)
+    size = _count_size(site, base)
     shape = (size,) + (1,) * len(base.batch_shape)
     return jnp.reshape(jnp.arange(size, dtype=jnp.result_type(float)), shape)
 
@@ -281,8 +295,8 @@ def _pmf_shape(site: dict[str, Any], plate: DataPlate) -> tuple[int, int] | None
     refusal comes later, with its advice)."""
     components = site_components(site)
     base = components.base
-    if isinstance(base, (BinomialLogits, BinomialProbs)):
-        k = _binomial_size(site, base)
+    if isinstance(base, COUNTS):
+        k = _count_size(site, base)
     else:
         try:
             k = base.enumerate_support(expand=False).shape[0]
