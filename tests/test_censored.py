@@ -269,7 +269,10 @@ def test_a_likelihood_without_a_sampler_is_named_where_outcomes_are_simulated():
     assert np.isfinite(
         predictive_score(key, params, _log_prob_only, guide, X, y).score
     ).all()
-    named = r"'y' \(_LogProbOnly\) has no sampler.*Use score='log'"
+    named = (
+        r"'y' \(_LogProbOnly\) cannot be simulated: its distribution implements "
+        r"log_prob but not sample.*Use score='log'"
+    )
     with pytest.raises(ValueError, match=named):
         predictive_score(key, params, _log_prob_only, guide, X, y, score="crps")
     with pytest.raises(ValueError, match=named):
@@ -282,11 +285,11 @@ def test_a_likelihood_without_a_sampler_is_named_where_outcomes_are_simulated():
     )
     replications = Replications(num_simulations=2, num_svi_steps=2)
     for function, remedy in [
-        (diagnostics.vsbc, "give the distribution a sample method\\."),
+        (diagnostics.vsbc, "implements log_prob but not sample; and vsbc"),
         (diagnostics.predictive_calibration, "data_generator"),
     ]:
         with pytest.raises(
-            ValueError, match="'y''s distribution implements.*" + remedy
+            ValueError, match="'y' cannot be simulated: its distribution.*" + remedy
         ):
             function(
                 key,

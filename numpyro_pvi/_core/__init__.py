@@ -100,9 +100,9 @@ from numpyro_pvi._core.rejection import (
 from numpyro_pvi._core.site_values import (
     censoring_refusal,
     describe,
-    has_sampler,
     is_censored,
     no_sampler,
+    sampler_failure,
 )
 from numpyro_pvi._core.structure import (
     check_full_data,
@@ -179,7 +179,7 @@ __all__ = [
     "guide_sample_values",
     "improper_latents",
     "is_censored",
-    "has_sampler",
+    "sampler_failure",
     "no_sampler",
     "join_arrays",
     "latent_dependent_observations",

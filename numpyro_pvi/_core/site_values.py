@@ -85,23 +85,41 @@ def censoring_refusal(name: str, family: str) -> str:
     )
 
 
-def has_sampler(fn: Distribution) -> bool:
-    """Whether the distribution draws: ``False`` for one that implements
-    only ``log_prob`` (a user's likelihood class), under its wrappers and
-    the bases of transformed distributions."""
+def sampler_failure(fn: Distribution) -> str | None:
+    """Why no outcome of the distribution can be simulated, for a message,
+    or ``None`` where its sampler draws: one that implements only
+    ``log_prob`` (a user's likelihood class, under its wrappers and the
+    bases of transformed distributions), or whose sampler raises at these
+    arguments (NumPyro's ``BetaBinomial`` with a float ``total_count``),
+    found by tracing one draw abstractly."""
     base = innermost(fn)
     while isinstance(base, TransformedDistribution):
         base = innermost(base.base_dist)
-    return type(base).sample is not Distribution.sample
+    if type(base).sample is Distribution.sample:
+        return "its distribution implements log_prob but not sample"
+    try:
+        jax.eval_shape(fn.sample, random.PRNGKey(0))
+    except Exception as err:  # noqa: BLE001 - the sampler's own error, reported
+        first = (str(err).splitlines() or [""])[0]
+        counts = getattr(base, "total_count", None)
+        hint = (
+            f" (its total_count is {jnp.result_type(counts)}: pass integer counts)"
+            if counts is not None
+            and not jnp.issubdtype(jnp.result_type(counts), jnp.integer)
+            else ""
+        )
+        return (
+            f"its sampler raises {type(err).__name__} ({first!r}) at these "
+            "arguments, as it does under numpyro.infer.Predictive; pass "
+            f"arguments its sampler accepts{hint}"
+        )
+    return None
 
 
-def no_sampler(name: str, fn: Distribution) -> str:
-    """That the observed site ``name`` has no sampler, for a message."""
-    return (
-        f"Observed site '{name}' ({describe(fn)}) has no sampler: its "
-        "distribution implements log_prob but not sample, so no outcome of it "
-        "can be simulated."
-    )
+def no_sampler(name: str, fn: Distribution, why: str) -> str:
+    """That no outcome of the observed site ``name`` can be simulated
+    (``why``: :func:`sampler_failure`), for a message."""
+    return f"Observed site '{name}' ({describe(fn)}) cannot be simulated: {why}."
 
 
 def describe(fn: Distribution) -> str:
@@ -215,9 +233,10 @@ def _site_draw(
             "log density, with no outcome to simulate, which this score "
             "compares with the observations. " + score_advice(site, scalar)
         )
-    if not has_sampler(fn):
+    why = sampler_failure(fn)
+    if why is not None:
         raise ValueError(
-            no_sampler(site["name"], fn)
+            no_sampler(site["name"], fn, why)
             + " This score compares simulated outcomes with the observations. "
             + score_advice(site, scalar)
         )

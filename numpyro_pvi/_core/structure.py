@@ -20,11 +20,12 @@ from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistr
 from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoGuide
 
+from numpyro_pvi._core.observed import simulation_law
 from numpyro_pvi._core.site_values import (
     describe,
-    has_sampler,
     innermost,
     is_censored,
+    sampler_failure,
 )
 from numpyro_pvi.distributions import simulators_without_density
 
@@ -95,7 +96,7 @@ class _SiteFn(NamedTuple):
     improper: bool = False  # an improper prior: no draws
     censored: str | None = None  # a censored likelihood's family, for messages
     factor: bool = False  # a numpyro.factor: a density term, no draws
-    sampler: bool = True  # its distribution draws (not log_prob alone)
+    unsampled: str | None = None  # why an observed site cannot be simulated
 
 
 #: Outcomes observed once whose every distribution over their support is of
@@ -162,7 +163,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             isinstance(innermost(fn), IMPROPER),
             describe(fn) if is_censored(fn) else None,
             isinstance(innermost(fn), dist.Unit),
-            has_sampler(fn),
+            sampler_failure(simulation_law(site)) if site.get("is_observed") else None,
         )
     return static
 

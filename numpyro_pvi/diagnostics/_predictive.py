@@ -16,7 +16,7 @@ import xarray as xr
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
-from numpyro_pvi._core import describe, has_sampler, is_censored, simulation_law
+from numpyro_pvi._core import describe, is_censored, sampler_failure, simulation_law
 from numpyro_pvi.diagnostics._containers import ADAPTER
 from numpyro_pvi.diagnostics._idata import draws_dataset
 
@@ -46,12 +46,12 @@ class _simulate_observed(Messenger):
                 "posterior predictive check of it would be wrong)"
             )
             return
-        if not has_sampler(fn):
-            self.left_out[msg["name"]] = (
-                f"({describe(fn)}): its distribution implements log_prob but not sample"
-            )
+        law = simulation_law(msg)
+        why = sampler_failure(law)
+        if why is not None:
+            self.left_out[msg["name"]] = f"({describe(fn)}): {why}"
             return
-        msg["fn"] = simulation_law(msg)
+        msg["fn"] = law
         msg["is_observed"] = False
         msg["value"] = None
 

@@ -310,8 +310,8 @@ def _refuse_unsampled(
     """Raise, naming the site, when an observed site's distribution has no
     sampler: the procedure simulates its outcomes."""
     for name in observed:
-        site = model_trace[name]
-        if not site["fn"].sampler:
+        why = model_trace[name]["fn"].unsampled
+        if why is not None:
             instead = (
                 ", or pass replications=Replications(data_generator=...) "
                 "(data sets from a process of your own)"
@@ -319,9 +319,9 @@ def _refuse_unsampled(
                 else ""
             )
             raise ValueError(
-                f"{function}: the observed site '{name}''s distribution implements "
-                f"log_prob but not sample, and {function} simulates data sets "
-                f"of the model: give the distribution a sample method{instead}."
+                f"{function}: the observed site '{name}' cannot be simulated: "
+                f"{why}; and {function} simulates data sets of the model. Give "
+                f"its distribution a sampler that draws{instead}."
             )
 
 
