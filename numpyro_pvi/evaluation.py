@@ -184,7 +184,7 @@ def predictive_score(
     data_plate = check_data_plate(data_plate, where)
     moment_match = check_bool(moment_match, "moment_match", where)
     # the structure is traced abstractly: the key draws nothing
-    tr = replay_trace(rng_key, params, model, guide, args, kwargs)
+    tr = replay_trace(rng_key, params, model, guide, args, kwargs, where)
     check_full_data(tr, where)
     match_key = jax.random.fold_in(rng_key, 1)
     pointwise = guide_draws(

@@ -84,7 +84,7 @@ def check_fitted_call(
     check_finite_params(function, params)
     guide, params = laplace_posterior(guide, params, args, kwargs or {})
     point_masses = (
-        point_mass_sites(model, guide, params, args, kwargs or {})
+        point_mass_sites(model, guide, params, args, kwargs or {}, function)
         if needs_density
         else []
     )
@@ -362,7 +362,7 @@ def structured_draws(
     :func:`~numpyro_pvi._core.structure.replay_trace`), the data checked complete:
     what every diagnostic on a fitted guide starts from."""
     draw_key, trace_key = jax.random.split(rng_key)
-    tr = replay_trace(trace_key, param_map, model, guide, args, kwargs)
+    tr = replay_trace(trace_key, param_map, model, guide, args, kwargs, spec.objective)
     check_full_data(tr, spec.objective)
     terms = guide_draws(
         draw_key, param_map, model, guide, args, kwargs, spec, chunk_size=chunk_size

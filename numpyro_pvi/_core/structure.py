@@ -27,6 +27,7 @@ from numpyro_pvi._core.site_values import (
     is_censored,
     sampler_failure,
 )
+from numpyro_pvi._core.trace_checks import explained_failure
 from numpyro_pvi.distributions import simulators_without_density
 
 
@@ -37,8 +38,10 @@ def replay_trace(
     guide: Callable,
     args: tuple,
     kwargs: dict,
+    function: str = "tracing",
 ) -> dict[str, Any]:
-    """The structure of one trace of ``model`` replayed against ``guide``.
+    """The structure of one trace of ``model`` replayed against ``guide``
+    (``function``: the caller's name, for messages).
 
     Traced abstractly (``jax.eval_shape``, nothing is computed). Only the
     static structure is kept, so that no tracer outlives the trace: per site
@@ -53,9 +56,11 @@ def replay_trace(
     def run(key: jax.Array, params: dict[str, jax.Array]) -> int:
         model_key, guide_key = random.split(key)
         seeded_guide = substitute(seed(guide, guide_key), data=params)
-        guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
+        with explained_failure(function, "guide"):
+            guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
         seeded = substitute(replay(seed(model, model_key), guide_trace), data=params)
-        tr = trace(seeded).get_trace(*args, **kwargs)
+        with explained_failure(function, "model"):
+            tr = trace(seeded).get_trace(*args, **kwargs)
         captured["trace"] = {name: _static_site(site) for name, site in tr.items()}
         return 0
 
@@ -356,5 +361,7 @@ def check_full_data(tr: Mapping[str, dict[str, Any]], function: str) -> None:
                 "model that fixes subsample_size itself takes every index from "
                 "numpyro.handlers.substitute(model, data={"
                 f"'{name}': jnp.arange({size})}}) (the guide likewise), called "
-                "with the full data."
+                "with the full data; a guide built for the subsample's size "
+                "(AutoSemiDAIS) is built again on the full data, AutoSemiDAIS("
+                f"..., subsample_plate='{name}'), and given the fitted parameters."
             )

@@ -24,6 +24,7 @@ from numpyro.infer.util import is_identically_one
 from numpyro.util import check_model_guide_match
 
 from numpyro_pvi._core.numpyro_private import without_rsample_stop_gradient
+from numpyro_pvi._core.trace_checks import explained_failure, require_guided_enumeration
 from numpyro_pvi.particles import StratifiedGuide
 
 
@@ -202,6 +203,7 @@ def point_mass_sites(
     params: Mapping[str, Any],
     args: tuple,
     kwargs: Mapping,
+    function: str = "tracing",
 ) -> list[str]:
     """The model's latent sites that ``guide`` gives as point masses, when
     its draws span fewer (unconstrained) dimensions than the model's latent
@@ -213,12 +215,13 @@ def point_mass_sites(
     found: dict[str, list[str]] = {}
 
     def run(key: jax.Array) -> int:
-        guide_trace = trace(substitute(seed(guide, key), data=dict(params))).get_trace(
-            *args, **kwargs
-        )
-        model_trace = trace(replay(seed(model, key), guide_trace)).get_trace(
-            *args, **kwargs
-        )
+        seeded_guide = substitute(seed(guide, key), data=dict(params))
+        with explained_failure(function, "guide"):
+            guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
+        with explained_failure(function, "model"):
+            model_trace = trace(replay(seed(model, key), guide_trace)).get_trace(
+                *args, **kwargs
+            )
         latents = {s["name"]: s for s in latent_sites(model_trace)}
         guide_sites = list(latent_sites(guide_trace))
         draws = [s for s in guide_sites if is_sample_draw(s)]
@@ -350,7 +353,7 @@ def trace_particle(
     if strata is not None:
         assert component is not None  # stratified draws name their stratum
         seeded_guide = strata.draw_stratum(seeded_guide, component)
-    with without_rsample_stop_gradient():
+    with without_rsample_stop_gradient(), explained_failure(objective, "guide"):
         guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
     if require_reparam:
         require_reparam_guide(guide_trace, objective)
@@ -358,33 +361,8 @@ def trace_particle(
         replay(seed(model, model_key), guide_trace),
         data=draw_params if model_params is None else model_params,
     )
-    model_trace = trace(seeded_model).get_trace(*args, **kwargs)
+    with explained_failure(objective, "model"):
+        model_trace = trace(seeded_model).get_trace(*args, **kwargs)
     require_guided_enumeration(model_trace, guide_trace, objective)
     check_model_guide_match(model_trace, guide_trace)
     return guide_trace, model_trace
-
-
-def require_guided_enumeration(
-    model_trace: dict[str, Any], guide_trace: dict[str, Any], objective: str
-) -> None:
-    """Raise for a latent site of the model marked for enumeration
-    (``infer={"enumerate": ...}``, ``config_enumerate``) that the guide does
-    not draw: ``TraceEnum_ELBO`` sums it out, while the replay here would
-    draw it from its prior and score the observations at that one value.
-    """
-    for site in latent_sites(model_trace):
-        name = site["name"]
-        if site["infer"].get("enumerate") and name not in guide_trace:
-            raise ValueError(
-                f"{objective}: the model's discrete site '{name}' is marked for "
-                f"enumeration (infer={{'enumerate': "
-                f"{site['infer']['enumerate']!r}}}) and the guide does not draw "
-                "it. TraceEnum_ELBO sums such a site out of the joint density; "
-                "this package does not enumerate, and replaying the model would "
-                "draw it from its prior and score the observations at that one "
-                "value, a different objective. Sum it out in the model: write "
-                "the observations it selects as a mixture over its values "
-                "(dist.MixtureSameFamily or dist.MixtureGeneral, or the "
-                "marginal distribution in closed form), or fit this model with "
-                "TraceEnum_ELBO."
-            )

@@ -259,7 +259,7 @@ def _draw_stats(
     fitted guide, and the observed sites of the model traced with it."""
     params, guide = fit
     # the structure is traced abstractly: the key draws nothing
-    tr = replay_trace(key, params, model, guide, args, kwargs)
+    tr = replay_trace(key, params, model, guide, args, kwargs, "heterogeneity")
     check_full_data(tr, "heterogeneity")
     spec = ParticleSpec(
         num_draws,

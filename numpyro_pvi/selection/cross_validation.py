@@ -360,7 +360,9 @@ def _data_plate(
 ) -> DataPlate:
     """The data plate, checked to hold at least ``num_folds`` observations
     and to be the one every PVI candidate scores."""
-    tr = replay_trace(rng_key, params, model, guide, data.args, data.kwargs)
+    tr = replay_trace(
+        rng_key, params, model, guide, data.args, data.kwargs, "cross_validate"
+    )
     plate = plate_of(tr, data_plate)
     for label, loss in candidates.items():
         if isinstance(loss, PredictiveELBO):
