@@ -193,3 +193,24 @@ def test_sites_of_different_lengths_in_no_plate_take_the_whole_data():
     terms = log_likelihood(_two_lengths, draws, *data)
     total = sum(float(jnp.sum(v)) for v in terms.values())
     np.testing.assert_allclose(np.asarray(out.score), [total], rtol=1e-5)
+
+
+def delta_observed(x):
+    """NumPyro's autoguide test of an observed Delta: its sampler returns
+    the Python float it was given."""
+    numpyro.sample("x", dist.Delta(3.0), obs=x)
+    numpyro.sample("y", dist.Normal())
+
+
+@pytest.mark.parametrize("score", ["crps", "energy"])
+def test_an_observed_delta_of_a_python_float_is_simulated(score):
+    """Known answer: the point mass at the observed value scores 0 in every
+    score, so the loss is the regularizer alone, the log score's."""
+    guide = AutoNormal(delta_observed)
+    params = {"y_auto_loc": jnp.asarray(0.5), "y_auto_scale": jnp.asarray(0.8)}
+    key = random.PRNGKey(0)
+    log = PredictiveELBO("log").loss(key, params, delta_observed, guide, 3.0)
+    got = PredictiveELBO(score).loss(key, params, delta_observed, guide, 3.0)
+    np.testing.assert_allclose(got, log, rtol=1e-6)
+    scores = predictive_score(key, params, delta_observed, guide, 3.0, score=score)
+    np.testing.assert_array_equal(scores.score, 0.0)

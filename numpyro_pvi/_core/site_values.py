@@ -247,8 +247,8 @@ def _site_draw(
             "simulated observations. " + score_advice(site, scalar)
         )
     draw = _vectorised_draw(fn, key)
-    if draw is None:
-        draw = fn.sample(key)
+    if draw is None:  # NumPyro's Delta(3.0) draws a Python float
+        draw = jnp.asarray(fn.sample(key))
     shape = jnp.broadcast_shapes(draw.shape, jnp.shape(site["value"]))
     draw = jnp.broadcast_to(draw, shape)
     return _masked_rows(
