@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -232,6 +232,10 @@ class ParticleTerms(NamedTuple):
         form when the guide supplies one
         (:meth:`StratifiedGuide.entropy_term`), used by
         :func:`expected_log_q` instead of the Monte Carlo mean of ``log_q``.
+    :ivar mutable_state: ``{site: value}`` the ``numpyro.mutable`` sites of
+        guide and model after one trace of them (a batch-norm layer's running
+        statistics), what an objective returns as its mutable state (as
+        ``Trace_ELBO`` does with one particle); ``None`` without any.
     """
 
     log_prior: jax.Array
@@ -257,6 +261,7 @@ class ParticleTerms(NamedTuple):
     guide_draws: dict[str, jax.Array] | None = None
     observed: dict[str, jax.Array] | None = None
     entropy: jax.Array | None = None
+    mutable_state: dict[str, Any] | None = None
 
 
 @runtime_checkable

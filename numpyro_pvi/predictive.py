@@ -443,8 +443,9 @@ class PredictiveELBO(ELBO):
         guide: Callable,
         args: tuple,
         kwargs: dict,
-    ) -> tuple[jax.Array, RejectionStats | None]:
-        """The loss and, for the rejection estimator, its statistics."""
+    ) -> tuple[jax.Array, RejectionStats | None, dict[str, Any] | None]:
+        """The loss, for the rejection estimator its statistics, and the
+        mutable state (:attr:`ParticleTerms.mutable_state`)."""
         warn_point_mass(guide, self._objective_name())
         particle_key, accept_key = random.split(rng_key)
         # the plate key of particle_terms' key protocol, kept for the
@@ -478,7 +479,7 @@ class PredictiveELBO(ELBO):
                 log_p = jnp.where(self._posterior > 0, log_p, terms.log_prior)
             kl = expected_log_q(terms) - jnp.sum(terms.weights.particle * log_p)
             objective = objective - self.lam * kl
-        return -objective, stats
+        return -objective, stats, terms.mutable_state
 
     def loss_with_mutable_state(
         self,
@@ -489,5 +490,7 @@ class PredictiveELBO(ELBO):
         *args: Any,
         **kwargs: Any,
     ) -> dict[str, Any]:
-        loss, _ = self._loss_parts(rng_key, param_map, model, guide, args, kwargs)
-        return {"loss": loss, "mutable_state": None}
+        loss, _, mutable = self._loss_parts(
+            rng_key, param_map, model, guide, args, kwargs
+        )
+        return {"loss": loss, "mutable_state": mutable}

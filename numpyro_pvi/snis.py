@@ -111,4 +111,4 @@ class SNISForwardKL(ELBO):
         if self.low_variance:
             mean_log_q = jnp.mean(draws.log_q_phi)
             loss = loss + mean_log_q - stop_gradient(mean_log_q)
-        return {"loss": loss - draws.model_term, "mutable_state": None}
+        return {"loss": loss - draws.model_term, "mutable_state": draws.mutable_state}

@@ -161,4 +161,4 @@ class SoftCVIELBO(ELBO):
         log_probs = jax.nn.log_softmax(logits)
         # a zero label times a -inf log probability is 0; a NaN label is NaN
         loss = -jnp.sum(jnp.where(labels == 0, 0.0, labels * log_probs))
-        return {"loss": loss - draws.model_term, "mutable_state": None}
+        return {"loss": loss - draws.model_term, "mutable_state": draws.mutable_state}

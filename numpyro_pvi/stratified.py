@@ -105,4 +105,4 @@ class StratifiedELBO(ELBO):
         elbo = jnp.sum(terms.weights.particle * log_joint(terms)) - expected_log_q(
             terms
         )
-        return {"loss": -elbo, "mutable_state": None}
+        return {"loss": -elbo, "mutable_state": terms.mutable_state}

@@ -95,12 +95,15 @@ class FixedDraws(NamedTuple):
         :math:`\\nabla_\\psi \\log p_\\psi(x)` (the model update of
         reweighted wake-sleep). Subtracted from a loss, it fits the model's
         parameters by maximum marginal likelihood and changes nothing else.
+    :ivar mutable_state: the ``numpyro.mutable`` sites after one trace
+        (:attr:`~numpyro_pvi.particles.ParticleTerms.mutable_state`).
     """
 
     log_joint: jax.Array
     log_q: jax.Array
     log_q_phi: jax.Array
     model_term: jax.Array
+    mutable_state: dict[str, Any] | None = None
 
 
 def fixed_draw_terms(
@@ -155,4 +158,5 @@ def fixed_draw_terms(
         log_q=log_q,
         log_q_phi=present(terms.log_q_fixed, "log_q_fixed"),
         model_term=model_term,
+        mutable_state=terms.mutable_state,
     )

@@ -216,6 +216,7 @@ def particle_terms(
         obs_support=shared.obs_support,
         observed=shared.observed,
         entropy=None if strata is None else strata.entropy_term(param_map),
+        mutable_state=shared.mutable,
         **per_particle,
     )
 
@@ -233,6 +234,7 @@ class _Shared:
     log_omega_bar: jax.Array | None  # (K,) strata weights over the guide
     log_omega: jax.Array | None  # (b, K) strata weights per observation
     obs_support: jax.Array | None  # (K, b, c) observed value in the support
+    mutable: dict[str, Any] | None  # numpyro.mutable sites after this trace
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,7 @@ class _ParticleTracer:
     def shared(self, key: jax.Array, component: jax.Array) -> _Shared:
         """The particle-independent quantities, from the trace of ``key``."""
         spec, requests = self.spec, self.spec.requests
-        _, model_trace = self.traces(_particle_keys(key), component)
+        guide_trace, model_trace = self.traces(_particle_keys(key), component)
         observed = observed_sites(model_trace)
         if observed or spec.require_observed:
             plate = plate_of(model_trace, spec.data_plate)
@@ -305,6 +307,7 @@ class _ParticleTracer:
             log_omega_bar,
             log_omega,
             support,
+            _mutable_values(guide_trace, model_trace),
         )
 
     def _strata_weights(
@@ -358,6 +361,21 @@ class _ParticleTracer:
             with jax.named_scope(request):
                 out.update(_PER_PARTICLE[request](particle))
         return out
+
+
+def _mutable_values(
+    guide_trace: dict[str, Any], model_trace: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The values of the ``numpyro.mutable`` sites of guide and model after
+    they ran (e.g. a batch-norm layer's running statistics), as NumPyro's
+    ``Trace_ELBO`` returns them with one particle; ``None`` without any."""
+    values = {
+        name: site["value"]
+        for tr in (guide_trace, model_trace)
+        for name, site in tr.items()
+        if site["type"] == "mutable"
+    }
+    return values or None
 
 
 def split_particle_key(rng_key: jax.Array) -> tuple[jax.Array, jax.Array]:
