@@ -8,6 +8,7 @@ ArviZ can summarise, plot and save.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -95,6 +96,14 @@ class ParetoSmoothing(NamedTuple):
         if not math.isfinite(self.pareto_k):
             return math.nan
         return max(1.0 + self.pareto_k, 0.0) / math.sqrt(self.tail_length)
+
+
+def _min_sample_size(k: float) -> float:
+    r""":math:`10^{1/(1-\hat k)}` (Vehtari et al. 2024), the draws for a
+    reliable estimate at this k̂: ``inf`` at k̂ ≥ 1 and where it exceeds the
+    largest float (k̂ within about 0.003 of 1)."""
+    exponent = 1 / (1 - max(0.0, k)) if k < 1 else math.inf
+    return 10**exponent if exponent < math.log10(sys.float_info.max) else math.inf
 
 
 def pareto_smooth(
@@ -188,7 +197,7 @@ def pareto_smooth(
         # a failed fit: NaN from arviz-stats (e.g. 25 draws), inf from 0.2x
         k = math.inf if math.isnan(k) else float(k)
     ess_is = float(np.exp(-logsumexp(2 * log_weight)))
-    min_ss = 10 ** (1 / (1 - max(0.0, k))) if k < 1 else math.inf
+    min_ss = _min_sample_size(k)
     return ParetoSmoothing(
         np.asarray(log_weight), k, good_k, ess_is, min_ss, tail_length, "", num_zero
     )

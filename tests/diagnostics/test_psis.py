@@ -1,6 +1,7 @@
 """PSIS k̂ in ArviZ's container: reference values, layout, exact guide, eight
 schools."""
 
+import importlib
 import math
 
 import jax.numpy as jnp
@@ -357,3 +358,18 @@ def test_bad_input():
 
     with pytest.raises(ValueError, match="subsampled"):
         psis(random.PRNGKey(0), {}, subsampled, guide, Y, num_draws=10)
+
+
+@pytest.mark.parametrize("k", [0.5, 0.99, 0.999, 1.2])
+def test_min_sample_size_of_a_k_hat_near_one_is_infinite(monkeypatch, k):
+    """10^(1/(1-k̂)) overflowed Python's float (OverflowError) for k̂ within
+    0.003 of 1, met by psis on an LKJ-Cholesky latent under
+    AutoMultivariateNormal: it reads inf there, and 10^(1/(1-k̂)) below."""
+    psis_module = importlib.import_module("numpyro_pvi.diagnostics.psis")
+    draws = np.random.default_rng(0).normal(size=400)
+    monkeypatch.setattr(
+        psis_module.NUMERICS, "psislw", lambda lr: (lr - np.log(np.sum(np.exp(lr))), k)
+    )
+    got = pareto_smooth(draws).min_ss
+    expected = 10 ** (1 / (1 - k)) if k < 0.996 else math.inf
+    np.testing.assert_allclose(got, expected, rtol=1e-9)
