@@ -7,6 +7,8 @@ what the caller needs. Its stages live in one module each:
 
 - :mod:`numpyro_pvi._core.tracing`: one particle, a guide trace and the model
   replayed on it;
+- :mod:`numpyro_pvi._core.extractors`: the fields one particle fills, by
+  request;
 - :mod:`numpyro_pvi._core.data_plate`: the data plate and each observed site's
   per-observation arrays;
 - :mod:`numpyro_pvi.particles`: the terms, their weights and the reductions
@@ -30,7 +32,6 @@ import jax
 import jax.numpy as jnp
 from jax import random
 from jax.lax import stop_gradient
-from numpyro.distributions import LogNormal
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._core.data_plate import (
@@ -38,27 +39,20 @@ from numpyro_pvi._core.data_plate import (
     data_sites,
     observation_weight,
     plate_of,
-    site_log_lik,
 )
+from numpyro_pvi._core.extractors import PER_PARTICLE, Particle
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.site_support import (
-    binomial_logits_count,
     check_pmf_size,
     observed_support,
-    site_log_pmf,
-    site_pmf,
 )
 from numpyro_pvi._core.site_values import (
-    normal_loc_scale,
     observation_mask,
     observed_values,
-    simulated_values,
 )
 from numpyro_pvi._core.structure import check_fixed_observations
 from numpyro_pvi._core.tracing import (
     guide_latent_log_density,
-    guide_log_density,
-    guide_sample_values,
     latent_sites,
     obs_mask_latents,
     seed_plates,
@@ -67,11 +61,8 @@ from numpyro_pvi._core.tracing import (
 )
 from numpyro_pvi.particles import (
     BINOMIAL,
-    GUIDE_DRAWS,
-    LATENTS,
     LOG_LIK,
     LOG_PMF,
-    LOG_Q_FIXED,
     OBS_WEIGHT,
     OBSERVED,
     PMF,
@@ -354,12 +345,23 @@ class _ParticleTracer:
                 + sum_log_density(density_terms),
                 "log_q": guide_latent_log_density(guide_trace, masks),
             }
-        particle = _Particle(
-            self, plate, observed, guide_trace, model_trace, keys, masks
+        spec = self.spec
+        particle = Particle(
+            self.guide,
+            self.param_map,
+            self.args,
+            self.kwargs,
+            spec.require_reparam,
+            plate,
+            observed,
+            guide_trace,
+            model_trace,
+            keys,
+            masks,
         )
-        for request in sorted(requests & _PER_PARTICLE.keys()):
+        for request in sorted(requests & PER_PARTICLE.keys()):
             with jax.named_scope(request):
-                out.update(_PER_PARTICLE[request](particle))
+                out.update(PER_PARTICLE[request](particle))
         return out
 
 
@@ -391,81 +393,6 @@ def split_particle_key(rng_key: jax.Array) -> tuple[jax.Array, jax.Array]:
 def _particle_keys(key: jax.Array) -> jax.Array:
     """The keys of one particle's model, guide, simulations and guide re-run."""
     return random.split(key, 4)
-
-
-@dataclass(frozen=True)
-class _Particle:
-    """One particle's traces, what the extractors read."""
-
-    tracer: _ParticleTracer
-    plate: DataPlate
-    observed: list[dict[str, Any]]  # the observed sites of the data plate
-    guide_trace: dict[str, Any]
-    model_trace: dict[str, Any]
-    keys: jax.Array  # _particle_keys
-    masks: Any  # obs_mask latents
-
-    def guide_values(self) -> dict[str, jax.Array]:
-        return guide_sample_values(self.tracer.guide, self.guide_trace)
-
-
-def _log_lik(p: _Particle) -> dict[str, jax.Array]:
-    zeros = jnp.zeros((p.plate.subsample_size,))
-    pairs = [site_log_lik(s, p.plate) for s in p.observed]
-    return {
-        "log_lik": sum((u for u, _ in pairs), start=zeros),
-        "log_lik_scaled": sum((c for _, c in pairs), start=zeros),
-    }
-
-
-def _y_sim(p: _Particle) -> dict[str, jax.Array]:
-    reparam = p.tracer.spec.require_reparam
-    return {"y_sim": simulated_values(p.observed, p.plate, p.keys[2], reparam)}
-
-
-def _y_loc_scale(p: _Particle) -> dict[str, jax.Array | None]:
-    y_loc, y_scale = normal_loc_scale(p.observed, p.plate)
-    return {"y_loc": y_loc, "y_scale": y_scale}
-
-
-def _y_log_loc_scale(p: _Particle) -> dict[str, jax.Array | None]:
-    y_log_loc, y_log_scale = normal_loc_scale(p.observed, p.plate, LogNormal)
-    return {"y_log_loc": y_log_loc, "y_log_scale": y_log_scale}
-
-
-def _log_q_fixed(p: _Particle) -> dict[str, jax.Array]:
-    t = p.tracer
-    fixed = p.guide_values()
-    log_q = guide_log_density(
-        t.guide, t.param_map, fixed, p.keys[3], t.args, t.kwargs, p.masks
-    )
-    return {"log_q_fixed": log_q}
-
-
-#: The per-particle extractors, keyed by request: what each fills is
-#: :data:`~numpyro_pvi.particles.FIELDS` (``y_obs``, ``obs_support``,
-#: ``weight`` and ``observed`` do not depend on the particle: read once, in
-#: :meth:`_ParticleTracer.shared`).
-_PER_PARTICLE: dict[str, Callable[[_Particle], dict[str, Any]]] = {
-    LOG_LIK: _log_lik,
-    Y_SIM: _y_sim,
-    Y_LOC_SCALE: _y_loc_scale,
-    Y_LOG_LOC_SCALE: _y_log_loc_scale,
-    LOG_PMF: lambda p: {"log_pmf": site_log_pmf(p.observed, p.plate)},
-    PMF: lambda p: {"pmf": site_pmf(p.observed, p.plate)},
-    BINOMIAL: lambda p: dict(
-        zip(
-            ("binomial_logits", "binomial_count"),
-            binomial_logits_count(p.observed, p.plate),
-            strict=True,
-        )
-    ),
-    LOG_Q_FIXED: _log_q_fixed,
-    GUIDE_DRAWS: lambda p: {"guide_draws": p.guide_values()},
-    LATENTS: lambda p: {
-        "latents": {s["name"]: s["value"] for s in latent_sites(p.model_trace)}
-    },
-}
 
 
 def _weights(

@@ -1,0 +1,118 @@
+"""The fields of :class:`~numpyro_pvi.particles.ParticleTerms` that one
+particle fills, by request: :data:`PER_PARTICLE` maps each request of
+:data:`~numpyro_pvi.particles.FIELDS` to the extractor that reads them from
+the particle's traces (:class:`Particle`), as
+:func:`~numpyro_pvi._core.particles.particle_terms` calls them under the
+objective's ``vectorize_particles_fn``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from numpyro.distributions import LogNormal
+
+from numpyro_pvi._core.data_plate import DataPlate, site_log_lik
+from numpyro_pvi._core.site_support import (
+    binomial_logits_count,
+    site_log_pmf,
+    site_pmf,
+)
+from numpyro_pvi._core.site_values import normal_loc_scale, simulated_values
+from numpyro_pvi._core.tracing import (
+    guide_log_density,
+    guide_sample_values,
+    latent_sites,
+)
+from numpyro_pvi.particles import (
+    BINOMIAL,
+    GUIDE_DRAWS,
+    LATENTS,
+    LOG_LIK,
+    LOG_PMF,
+    LOG_Q_FIXED,
+    PMF,
+    Y_LOC_SCALE,
+    Y_LOG_LOC_SCALE,
+    Y_SIM,
+)
+
+
+@dataclass(frozen=True)
+class Particle:
+    """One particle's traces and what its extractors read beside them."""
+
+    guide: Callable
+    param_map: dict[str, jax.Array]
+    args: tuple
+    kwargs: dict
+    reparam: bool  # simulated observations differentiable in the draws
+    plate: DataPlate
+    observed: list[dict[str, Any]]  # the observed sites of the data plate
+    guide_trace: dict[str, Any]
+    model_trace: dict[str, Any]
+    keys: jax.Array  # _particle_keys
+    masks: Any  # obs_mask latents
+
+    def guide_values(self) -> dict[str, jax.Array]:
+        return guide_sample_values(self.guide, self.guide_trace)
+
+
+def _log_lik(p: Particle) -> dict[str, jax.Array]:
+    zeros = jnp.zeros((p.plate.subsample_size,))
+    pairs = [site_log_lik(s, p.plate) for s in p.observed]
+    return {
+        "log_lik": sum((u for u, _ in pairs), start=zeros),
+        "log_lik_scaled": sum((c for _, c in pairs), start=zeros),
+    }
+
+
+def _y_sim(p: Particle) -> dict[str, jax.Array]:
+    return {"y_sim": simulated_values(p.observed, p.plate, p.keys[2], p.reparam)}
+
+
+def _y_loc_scale(p: Particle) -> dict[str, jax.Array | None]:
+    y_loc, y_scale = normal_loc_scale(p.observed, p.plate)
+    return {"y_loc": y_loc, "y_scale": y_scale}
+
+
+def _y_log_loc_scale(p: Particle) -> dict[str, jax.Array | None]:
+    y_log_loc, y_log_scale = normal_loc_scale(p.observed, p.plate, LogNormal)
+    return {"y_log_loc": y_log_loc, "y_log_scale": y_log_scale}
+
+
+def _log_q_fixed(p: Particle) -> dict[str, jax.Array]:
+    fixed = p.guide_values()
+    log_q = guide_log_density(
+        p.guide, p.param_map, fixed, p.keys[3], p.args, p.kwargs, p.masks
+    )
+    return {"log_q_fixed": log_q}
+
+
+#: The per-particle extractors, keyed by request: what each fills is
+#: :data:`~numpyro_pvi.particles.FIELDS` (``y_obs``, ``obs_support``,
+#: ``weight`` and ``observed`` do not depend on the particle: read once, in
+#: :meth:`ParticleTracer.shared`).
+PER_PARTICLE: dict[str, Callable[[Particle], dict[str, Any]]] = {
+    LOG_LIK: _log_lik,
+    Y_SIM: _y_sim,
+    Y_LOC_SCALE: _y_loc_scale,
+    Y_LOG_LOC_SCALE: _y_log_loc_scale,
+    LOG_PMF: lambda p: {"log_pmf": site_log_pmf(p.observed, p.plate)},
+    PMF: lambda p: {"pmf": site_pmf(p.observed, p.plate)},
+    BINOMIAL: lambda p: dict(
+        zip(
+            ("binomial_logits", "binomial_count"),
+            binomial_logits_count(p.observed, p.plate),
+            strict=True,
+        )
+    ),
+    LOG_Q_FIXED: _log_q_fixed,
+    GUIDE_DRAWS: lambda p: {"guide_draws": p.guide_values()},
+    LATENTS: lambda p: {
+        "latents": {s["name"]: s["value"] for s in latent_sites(p.model_trace)}
+    },
+}
