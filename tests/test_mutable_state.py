@@ -3,7 +3,8 @@ batch-norm layer under ``flax_module(..., mutable=[...])``): NumPyro's
 ``Trace_ELBO`` returns their values with one particle and ``SVI`` carries
 them from step to step. Every objective returns them (from one trace of
 guide and model), so ``SVI.run`` keeps its state's structure; the test is
-NumPyro's own ``test_mutable_state`` with each objective."""
+NumPyro's own ``test_mutable_state`` with each objective (an observed site
+added, which the predictive objectives score)."""
 
 import numpy as np
 import numpyro
