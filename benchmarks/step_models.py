@@ -121,6 +121,29 @@ def make_beta(rng_key: jax.Array, n: int = 5000, d: int = 8):
     return beta_model, (x, jnp.clip(y, 1e-4, 1.0 - 1e-4))
 
 
+def mixture_regression_model(x: jax.Array, y: jax.Array) -> None:
+    """Regression with a two-component Normal mixture of intercepts (the
+    component summed out by ``MixtureSameFamily``: no reparameterised
+    sampler, the CRPS in closed form)."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 3.0).expand([2]).to_event(1))
+    p = numpyro.sample("p", dist.Beta(2.0, 2.0))
+    sigma = numpyro.sample("sigma", dist.HalfNormal(1.0))
+    mixing = dist.Categorical(jnp.stack([p, 1.0 - p]))
+    with numpyro.plate("data", x.shape[0]):
+        component = dist.Normal((x @ w)[:, None] + b, sigma)
+        numpyro.sample("y", dist.MixtureSameFamily(mixing, component), obs=y)
+
+
+def make_mixture_regression(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, kw, kc, ke = random.split(rng_key, 4)
+    x = random.normal(kx, (n, d))
+    shift = jnp.where(random.bernoulli(kc, 0.3, (n,)), -2.0, 2.0)
+    y = x @ random.normal(kw, (d,)) + shift + random.normal(ke, (n,))
+    return mixture_regression_model, (x, y)
+
+
 BNN_HIDDEN = 32
 
 
@@ -350,6 +373,12 @@ def make_bnn_example(rng_key: jax.Array, n: int = 100):
 MODELS: dict[str, BenchModel] = {
     "glm": BenchModel(
         "glm", "linear regression, N=10000, D=20 (cheap likelihood)", make_glm
+    ),
+    "mixture_regression": BenchModel(
+        "mixture_regression",
+        "regression with a 2-component Normal mixture likelihood, N=10000, D=20 "
+        "(MixtureSameFamily)",
+        make_mixture_regression,
     ),
     "student": BenchModel(
         "student",

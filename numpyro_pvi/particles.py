@@ -44,6 +44,7 @@ __all__ = [
     "WHOLE_DATA",
     "Y_LOC_SCALE",
     "Y_LOG_LOC_SCALE",
+    "Y_NORMAL_MIXTURE",
     "Y_SIM",
     "ParticleTerms",
     "StratifiedGuide",
@@ -69,6 +70,10 @@ Y_LOC_SCALE = "y_loc_scale"
 #: Location and scale of the logarithm of LogNormal likelihoods,
 #: ``y_log_loc`` and ``y_log_scale`` (with ``y_obs``).
 Y_LOG_LOC_SCALE = "y_log_loc_scale"
+#: Weights, locations and scales of the components of a Normal-mixture
+#: likelihood, ``y_mix_weight``, ``y_mix_loc`` and ``y_mix_scale`` (with
+#: ``y_obs``).
+Y_NORMAL_MIXTURE = "y_normal_mixture"
 #: The log pmf over a finite support, ``log_pmf``.
 LOG_PMF = "log_pmf"
 #: The pmf over a finite support, ``pmf`` (probabilities, no logarithm).
@@ -101,6 +106,8 @@ OBSERVED = "observed"
 #: ``y_sim``              ``y_sim``, ``y_obs``
 #: ``y_loc_scale``        ``y_loc``, ``y_scale``, ``y_obs``
 #: ``y_log_loc_scale``    ``y_log_loc``, ``y_log_scale``, ``y_obs``
+#: ``y_normal_mixture``   ``y_mix_weight``, ``y_mix_loc``,
+#:                        ``y_mix_scale``, ``y_obs``
 #: ``log_pmf``            ``log_pmf``, ``obs_support``
 #: ``pmf``                ``pmf``, ``obs_support``
 #: ``binomial``           ``binomial_logits``, ``binomial_count``,
@@ -117,6 +124,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         Y_SIM: ("y_sim", "y_obs"),
         Y_LOC_SCALE: ("y_loc", "y_scale", "y_obs"),
         Y_LOG_LOC_SCALE: ("y_log_loc", "y_log_scale", "y_obs"),
+        Y_NORMAL_MIXTURE: ("y_mix_weight", "y_mix_loc", "y_mix_scale", "y_obs"),
         LOG_PMF: ("log_pmf", "obs_support"),
         PMF: ("pmf", "obs_support"),
         BINOMIAL: ("binomial_logits", "binomial_count", "obs_support"),
@@ -205,6 +213,13 @@ class ParticleTerms(NamedTuple):
         | θ_j)`` when every observed site is LogNormal, laid out as
         ``y_loc``; ``None`` when any observed site is not LogNormal.
     :ivar y_log_scale: its scale, likewise.
+    :ivar y_mix_weight: ``(M, b, C)`` the weights of the ``C`` components
+        of ``p(y_i | θ_j)`` when the one observed site is a mixture of
+        scalar Normals (``MixtureSameFamily`` or ``MixtureGeneral``), each
+        ``(M, 1, C)`` when it does not vary along the data plate; ``None``
+        otherwise.
+    :ivar y_mix_loc: the components' locations, likewise.
+    :ivar y_mix_scale: the components' scales, likewise.
     :ivar log_pmf: ``(M, V, b, c)`` log pmf over the finite support (``V``
         values, ``-inf`` padding shorter supports) of each component ``c``.
     :ivar pmf: ``(M, V, b, c)`` the same pmf as probabilities (``0``
@@ -251,6 +266,9 @@ class ParticleTerms(NamedTuple):
     y_scale: jax.Array | None = None
     y_log_loc: jax.Array | None = None
     y_log_scale: jax.Array | None = None
+    y_mix_weight: jax.Array | None = None
+    y_mix_loc: jax.Array | None = None
+    y_mix_scale: jax.Array | None = None
     log_pmf: jax.Array | None = None
     pmf: jax.Array | None = None
     binomial_logits: jax.Array | None = None

@@ -19,6 +19,7 @@ from numpyro_pvi.particles import (
     OBS_WEIGHT,
     PMF,
     Y_LOG_LOC_SCALE,
+    Y_NORMAL_MIXTURE,
     Y_SIM,
     ParticleTerms,
     log_mean_exp,
@@ -347,6 +348,17 @@ def _lognormal_model(y):
         numpyro.sample("y", dist.LogNormal(theta, 1.0), obs=y + 0.5)
 
 
+def _normal_mixture_model(y):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        comp = dist.Normal(jnp.stack([theta, -theta]), 1.0)
+        numpyro.sample(
+            "y",
+            dist.MixtureSameFamily(dist.Categorical(jnp.array([0.3, 0.7])), comp),
+            obs=y,
+        )
+
+
 def _bernoulli_model(y):
     theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
     with numpyro.plate("data", y.shape[0]):
@@ -368,6 +380,7 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
         PMF: _bernoulli_model,
         BINOMIAL: _binomial_model,
         Y_LOG_LOC_SCALE: _lognormal_model,
+        Y_NORMAL_MIXTURE: _normal_mixture_model,
     }.get(request_name, _normal_model)
     y = jnp.array([0.0, 1.0, 1.0, 0.0])
     terms = _terms(

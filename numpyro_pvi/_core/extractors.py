@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from numpyro.distributions import LogNormal
 
 from numpyro_pvi._core.data_plate import DataPlate, site_log_lik
+from numpyro_pvi._core.normal_mixture import normal_mixture
 from numpyro_pvi._core.site_support import (
     binomial_logits_count,
     site_log_pmf,
@@ -37,6 +38,7 @@ from numpyro_pvi.particles import (
     PMF,
     Y_LOC_SCALE,
     Y_LOG_LOC_SCALE,
+    Y_NORMAL_MIXTURE,
     Y_SIM,
 )
 
@@ -70,7 +72,11 @@ def _log_lik(p: Particle) -> dict[str, jax.Array]:
     }
 
 
-def _y_sim(p: Particle) -> dict[str, jax.Array]:
+def _y_sim(p: Particle) -> dict[str, jax.Array | None]:
+    if p.reparam and normal_mixture(p.observed, p.plate) is not None:
+        # no reparameterised draw (the component is discrete): the scores
+        # take the closed form, or say so (scores.base.simulations)
+        return {"y_sim": None}
     return {"y_sim": simulated_values(p.observed, p.plate, p.keys[2], p.reparam)}
 
 
@@ -82,6 +88,11 @@ def _y_loc_scale(p: Particle) -> dict[str, jax.Array | None]:
 def _y_log_loc_scale(p: Particle) -> dict[str, jax.Array | None]:
     y_log_loc, y_log_scale = normal_loc_scale(p.observed, p.plate, LogNormal)
     return {"y_log_loc": y_log_loc, "y_log_scale": y_log_scale}
+
+
+def _y_normal_mixture(p: Particle) -> dict[str, jax.Array | None]:
+    parts = normal_mixture(p.observed, p.plate) or (None, None, None)
+    return dict(zip(("y_mix_weight", "y_mix_loc", "y_mix_scale"), parts, strict=True))
 
 
 def _log_q_fixed(p: Particle) -> dict[str, jax.Array]:
@@ -101,6 +112,7 @@ PER_PARTICLE: dict[str, Callable[[Particle], dict[str, Any]]] = {
     Y_SIM: _y_sim,
     Y_LOC_SCALE: _y_loc_scale,
     Y_LOG_LOC_SCALE: _y_log_loc_scale,
+    Y_NORMAL_MIXTURE: _y_normal_mixture,
     LOG_PMF: lambda p: {"log_pmf": site_log_pmf(p.observed, p.plate)},
     PMF: lambda p: {"pmf": site_pmf(p.observed, p.plate)},
     BINOMIAL: lambda p: dict(

@@ -70,6 +70,7 @@ from numpyro_pvi.particles import (
     WHOLE_DATA,
     Y_LOC_SCALE,
     Y_LOG_LOC_SCALE,
+    Y_NORMAL_MIXTURE,
     Y_SIM,
     ParticleTerms,
     StratifiedGuide,
@@ -290,7 +291,7 @@ class _ParticleTracer:
             weight,
             observation_mask(observed, plate) if observed else None,
             observed_values(observed, plate)
-            if requests & {Y_SIM, Y_LOC_SCALE, Y_LOG_LOC_SCALE}
+            if requests & {Y_SIM, Y_LOC_SCALE, Y_LOG_LOC_SCALE, Y_NORMAL_MIXTURE}
             else None,
             {s["name"]: s["value"] for s in observed_sites(model_trace)}
             if OBSERVED in requests

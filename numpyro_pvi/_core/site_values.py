@@ -294,12 +294,12 @@ def _loc_scale(
         return None
     shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
     loc, scale = (
-        _parameter_rows(x, shape, plate, fn.event_dim) for x in (base.loc, base.scale)
+        parameter_rows(x, shape, plate, fn.event_dim) for x in (base.loc, base.scale)
     )
     return loc, scale
 
 
-def _parameter_rows(
+def parameter_rows(
     x: jax.Array, shape: tuple[int, ...], plate: DataPlate, event_ndim: int
 ) -> jax.Array:
     """``(b, d)`` a site's parameter laid out like its draws, or ``(1, d)``

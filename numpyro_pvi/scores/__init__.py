@@ -25,7 +25,8 @@ name                class                   needs from the model
 from __future__ import annotations
 
 from numpyro_pvi.scores.base import LogScore, Score
-from numpyro_pvi.scores.crps import CRPS, EnergyScore
+from numpyro_pvi.scores.crps import CRPS
+from numpyro_pvi.scores.energy import EnergyScore
 from numpyro_pvi.scores.pair_sums import crps_fair
 from numpyro_pvi.scores.quadratic import QuadraticScore
 

@@ -141,6 +141,16 @@ class LogScore(Score):
 def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]:
     """The simulated and the observed values, ``(M, b, d)`` and ``(b, d)``,
     as floating-point arrays (counts are simulated as integers)."""
+    if terms.y_sim is None and terms.y_mix_loc is not None:
+        raise ValueError(
+            f"score={score!r} with this estimator compares simulated observations "
+            "with the observed ones, and the observed site's Normal mixture "
+            "(MixtureSameFamily or MixtureGeneral) has no reparameterised "
+            "sampler (its component is a discrete draw). Use the CRPS in closed "
+            "form (score='crps', estimator 'auto' or 'closed-form'; "
+            "EnergyScore(beta=1.0) on scalar observations is the same), or "
+            "score='log'."
+        )
     if terms.y_sim is None or terms.y_obs is None:
         raise ValueError(
             f"score={score!r} needs simulated observations: request 'y_sim' from "

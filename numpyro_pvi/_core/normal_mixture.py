@@ -1,0 +1,132 @@
+r"""Normal-mixture likelihoods: their components along the data plate and
+the CRPS's two expectations in closed form, without simulations.
+
+A likelihood :math:`p(y \mid \theta) = \sum_c w_c\, \mathcal{N}(y;
+\mu_c, \sigma_c^2)` (NumPyro's ``MixtureSameFamily`` of a ``Normal``, or
+``MixtureGeneral`` of ``Normal`` components, as a model writes a mixture
+whose component is summed out) has no reparameterised sampler: the
+component is a discrete draw. Its CRPS needs none. With
+:math:`A(\mu, \sigma) = \mathbb{E}|X|` for :math:`X \sim
+\mathcal{N}(\mu, \sigma^2)` (:func:`~numpyro_pvi._core.normal.normal_abs_mean`),
+
+.. math::
+
+    \mathbb{E}|Y - y| = \sum_c w_c\, A(y - \mu_c, \sigma_c), \qquad
+    \mathbb{E}|Y - Y'| = \sum_{c, c'} w_c w'_{c'}\,
+    A\bigl(\mu_c - \mu'_{c'}, \sqrt{\sigma_c^2 + \sigma'^2_{c'}}\bigr)
+
+for independent :math:`Y, Y'` of two such mixtures: ``C`` and ``C²``
+evaluations of :math:`A` per particle and observation, differentiable in
+the weights as in the components.
+
+**References**
+
+1. Grimit, E. P., Gneiting, T., Berrocal, V. J. & Johnson, N. A. (2006).
+   *The continuous ranked probability score for circular variables and its
+   application to mesoscale forecast ensemble verification*. QJRMS
+   132(621C), 2925-2942, eq. 5 (the CRPS of a Normal mixture).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from numpyro.distributions import (
+    Distribution,
+    MixtureGeneral,
+    MixtureSameFamily,
+    Normal,
+)
+
+from numpyro_pvi._core.data_plate import DataPlate
+from numpyro_pvi._core.normal import normal_abs_mean
+from numpyro_pvi._core.site_values import innermost, parameter_rows
+
+#: ``(weights, locations, scales)`` of the components, each ``(b, C)``.
+Components = tuple[jax.Array, jax.Array, jax.Array]
+
+
+def _normal_components(
+    mixture: Distribution,
+) -> tuple[jax.Array, jax.Array] | None:
+    """Locations and scales of a mixture of scalar Normals, broadcasting
+    against ``(*batch, C)``; ``None`` for any other mixture."""
+    if isinstance(mixture, MixtureSameFamily):
+        parts = [mixture.component_distribution]
+    elif isinstance(mixture, MixtureGeneral):
+        parts = list(mixture.component_distributions)
+    else:
+        return None
+    if any(type(innermost(p)) is not Normal or p.event_shape for p in parts):
+        return None
+    # as given (right-aligned with the batch shape; a scale shared by every
+    # observation stays one per component)
+    loc, scale = (
+        [jnp.asarray(getattr(innermost(p), a)) for p in parts] for a in ("loc", "scale")
+    )
+    if isinstance(mixture, MixtureSameFamily):
+        return loc[0], scale[0]
+    return _stack(loc), _stack(scale)
+
+
+def _stack(xs: list[jax.Array]) -> jax.Array:
+    shape = jnp.broadcast_shapes(*(x.shape for x in xs))
+    return jnp.stack([jnp.broadcast_to(x, shape) for x in xs], axis=-1)
+
+
+def _site_components(site: dict[str, Any], plate: DataPlate) -> Components | None:
+    fn = site["fn"]
+    mixture = innermost(fn)
+    components = _normal_components(mixture)
+    if components is None:
+        return None
+    c = mixture.mixture_size
+    shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"])) + (c,)
+    rows = [
+        parameter_rows(x, shape, plate, fn.event_dim + 1)
+        for x in (mixture.mixing_distribution.probs, *components)
+    ]
+    if rows[0].shape[1] != c:  # several values per observation
+        return None
+    return rows[0], rows[1], rows[2]
+
+
+def normal_mixture(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> Components | None:
+    """``(b, C)`` weights, locations and scales of the components when the
+    one observed site of the data plate is a mixture of scalar Normals
+    (``MixtureSameFamily`` or ``MixtureGeneral``, possibly expanded or
+    masked; ``(1, C)`` for a parameter that does not vary along the plate);
+    ``None`` otherwise."""
+    if len(observed) != 1:
+        return None
+    return _site_components(observed[0], plate)
+
+
+def _leading(components: Components) -> Components:
+    # the components' axis first: the sums over it add whole (M, b) slabs,
+    # where a trailing axis of a few components is reduced (and its
+    # gradient broadcast) several times slower on XLA's CPU backend
+    w, loc, scale = (jnp.moveaxis(x, -1, 0) for x in components)
+    return w, loc, scale
+
+
+def mixture_abs_mean(components: Components, y: jax.Array) -> jax.Array:
+    r""":math:`\mathbb{E}|Y - y|` for :math:`Y` the mixture ``components``
+    (arrays ``(..., C)``), ``y`` broadcasting against ``(...)``."""
+    w, loc, scale = _leading(components)
+    return jnp.sum(w * normal_abs_mean(y - loc, scale), axis=0)
+
+
+def mixture_pair_abs_mean(a: Components, b: Components) -> jax.Array:
+    r""":math:`\mathbb{E}|Y - Y'|` for independent :math:`Y` and :math:`Y'`
+    of the mixtures ``a`` and ``b`` (arrays ``(..., C)``): ``(...)``."""
+    (w_a, loc_a, scale_a), (w_b, loc_b, scale_b) = _leading(a), _leading(b)
+    scale = jnp.sqrt(jnp.square(scale_a[:, None]) + jnp.square(scale_b[None]))
+    terms = (
+        w_a[:, None] * w_b[None] * normal_abs_mean(loc_a[:, None] - loc_b[None], scale)
+    )
+    return jnp.sum(terms, axis=(0, 1))
