@@ -23,7 +23,7 @@ from numpyro_pvi import FitRecipe, PredictiveELBO, predictive_score
 from numpyro_pvi._core.normal_mixture import mixture_abs_mean, mixture_pair_abs_mean
 from numpyro_pvi.particles import ParticleTerms, Weights
 from numpyro_pvi.scores import CRPS, EnergyScore
-from numpyro_pvi.selection import cross_validate
+from numpyro_pvi.selection import cross_validate, stacking_weights
 
 sr = pytest.importorskip("scoringrules")
 
@@ -252,7 +252,10 @@ def test_cross_validation_scores_the_folds_by_the_closed_form():
         X,
         Y,
         fit=FitRecipe(num_steps=50, num_draws=200, progress_bar=False),
-        candidates={"crps": PredictiveELBO("crps", num_particles=4)},
+        candidates={
+            "crps": PredictiveELBO("crps", num_particles=4),
+            "log": PredictiveELBO("log", num_particles=4),
+        },
         num_folds=3,
         score="crps",
         rule="best",
@@ -260,3 +263,9 @@ def test_cross_validation_scores_the_folds_by_the_closed_form():
     scores = np.asarray(cv.scores["pointwise"].sel(candidate="crps"))
     assert scores.shape == (9,) and np.all(np.isfinite(scores))
     assert scores[-1] < -10  # the outlier at 25, far from both components
+    # stacking the two fits scores their mixture: the pair gains of two
+    # fits' draws, each fit's components in closed form
+    gains = np.asarray(cv.scores["pair_gain"])
+    assert gains.shape == (2, 2, 9) and np.all(np.isfinite(gains))
+    weights = stacking_weights(cv).weights
+    np.testing.assert_allclose(np.sum(weights), 1.0, rtol=1e-6)
