@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
-from numpyro_pvi.diagnostics.psis import CONSTANT_WEIGHTS, K_RELIABLE, K_THRESHOLD
+from numpyro_pvi.diagnostics._pareto import CONSTANT_WEIGHTS, K_RELIABLE, K_THRESHOLD
 
 __all__ = ["plot_psis"]
 

@@ -12,7 +12,7 @@ import xarray as xr
 
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
 from numpyro_pvi.diagnostics._idata import component_labels
-from numpyro_pvi.diagnostics.psis import CONSTANT_WEIGHTS, K_RELIABLE
+from numpyro_pvi.diagnostics._pareto import CONSTANT_WEIGHTS, K_RELIABLE
 
 __all__ = ["psis_summary", "summary_table", "verdict"]
 

@@ -27,9 +27,10 @@ from numpyro_pvi._core import (
 from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs, site_dims
+from numpyro_pvi.diagnostics._pareto import K_THRESHOLD
 from numpyro_pvi.diagnostics.export import PSIS_LOO_NOTE, export_groups
 from numpyro_pvi.diagnostics.loo import MIN_LOO_DRAWS, approximate_loo
-from numpyro_pvi.diagnostics.psis import K_THRESHOLD, psis_arrays, psis_groups
+from numpyro_pvi.diagnostics.psis import psis_arrays, psis_groups
 from numpyro_pvi.diagnostics.psis_summary import summary_table
 from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED
 

@@ -365,7 +365,7 @@ def test_min_sample_size_of_a_k_hat_near_one_is_infinite(monkeypatch, k):
     """10^(1/(1-k̂)) overflowed Python's float (OverflowError) for k̂ within
     0.003 of 1, met by psis on an LKJ-Cholesky latent under
     AutoMultivariateNormal: it reads inf there, and 10^(1/(1-k̂)) below."""
-    psis_module = importlib.import_module("numpyro_pvi.diagnostics.psis")
+    psis_module = importlib.import_module("numpyro_pvi.diagnostics._pareto")
     draws = np.random.default_rng(0).normal(size=400)
     monkeypatch.setattr(
         psis_module.NUMERICS, "psislw", lambda lr: (lr - np.log(np.sum(np.exp(lr))), k)
