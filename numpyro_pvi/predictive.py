@@ -19,12 +19,11 @@ from numpyro_pvi._core import (
     check_data_plate,
     check_int,
     check_no_model_params,
-    check_real,
     check_real_or_array,
-    guide_log_density,
     particle_terms,
+    rejection_options,
     rejection_score_function,
-    seed_plates,
+    round_functions,
     split_particle_key,
     warn_point_mass,
 )
@@ -190,25 +189,12 @@ class PredictiveELBO(ELBO):
                 f"{log_score_estimator!r}."
             )
         if log_score_estimator == "rejection":
-            if not isinstance(self.score, LogScore):
-                raise ValueError(
-                    f"{name}: log_score_estimator='rejection' estimates the "
-                    f"gradient of the log score only, not of {self.score!r}."
-                )
-            if likelihood_bound is None:
-                raise ValueError(
-                    f"{name}: log_score_estimator='rejection' needs "
-                    "likelihood_bound=C > 0 with p(y_i | theta) <= C for every "
-                    "observation and theta."
-                )
-            likelihood_bound = check_real(
-                likelihood_bound, "likelihood_bound", name, low=0.0, low_open=True
-            )
-            max_rounds = check_int(
-                1000 if max_rounds is None else max_rounds,
-                "max_rounds",
+            likelihood_bound, max_rounds = rejection_options(
                 name,
-                minimum=0,
+                self.score,
+                isinstance(self.score, LogScore),
+                likelihood_bound,
+                max_rounds,
             )
         elif likelihood_bound is not None or max_rounds is not None:
             raise ValueError(
@@ -263,27 +249,23 @@ class PredictiveELBO(ELBO):
         the choice between the prior and the posterior regularizer: then
         ``self.with_lam(other.lam, posterior=...)`` is ``other``'s
         objective."""
-        if type(other) is not type(self) or None in (
-            self.regularizer,
-            getattr(other, "regularizer", None),
-        ):
+        if None in (self.regularizer, getattr(other, "regularizer", None)):
             return False
-        skip = ("lam", "regularizer")
-        mine = {k: v for k, v in vars(self).items() if k not in skip}
-        theirs = {k: v for k, v in vars(other).items() if k not in skip}
-        try:
-            return bool(mine == theirs)
-        except (TypeError, ValueError):  # array-valued options: not comparable
-            return False
+        return self._same_but(other, ("lam", "regularizer"))
 
     def differs_only_in_lam(self, other: object) -> bool:
         """Whether ``other`` is this objective but for :math:`\\lambda` (the
         same class and every other option equal): then
         ``self.with_lam(other.lam)`` is ``other``'s objective."""
+        return self._same_but(other, ("lam",))
+
+    def _same_but(self, other: object, skip: tuple[str, ...]) -> bool:
+        """Whether ``other`` is of this class with every option but ``skip``
+        equal."""
         if type(other) is not type(self):
             return False
-        mine = {k: v for k, v in vars(self).items() if k != "lam"}
-        theirs = {k: v for k, v in vars(other).items() if k != "lam"}
+        mine = {k: v for k, v in vars(self).items() if k not in skip}
+        theirs = {k: v for k, v in vars(other).items() if k not in skip}
         try:
             return bool(mine == theirs)
         except (TypeError, ValueError):  # array-valued options: not comparable
@@ -368,33 +350,15 @@ class PredictiveELBO(ELBO):
         kwargs: dict,
     ) -> tuple[jax.Array, RejectionStats]:
         """``(b,)`` surrogate of the rejection estimator and its statistics."""
-
-        def draw_round(key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
-            spec = ParticleSpec.of(
-                self,
-                (LOG_LIK, GUIDE_DRAWS),
-                data_plate=self.data_plate,
-                require_reparam=False,
-            )
-            more = particle_terms(
-                key,
-                stop_gradient(param_map),
-                model,
-                guide,
-                args,
-                kwargs,
-                spec,
-                plate_key=plate_key,
-            )
-            return present(more.log_lik, "log_lik"), present(
-                more.guide_draws, "guide_draws"
-            )
-
-        seeded_guide = seed_plates(guide, plate_key)
-
-        def log_q_at(draws: dict[str, jax.Array], key: jax.Array) -> jax.Array:
-            return guide_log_density(seeded_guide, param_map, draws, key, args, kwargs)
-
+        spec = ParticleSpec.of(
+            self,
+            (LOG_LIK, GUIDE_DRAWS),
+            data_plate=self.data_plate,
+            require_reparam=False,
+        )
+        draw_round, log_q_at = round_functions(
+            spec, param_map, model, guide, args, kwargs, plate_key
+        )
         # the constructor checked both for the rejection estimator
         assert self.likelihood_bound is not None and self.max_rounds is not None
         return rejection_score_function(

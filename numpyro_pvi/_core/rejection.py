@@ -27,12 +27,17 @@ rate per draw), which :class:`RejectionStats` reports.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax import lax, random
 from jax.lax import stop_gradient
+
+from numpyro_pvi._core.particles import ParticleSpec, particle_terms
+from numpyro_pvi._core.tracing import guide_log_density, seed_plates
+from numpyro_pvi._core.validation import check_int, check_real
+from numpyro_pvi.particles import present
 
 
 class RejectionStats(NamedTuple):
@@ -55,6 +60,72 @@ def _accepts(key: jax.Array, log_lik: jax.Array, log_bound: float) -> jax.Array:
     """``(M, b)`` acceptance of each draw for each observation."""
     log_t = jnp.log(random.uniform(key, log_lik.shape, dtype=log_lik.dtype))
     return stop_gradient(log_t < log_lik - log_bound)
+
+
+def rejection_options(
+    name: str,
+    score: object,
+    log_score: bool,
+    likelihood_bound: float | None,
+    max_rounds: int | None,
+) -> tuple[float, int]:
+    """The checked ``likelihood_bound`` and ``max_rounds`` (default 1000)
+    of an objective ``name`` that estimates the gradient of its ``score``
+    by rejection (``log_score``: whether that is the log score)."""
+    if not log_score:
+        raise ValueError(
+            f"{name}: log_score_estimator='rejection' estimates the gradient of "
+            f"the log score only, not of {score!r}."
+        )
+    if likelihood_bound is None:
+        raise ValueError(
+            f"{name}: log_score_estimator='rejection' needs likelihood_bound=C > "
+            "0 with p(y_i | theta) <= C for every observation and theta."
+        )
+    bound = check_real(
+        likelihood_bound, "likelihood_bound", name, low=0.0, low_open=True
+    )
+    rounds = check_int(
+        1000 if max_rounds is None else max_rounds, "max_rounds", name, minimum=0
+    )
+    return bound, rounds
+
+
+def round_functions(
+    spec: ParticleSpec,
+    param_map: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    args: tuple,
+    kwargs: dict,
+    plate_key: jax.Array,
+) -> tuple[Callable, Callable]:
+    """``draw_round`` and ``log_q_at`` of :func:`rejection_score_function`
+    for particles of ``spec`` (requesting ``log_lik`` and ``guide_draws``,
+    no reparameterisation): fresh draws with the parameters' gradient
+    stopped on the step's subsample (``plate_key``), and the guide's log
+    density at one particle's draws with its gradient."""
+
+    def draw_round(key: jax.Array) -> tuple[jax.Array, dict[str, jax.Array]]:
+        more = particle_terms(
+            key,
+            stop_gradient(param_map),
+            model,
+            guide,
+            args,
+            kwargs,
+            spec,
+            plate_key=plate_key,
+        )
+        draws = present(more.guide_draws, "guide_draws")
+        return present(more.log_lik, "log_lik"), draws
+
+    seeded_guide = seed_plates(guide, plate_key)
+
+    def log_q_at(draws: dict[str, Any], key: jax.Array) -> jax.Array:
+        return guide_log_density(seeded_guide, param_map, draws, key, args, kwargs)
+
+    return draw_round, log_q_at
 
 
 def rejection_score_function(
