@@ -163,6 +163,11 @@ OBJECTIVES: dict[str, Objective] = {
             ),
             models=FINITE_SUPPORT,
         ),
+        Objective(
+            "pvi_crps_pmf",
+            lambda m: PredictiveELBO(CRPS(estimator="pmf"), num_particles=m),
+            models=FINITE_SUPPORT,
+        ),
         Objective("softcvi", lambda m: SoftCVIELBO(num_particles=m, alpha=0.75)),
         Objective("snis_fkl", lambda m: SNISForwardKL(num_particles=m)),
     ]

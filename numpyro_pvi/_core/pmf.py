@@ -39,6 +39,7 @@ from jax.scipy.special import gammaln, xlog1py, xlogy
 from numpyro.distributions import (
     BernoulliLogits,
     BernoulliProbs,
+    BetaBinomial,
     BinomialLogits,
     BinomialProbs,
     CategoricalLogits,
@@ -94,8 +95,25 @@ def _binomial(
     return log_pmf(k)
 
 
+def _beta_binomial(d: BetaBinomial, size: int) -> list[jax.Array] | jax.Array:
+    """Its ``log_prob`` at ``k = 0 .. size - 1``, ``-inf`` above the
+    observation's own ``total_count``: evaluated there at the count itself,
+    so that the gradient stays finite (``log_prob`` beyond the support has a
+    NaN gradient, which ``where`` would multiply by zero and keep)."""
+    n = jnp.asarray(d.total_count, dtype=jnp.result_type(float))
+
+    def log_pmf(k: jax.Array) -> jax.Array:
+        return jnp.where(k <= n, d.log_prob(jnp.minimum(k, n)), -jnp.inf)
+
+    if size <= UNROLLED_SUPPORT:
+        return [log_pmf(jnp.asarray(k, n.dtype)) for k in range(size)]
+    k = jnp.arange(size, dtype=n.dtype).reshape((size,) + (1,) * len(d.batch_shape))
+    return log_pmf(k)
+
+
 #: The likelihoods whose pmf over the support is computed in one pass.
 ONE_PASS = {
+    BetaBinomial: _beta_binomial,
     CategoricalLogits: _categorical,
     CategoricalProbs: _categorical,
     BinomialLogits: _binomial_logits,

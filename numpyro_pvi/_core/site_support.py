@@ -53,14 +53,15 @@ def _enumerable(
     if is_censored(fn):
         raise ValueError(
             censoring_refusal(site["name"], describe(fn))
-            + " The quadratic score, which compares the predictive pmf with "
+            + " The scores from the pmf (the quadratic score, "
+            "CRPS(estimator='pmf')), which compare the predictive pmf with "
             "them, would be wrong. " + score_advice(site, scalar)
         )
     if not getattr(fn, "has_enumerate_support", False):
         raise ValueError(
             f"Observed site '{site['name']}' ({describe(fn)}) has no finite "
-            "support to enumerate, which the quadratic (Brier) score needs. "
-            + score_advice(site, scalar)
+            "support to enumerate, which the scores from the pmf (the quadratic "
+            "score, CRPS(estimator='pmf')) need. " + score_advice(site, scalar)
         )
     # Independent (.to_event), Expanded and Masked wrappers: enumerate the
     # innermost distribution; reinterpreted batch dims become components of
@@ -71,8 +72,8 @@ def _enumerable(
     except NotImplementedError:
         raise ValueError(
             f"Observed site '{site['name']}' ({describe(fn)}) cannot "
-            "enumerate its support, which the quadratic (Brier) score needs. "
-            + score_advice(site, scalar)
+            "enumerate its support, which the scores from the pmf (the quadratic "
+            "score, CRPS(estimator='pmf')) need. " + score_advice(site, scalar)
         ) from None
     return (
         components.base,

@@ -355,6 +355,12 @@ def score_advice(site: dict[str, Any], scalar: bool) -> str:
         return "No built-in score applies to this likelihood."
     listed = ", ".join(repr(n) for n in names[:-1])
     listed = f"{listed} or {names[-1]!r}" if listed else repr(names[0])
+    if scalar and "quadratic" in names and "crps" not in names:
+        # a finite support: the CRPS from its pmf, without simulations
+        return (
+            f"Use score={listed} for this likelihood, or "
+            "score=CRPS(estimator='pmf') for its CRPS from the pmf."
+        )
     return f"Use score={listed} for this likelihood."
 
 

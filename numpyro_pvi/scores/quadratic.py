@@ -22,6 +22,7 @@ from numpyro_pvi.particles import (
     present,
 )
 from numpyro_pvi.scores.base import Score, strata
+from numpyro_pvi.scores.pair_sums import stratum_sums, weighted_strata
 
 __all__ = ["QuadraticScore"]
 
@@ -46,16 +47,6 @@ def _log_overlap(overlap: jax.Array) -> jax.Array:
     return jnp.where(zero, -jnp.inf, jnp.log(jnp.where(zero, 1.0, overlap)))
 
 
-def _stratum_sums(x: jax.Array, num_strata: int) -> jax.Array:
-    """``(S, ...)`` the sums of ``x`` ``(S M, ...)`` over each stratum's
-    ``M`` draws: one reduction over the middle axis of ``(S, M, ...)``
-    (slices per stratum of a stacked pmf, and their zero-padded gradients,
-    took 8× as long on a Bernoulli likelihood)."""
-    if num_strata == 1:
-        return particle_sum(x)[None]
-    return jnp.sum(x.reshape((num_strata, -1) + x.shape[1:]), axis=1)
-
-
 def _strata_sums(pmf: jax.Array, num_strata: int) -> tuple[jax.Array, jax.Array]:
     r"""``(S, K, b)`` per stratum the totals :math:`T_{sj} = \sum_{m \in s}
     f_m(j)` and :math:`\sum_{m \in s} f_m(j)^2` of the ``(S M, K, b)`` pmf.
@@ -72,11 +63,11 @@ def _strata_sums(pmf: jax.Array, num_strata: int) -> tuple[jax.Array, jax.Array]
     if k == 2:
         m = n // num_strata
         f = pmf[:, 1]
-        t1 = _stratum_sums(f, num_strata)
-        own1 = _stratum_sums(jnp.square(f), num_strata)
+        t1 = stratum_sums(f, num_strata)
+        own1 = stratum_sums(jnp.square(f), num_strata)
         totals = jnp.stack([m - t1, t1], axis=1)
         return totals, jnp.stack([m - 2.0 * t1 + own1, own1], axis=1)
-    return _stratum_sums(pmf, num_strata), _stratum_sums(jnp.square(pmf), num_strata)
+    return stratum_sums(pmf, num_strata), stratum_sums(jnp.square(pmf), num_strata)
 
 
 def _support_sums(pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -131,22 +122,6 @@ def _binomial_sums(terms: ParticleTerms) -> tuple[jax.Array, jax.Array] | None:
         return None
     totals, own = (x[0] for x in strata_sums)
     return totals, jnp.sum(jnp.square(totals) - own, axis=0)
-
-
-def _weighted_strata(
-    strata_sums: tuple[jax.Array, jax.Array], v: jax.Array, m: int
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    r"""The weighted totals ``(K, b)`` :math:`\sum_a v_a f_a(j)`, their pair
-    term ``(b,)`` :math:`\sum_j [(\sum_a v_a f_a(j))^2 - \sum_a v_a^2
-    f_a(j)^2]` and the strata's own pair terms ``(b,)`` of
-    :meth:`QuadraticScore._stratified`, from the ``(S, K, b)``
-    :func:`_strata_sums` (each stratum's ``M`` draws share one weight
-    ``v``)."""
-    t, o = strata_sums
-    w = v.reshape((t.shape[0], m) + v.shape[1:])[:, 0, None]  # (S, 1, b)
-    totals, own = jnp.sum(w * t, axis=0), jnp.sum(jnp.square(w) * o, axis=0)
-    within = jnp.sum(jnp.square(w[:, 0]) * jnp.sum(jnp.square(t) - o, axis=1), axis=0)
-    return totals, jnp.sum(jnp.square(totals) - own, axis=0), within
 
 
 def _next_overlaps(terms: ParticleTerms) -> jax.Array:
@@ -372,7 +347,7 @@ class QuadraticScore(Score):
             strata_sums = _binomial_strata(terms)
             if strata_sums is None:
                 strata_sums = _strata_sums(pmf[..., 0], k)
-            totals, total, within = _weighted_strata(strata_sums, v, m)
+            totals, total, within = weighted_strata(strata_sums, v, m)
             if terms.obs_support is not None:  # q(y_i): the observed value's total
                 q_obs = _at_observed(totals, terms.obs_support[..., 0])
             else:

@@ -35,6 +35,7 @@ from numpyro_pvi import (
     predictive_score,
 )
 from numpyro_pvi.guides import AutoFlow
+from numpyro_pvi.scores import CRPS
 from numpyro_pvi.selection import cross_validate
 from tests.programs import PROGRAMS
 
@@ -81,6 +82,7 @@ OBJECTIVES = {
     "crps": lambda: PredictiveELBO("crps", num_particles=4),
     "energy": lambda: PredictiveELBO("energy", num_particles=4),
     "quadratic": lambda: PredictiveELBO("quadratic", num_particles=4),
+    "crps_pmf": lambda: PredictiveELBO(CRPS(estimator="pmf"), num_particles=4),
     "pacm": lambda: PACmELBO(num_particles=4),
     "softcvi": lambda: SoftCVIELBO(num_particles=4),
     "snis": lambda: SNISForwardKL(num_particles=4),
@@ -139,6 +141,8 @@ def test_every_objective_fits_or_refuses_with_advice_that_works(name):
             match = re.search(r"Use score=(.*?) for this likelihood", message)
             assert match, (label, message)
             advised |= set(re.findall(r"'(\w+)'", match.group(1)))
+            if "score=CRPS(estimator='pmf')" in message:
+                advised.add("crps_pmf")
             continue
         assert np.all(np.isfinite(np.asarray(result.losses))), (label, result.losses)
         fitted.add(label)

@@ -488,6 +488,9 @@ def _distributions(theta):
         "binomial-large": dist.BinomialLogits(theta[:, 1], total_count=30),
         "bernoulli": dist.BernoulliLogits(theta[:, 2]),
         "bernoulli-probs": dist.BernoulliProbs(jax.nn.sigmoid(theta[:, 3])),
+        "beta-binomial": dist.BetaBinomial(
+            jnp.exp(theta[:, 0]), jnp.exp(theta[:, 1]), total_count=6
+        ),
     }
 
 
@@ -529,12 +532,13 @@ def test_one_pass_pmf_equals_generic_pmf_value_and_gradient(name):
         np.testing.assert_allclose(g, grads[0], rtol=1e-4, atol=1e-5)
 
 
-def test_one_pass_covers_categorical_binomial_and_bernoulli():
+def test_one_pass_covers_categorical_binomial_beta_binomial_and_bernoulli():
     assert set(pmf.ONE_PASS) == {
         dist.CategoricalLogits,
         dist.CategoricalProbs,
         dist.BinomialLogits,
         dist.BinomialProbs,
+        dist.BetaBinomial,
     }
     assert set(pmf.PROBS_ONE_PASS) == {dist.BernoulliLogits, dist.BernoulliProbs}
 
@@ -838,3 +842,22 @@ def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(
     np.testing.assert_allclose(fast, slow, rtol=10 * RTOL, atol=10 * RTOL)
     for a, b in zip(*(jax.tree.leaves(g) for g in (grad_fast, grad_slow)), strict=True):
         np.testing.assert_allclose(a, b, rtol=100 * RTOL, atol=100 * RTOL)
+
+
+def test_beta_binomial_counts_that_vary_keep_a_finite_gradient():
+    # the support runs to the largest total_count; above an observation's
+    # own count the pmf is 0, and its gradient finite (log_prob beyond the
+    # support has a NaN gradient: the quadratic objective and the CRPS from
+    # the pmf went NaN after one step)
+    counts = jnp.array([1, 4, 2, 4])
+
+    def total(theta):
+        d = dist.BetaBinomial(jnp.exp(theta), 2.0, total_count=counts)
+        support = jnp.arange(5.0).reshape(5, 1)
+        out = jnp.stack(support_pmf(d, support))  # (5, 4)
+        return jnp.sum(jnp.square(out)), out
+
+    (_, out), grad = jax.value_and_grad(total, has_aux=True)(jnp.zeros(4))
+    assert np.all(np.isfinite(grad)) and np.all(grad != 0)
+    np.testing.assert_allclose(out.sum(0), 1.0, rtol=1e-5)
+    assert np.all(np.asarray(out)[np.arange(5)[:, None] > np.asarray(counts)] == 0)

@@ -1,0 +1,244 @@
+"""The CRPS from the pmf over a finite support (``CRPS(estimator="pmf")``):
+against scoringrules' Binomial CRPS, against the simulated all-pairs
+estimate it averages (with and without a mixture guide's strata, varying
+total counts), and fitted with Binomial and Bernoulli likelihoods, a mask
+and an outlier; the refusals name it as a remedy."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from conftest import X64
+from jax import random
+from numpyro.infer import SVI
+from numpyro.infer.autoguide import AutoNormal
+
+from numpyro_pvi import FitRecipe, PredictiveELBO, predictive_score
+from numpyro_pvi.particles import ParticleTerms, Weights
+from numpyro_pvi.scores import CRPS
+from numpyro_pvi.selection import cross_validate, stacking_weights
+
+sr = pytest.importorskip("scoringrules")
+
+RTOL = 1e-9 if X64 else 3e-5
+PMF_CRPS = CRPS(estimator="pmf")
+
+
+def _terms(probs, counts, y, num_strata=1, omega=None):
+    """Terms of Binomial likelihoods ``(K M, b)`` probabilities with
+    ``(b,)`` counts: the pmf over 0..max(counts), zero-padded, and the
+    observed support value."""
+    km, b = probs.shape
+    values = jnp.arange(int(counts.max()) + 1)[:, None]  # (V, 1)
+    pmf = jnp.where(
+        values <= counts,
+        jnp.exp(
+            dist.Binomial(counts, probs[:, None, :]).log_prob(
+                jnp.minimum(values, counts)
+            )
+        ),
+        0.0,
+    )  # (K M, V, b)
+    if omega is None:
+        log_predictive = jnp.full((km, b), -math.log(km))
+    else:
+        m = km // num_strata
+        log_predictive = jnp.repeat(jnp.log(omega / m), m, axis=0)
+    return ParticleTerms(
+        log_prior=jnp.zeros(km),
+        log_q=jnp.zeros(km),
+        weights=Weights(
+            particle=jnp.full((km,), 1.0 / km),
+            log_predictive=log_predictive,
+            observation=jnp.ones(b),
+        ),
+        num_strata=num_strata,
+        y_obs=y[:, None].astype(float),
+        pmf=pmf[..., None],
+        obs_support=(values == y)[..., None],
+    )
+
+
+@pytest.mark.numerics
+def test_identical_particles_give_scoringrules_crps_binomial():
+    # with every particle the same pmf the fair pair estimate is F(v)^2
+    # exactly: the CRPS of that Binomial, at the mode, in a tail and at the
+    # ends of the support
+    counts = jnp.array([10, 10, 10, 4, 7])
+    prob = jnp.array([0.3, 0.3, 0.9, 0.5, 0.05])
+    y = jnp.array([3, 10, 0, 4, 0])
+    terms = _terms(jnp.tile(prob, (4, 1)), counts, y)
+    want = sr.crps_binomial(
+        np.asarray(y, float),
+        np.asarray(counts, float),
+        np.asarray(prob, float),
+        backend="numpy",
+    )
+    np.testing.assert_allclose(-PMF_CRPS.estimate(terms), want, rtol=RTOL * 10)
+
+
+@pytest.mark.parametrize("num_strata, m", [(1, 2), (1, 5), (2, 3)])
+def test_pmf_crps_is_the_all_pairs_estimate_averaged_over_simulations(num_strata, m):
+    # given the particles, the CRPS from the pmf is the expectation over the
+    # simulations of the fair all-pairs estimate from simulated counts:
+    # equal within the Monte Carlo error; counts that vary per observation,
+    # an observation in the far tail, strata weights
+    km, b = num_strata * m, 5
+    probs = jax.nn.sigmoid(random.normal(random.PRNGKey(1), (km, b)))
+    counts = jnp.array([1, 5, 10, 10, 3])
+    y = jnp.array([1, 0, 10, 2, 3])
+    omega = None
+    if num_strata > 1:
+        omega = jax.nn.softmax(random.normal(random.PRNGKey(2), (num_strata, b)), 0)
+    terms = _terms(probs, counts, y, num_strata, omega)
+    exact = PMF_CRPS.estimate(terms)
+
+    def simulated(key):
+        x = random.binomial(key, counts, probs).astype(float)[..., None]
+        return CRPS(estimator="all-pairs").estimate(terms._replace(y_sim=x))
+
+    keys = random.split(random.PRNGKey(3), 20000)
+    est = jax.jit(jax.vmap(simulated))(keys)
+    se = est.std(0) / math.sqrt(keys.shape[0])
+    assert jnp.max(jnp.abs(est.mean(0) - exact) / se) < 4.5, (est.mean(0), exact)
+    # power: the plug-in square (F-bar)^2, biased by Var F / M, is another number
+    cdf = jnp.cumsum(terms.pmf[:, :-1, :, 0], axis=1)
+    v = jnp.exp(terms.weights.log_predictive)[:, None, :]
+    mean = jnp.sum(v * cdf, axis=0)
+    below = jnp.cumsum(terms.obs_support[:-1, :, 0], axis=0)
+    plug_in = -jnp.sum(jnp.square(mean - below), axis=0)
+    assert jnp.max(jnp.abs(plug_in - exact) / se) > 10
+
+
+def binomial_model(x, counts, y=None, mask=True):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Binomial(counts, logits=w * x + b).mask(mask), obs=y)
+
+
+def bernoulli_model(x, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(logits=w * x), obs=y)
+
+
+X = jnp.linspace(-1.0, 1.0, 12)
+COUNTS = jnp.array([3, 8, 8, 8, 1, 8, 8, 8, 5, 8, 8, 8])
+Y = jnp.array([1, 3, 4, 3, 0, 4, 5, 6, 3, 6, 7, 0])  # the last: an outlier
+
+
+def test_fits_a_binomial_regression_and_scores_it_held_out():
+    guide = AutoNormal(binomial_model)
+    loss = PredictiveELBO(PMF_CRPS, num_particles=8)
+    svi = SVI(binomial_model, guide, optax.adam(0.05), loss)
+    result = svi.run(random.PRNGKey(4), 300, X, COUNTS, Y, progress_bar=False)
+    assert np.all(np.isfinite(result.losses))
+    assert float(np.mean(result.losses[-30:])) < float(np.mean(result.losses[:30]))
+    score = predictive_score(
+        random.PRNGKey(5),
+        result.params,
+        binomial_model,
+        guide,
+        X,
+        COUNTS,
+        Y,
+        score=PMF_CRPS,
+    )
+    assert np.all(np.isfinite(score.score)) and np.all(np.asarray(score.score) <= 0)
+    # the outlier (0 of 8 where about 7 are predicted) scores worst
+    assert int(np.argmin(score.score)) == 11
+    # a masked observation scores nothing and leaves the others unchanged
+    keep = np.arange(12) != 11
+    params = result.params
+    key = random.PRNGKey(6)
+    terms = loss.particle_terms(key, params, binomial_model, guide, X, COUNTS, Y)
+    masked = loss.particle_terms(
+        key, params, binomial_model, guide, X, COUNTS, Y, mask=keep
+    )
+    np.testing.assert_allclose(
+        np.asarray(PMF_CRPS.estimate(masked))[keep],
+        np.asarray(PMF_CRPS.estimate(terms))[keep],
+        rtol=1e-5,
+    )
+
+
+def test_bernoulli_crps_is_half_the_brier_score():
+    # for outcomes in {0, 1} the CRPS is (F(0) - 1{y = 0})^2 = (q(1) - y)^2:
+    # the Brier score of the event, and QuadraticScore is 1 - 2 (q(1) - y)^2
+    guide = AutoNormal(bernoulli_model)
+    y = (X > 0).astype(jnp.int32)
+    loss = PredictiveELBO(PMF_CRPS, num_particles=6)
+    svi = SVI(bernoulli_model, guide, optax.sgd(0.0), loss)
+    params = svi.get_params(svi.init(random.PRNGKey(7), X, y))
+    key = random.PRNGKey(8)
+    crps = loss.score.estimate(
+        loss.particle_terms(key, params, bernoulli_model, guide, X, y)
+    )
+    quad = PredictiveELBO("quadratic", num_particles=6)
+    quadratic = quad.score.estimate(
+        quad.particle_terms(key, params, bernoulli_model, guide, X, y)
+    )
+    np.testing.assert_allclose(2.0 * crps, quadratic - 1.0, rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_crps_names_it_for_a_finite_support():
+    guide = AutoNormal(binomial_model)
+    loss = PredictiveELBO("crps", num_particles=4)
+    svi = SVI(binomial_model, guide, optax.sgd(0.0), PredictiveELBO("log"))
+    params = svi.get_params(svi.init(random.PRNGKey(9), X, COUNTS, Y))
+    with pytest.raises(ValueError, match=r"CRPS\(estimator='pmf'\)"):
+        loss.loss(random.PRNGKey(10), params, binomial_model, guide, X, COUNTS, Y)
+    # and the remedy works
+    remedy = PredictiveELBO(PMF_CRPS, num_particles=4)
+    value = remedy.loss(random.PRNGKey(10), params, binomial_model, guide, X, COUNTS, Y)
+    assert np.isfinite(float(value))
+
+
+def test_cross_validation_and_stacking_score_by_the_pmf():
+    # held-out CRPS from the pmf, and the pair gains of two fits' draws
+    # (their strata) that stacking's weights are computed from
+    guide = AutoNormal(binomial_model)
+    cv = cross_validate(
+        random.PRNGKey(11),
+        binomial_model,
+        guide,
+        optax.adam(0.05),
+        X,
+        COUNTS,
+        Y,
+        fit=FitRecipe(num_steps=50, num_draws=200, progress_bar=False),
+        candidates={
+            "crps": PredictiveELBO(PMF_CRPS, num_particles=4),
+            "log": PredictiveELBO("log", num_particles=4),
+        },
+        num_folds=3,
+        score=PMF_CRPS,
+        rule="best",
+    )
+    scores = np.asarray(cv.scores["pointwise"])
+    assert scores.shape == (2, 12) and np.all(np.isfinite(scores))
+    assert np.all(scores <= 0)
+    gains = np.asarray(cv.scores["pair_gain"])
+    assert gains.shape == (2, 2, 12) and np.all(np.isfinite(gains))
+    np.testing.assert_allclose(np.sum(stacking_weights(cv).weights), 1.0, rtol=1e-6)
+
+
+def beta_binomial_model(x, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        a = jnp.exp(w * x)
+        numpyro.sample("y", dist.BetaBinomial(a, 2.0, total_count=COUNTS), obs=y)
+
+
+def test_a_beta_binomial_fits_by_its_pmf():
+    guide = AutoNormal(beta_binomial_model)
+    loss = PredictiveELBO(PMF_CRPS, num_particles=4)
+    svi = SVI(beta_binomial_model, guide, optax.adam(0.05), loss)
+    result = svi.run(random.PRNGKey(12), 100, X, Y, progress_bar=False)
+    assert np.all(np.isfinite(result.losses))
