@@ -21,12 +21,13 @@ class Score:
     r"""Base class of positively oriented scoring rules estimated from particles.
 
     Subclasses set ``requires`` (a subset of ``{"log_lik", "y_sim",
-    "y_loc_scale", "y_log_loc_scale", "log_pmf", "pmf", "binomial"}``:
-    per-observation log-likelihoods, reparameterised simulated
+    "y_loc_scale", "y_log_loc_scale", "y_normal_mixture", "log_pmf", "pmf",
+    "binomial"}``: per-observation log-likelihoods, reparameterised simulated
     observations, the location and scale of Normal likelihoods and of the
-    logarithm of LogNormal ones, the pmf over a finite support as log
-    probabilities or probabilities, or the logits and counts of Binomial
-    likelihoods) and implement
+    logarithm of LogNormal ones, the components of Normal-mixture
+    likelihoods, the pmf over a finite support as log probabilities or
+    probabilities, or the logits and counts of Binomial likelihoods) and
+    implement
     :meth:`estimate`. ``min_particles`` is the smallest number of
     particles the estimator is defined for.
 
@@ -90,7 +91,9 @@ class Score:
     """
 
     name: ClassVar[str] = "score"
-    requires: ClassVar[frozenset[str]] = frozenset()
+    #: set on the class, or on an instance whose options change what it
+    #: reads (``CRPS(estimator="pmf")``)
+    requires: frozenset[str] = frozenset()
     min_particles: ClassVar[int] = 1
     mixture_is_quadratic: ClassVar[bool] = False
 
