@@ -81,6 +81,7 @@ from numpyro_pvi._core.particles import (
 )
 from numpyro_pvi._core.pmf import (
     UNROLLED_SUPPORT,
+    binomial_cdf_sums,
     binomial_support_sums,
     support_log_pmf,
     support_pmf,
@@ -215,6 +216,7 @@ __all__ = [
     "sum_log_density",
     "support_log_pmf",
     "support_pmf",
+    "binomial_cdf_sums",
     "binomial_support_sums",
     "POLYNOMIAL_SUPPORT",
     "binomial_next_overlap_sum",

@@ -29,6 +29,7 @@ particles by block of particles.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from functools import partial
@@ -288,3 +289,60 @@ def _sums_bwd(
 
 
 binomial_support_sums.defvjp(_sums_fwd, _sums_bwd)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(2,))
+def binomial_cdf_sums(
+    logits: jax.Array, count: jax.Array, size: int
+) -> tuple[jax.Array, jax.Array]:
+    r"""``(K, b)`` totals :math:`\sum_m F_m(k)` and sums of squares
+    :math:`\sum_m F_m(k)^2` of the Binomial cdfs :math:`F_m(k) =
+    \sum_{v \le k} f_m(v)`, ``k < size``, as :func:`binomial_support_sums`
+    sums the pmf: block by block of particles, without the ``(M, K, b)``
+    cdf, the gradient :math:`\partial F_k / \partial \ell = \sum_{v \le
+    k} f_v (v - n p)` likewise (what the CRPS from the pmf reads).
+
+    :param logits: ``(M, b)`` the particles' logits.
+    :param count: ``(b,)`` the total counts (data: no gradient).
+    :param size: ``K``, at most :data:`UNROLLED_SUPPORT`.
+    """
+    blocks = _blocks(logits)
+
+    def add_block(i: jax.Array, sums: tuple[jax.Array, jax.Array]):
+        f, _ = _binomial_terms(blocks[i], count, size)
+        cdf = list(itertools.accumulate(f))
+        totals = jnp.stack([x.sum(0) for x in cdf])
+        return sums[0] + totals, sums[1] + jnp.stack([(x * x).sum(0) for x in cdf])
+
+    zeros = jnp.zeros((size,) + logits.shape[1:], logits.dtype)
+    return jax.lax.fori_loop(0, blocks.shape[0], add_block, (zeros, zeros))
+
+
+def _cdf_sums_fwd(
+    logits: jax.Array, count: jax.Array, size: int
+) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array]]:
+    return binomial_cdf_sums(logits, count, size), (logits, count)
+
+
+def _cdf_sums_bwd(
+    size: int,
+    residuals: tuple[jax.Array, jax.Array],
+    cotangents: tuple[jax.Array, jax.Array],
+) -> tuple[jax.Array, None]:
+    logits, count = residuals
+    d_totals, d_own = cotangents
+
+    def block_gradient(block: jax.Array) -> jax.Array:
+        f, p = _binomial_terms(block, count, size)
+        mean = count * p
+        cdf, slope = jnp.zeros_like(block), jnp.zeros_like(block)
+        d_block = jnp.zeros_like(block)
+        for k, fk in enumerate(f):
+            cdf, slope = cdf + fk, slope + fk * (k - mean)
+            d_block = d_block + slope * (d_totals[k] + 2.0 * d_own[k] * cdf)
+        return d_block
+
+    return jax.lax.map(block_gradient, _blocks(logits)).reshape(logits.shape), None
+
+
+binomial_cdf_sums.defvjp(_cdf_sums_fwd, _cdf_sums_bwd)

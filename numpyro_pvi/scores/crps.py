@@ -10,7 +10,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import normal_abs_mean, normal_strata_crps
+from numpyro_pvi._core import (
+    UNROLLED_SUPPORT,
+    binomial_cdf_sums,
+    normal_abs_mean,
+    normal_strata_crps,
+)
 from numpyro_pvi._core.lognormal import (
     lognormal_abs_mean,
     lognormal_mean,
@@ -21,6 +26,7 @@ from numpyro_pvi._core.normal_mixture import (
     mixture_pair_abs_mean,
 )
 from numpyro_pvi.particles import (
+    BINOMIAL,
     PMF,
     Y_LOC_SCALE,
     Y_LOG_LOC_SCALE,
@@ -39,6 +45,7 @@ from numpyro_pvi.scores.pair_sums import (
     weighted_pair_abs_sum,
     weighted_strata,
 )
+from numpyro_pvi.scores.quadratic import binomial_closed_form
 
 __all__ = ["CRPS"]
 
@@ -140,6 +147,27 @@ def all_pairs(terms: ParticleTerms, x: jax.Array, y: jax.Array) -> jax.Array:
     return -abs_err + between + correction
 
 
+def _cdf_sums(
+    terms: ParticleTerms, pmf: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array]:
+    """``(K, V - 1, b)`` per stratum the totals and sums of squares of the
+    particles' cdfs but at the last support value: for one Binomial
+    component per observation from its logits and counts block by block
+    (:func:`~numpyro_pvi._core.pmf.binomial_cdf_sums`), else from the
+    ``(K M, V, b, 1)`` pmf."""
+    closed = binomial_closed_form(terms, UNROLLED_SUPPORT)
+    if closed is None:
+        cdf = jnp.cumsum(pmf[:, :-1, :, 0], axis=1)  # (K M, V - 1, b)
+        return stratum_sums(cdf, k), stratum_sums(jnp.square(cdf), k)
+    logits, count, size = closed
+    m = logits.shape[0] // k
+    sums = [
+        binomial_cdf_sums(logits[s * m : (s + 1) * m], count, size) for s in range(k)
+    ]
+    totals, own = (jnp.stack(x)[:, :-1] for x in zip(*sums, strict=True))
+    return totals, own
+
+
 def pmf_crps(terms: ParticleTerms) -> jax.Array:
     r"""``(b,)`` the fair CRPS from the pmf over a finite support of
     consecutive integers, :math:`-\sum_v (F(v) - 1\{y_i \le v\})^2` with
@@ -156,11 +184,9 @@ def pmf_crps(terms: ParticleTerms) -> jax.Array:
             "any plate, which form one observation together): use "
             "score='quadratic', which scores them jointly."
         )
-    cdf = jnp.cumsum(pmf[:, :-1, :, 0], axis=1)  # (K M, V - 1, b)
-    below = jnp.cumsum(below[:-1, :, 0], axis=0).astype(cdf.dtype)  # 1{y <= v}
+    below = jnp.cumsum(below[:-1, :, 0], axis=0).astype(pmf.dtype)  # 1{y <= v}
     v, k, m = strata(terms)
-    totals = stratum_sums(cdf, k)
-    own = stratum_sums(jnp.square(cdf), k)
+    totals, own = _cdf_sums(terms, pmf, k)
     if k == 1:
         mean = totals[0] / m
         square = jnp.sum(jnp.square(totals[0]) - own[0], axis=0) / (m * (m - 1))
@@ -304,11 +330,13 @@ class CRPS(Score):
     :math:`\frac{1}{M(M-1)} \sum_{j \ne l} F_j(v) F_l(v)` (strata weighted
     as in :class:`~numpyro_pvi.scores.QuadraticScore`): unbiased for every
     :math:`M \ge 2`, the fair all-pairs estimate from simulations averaged
-    over the simulations. On a logistic regression (one core) it takes
-    0.7–0.8× ``Trace_ELBO``; on Binomials its ``(M, V, b)`` cumulative sums
-    are memory-bound (10 trials: 7× at ``M = 8``, 28× at ``M = 64``,
-    ``benchmarks/RESULTS.md``), where the quadratic score reads the
-    Binomial in closed form.
+    over the simulations. For one Binomial component per observation of at
+    most 16 support values the cdfs' sums come from the logits and counts
+    block by block of particles (``_core/pmf.py``'s ``binomial_cdf_sums``),
+    without the ``(M, V, b)`` pmf. One core: 0.7–0.8× ``Trace_ELBO`` on a
+    logistic regression, 4.2–4.3× on a Binomial of 10 trials (the quadratic
+    score 1.8–2.7×); from the pmf, longer supports are memory-bound (41
+    values: 80× at ``M = 8``, ``benchmarks/RESULTS.md``).
 
     ``estimator="auto"`` (the default) is ``"closed-form"`` when every
     observed site is a :class:`~numpyro.distributions.Normal`, or every one
@@ -352,7 +380,7 @@ class CRPS(Score):
     def __init__(self, *, estimator: str = default_estimator) -> None:
         self.estimator = check_estimator(estimator, "CRPS", ESTIMATORS)
         if self.estimator == "pmf":  # no simulations and no Normal parameters
-            self.requires = frozenset({PMF})
+            self.requires = frozenset({PMF, BINOMIAL})
 
     def __repr__(self) -> str:
         if self.estimator == self.default_estimator:

@@ -78,7 +78,7 @@ def _support_sums(pmf: jax.Array) -> tuple[jax.Array, jax.Array]:
     return totals, jnp.sum(jnp.square(totals) - own, axis=0)
 
 
-def _binomial_closed_form(
+def binomial_closed_form(
     terms: ParticleTerms, max_size: int | None = None
 ) -> tuple[jax.Array, jax.Array, int] | None:
     """``(N, b)`` logits, ``(b,)`` total counts and the support's size of one
@@ -101,8 +101,8 @@ def _binomial_closed_form(
 def _binomial_strata(terms: ParticleTerms) -> tuple[jax.Array, jax.Array] | None:
     """:func:`_strata_sums` for one Binomial component per observation,
     from the logits and counts (no ``(M, K, b)`` pmf); ``None`` where
-    :func:`_binomial_closed_form` does not apply."""
-    closed_form = _binomial_closed_form(terms, UNROLLED_SUPPORT)
+    :func:`binomial_closed_form` does not apply."""
+    closed_form = binomial_closed_form(terms, UNROLLED_SUPPORT)
     if closed_form is None:
         return None
     logits, count, size = closed_form
@@ -133,7 +133,7 @@ def _next_overlaps(terms: ParticleTerms) -> jax.Array:
     (:func:`~numpyro_pvi._core.binomial_pairs.binomial_next_overlaps`, no
     ``(M, K, b)`` pmf)."""
     v, k, m = strata(terms)
-    closed_form = _binomial_closed_form(terms)
+    closed_form = binomial_closed_form(terms)
     if closed_form is not None:
         logits, count, size = closed_form
         if k == 1:
@@ -299,7 +299,7 @@ class QuadraticScore(Score):
         ``"auto"`` where the Binomial overlaps are in closed form (decided
         by the likelihood alone, the same with and without strata)."""
         if self.estimator == "auto":
-            return _binomial_closed_form(terms) is not None
+            return binomial_closed_form(terms) is not None
         return self.estimator == "derangement"
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:

@@ -242,3 +242,39 @@ def test_a_beta_binomial_fits_by_its_pmf():
     svi = SVI(beta_binomial_model, guide, optax.adam(0.05), loss)
     result = svi.run(random.PRNGKey(12), 100, X, Y, progress_bar=False)
     assert np.all(np.isfinite(result.losses))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("num_strata", [1, 2])
+def test_binomial_cdfs_from_the_logits_equal_the_pmfs_value_and_gradient(
+    num_strata,
+):
+    # one Binomial component per observation: the cdfs' sums from the logits
+    # block by block (no (M, V, b) pmf) give the pmf path's numbers
+    km, b = num_strata * 16, 5
+    logits = random.normal(random.PRNGKey(13), (km, b)) * 2.0
+    counts = jnp.array([1, 5, 10, 10, 3])
+    y = jnp.array([1, 0, 10, 2, 3])
+    omega = None
+    if num_strata > 1:
+        omega = jax.nn.softmax(random.normal(random.PRNGKey(14), (num_strata, b)), 0)
+
+    def estimate(logits, closed):
+        terms = _terms(jax.nn.sigmoid(logits), counts, y, num_strata, omega)
+        if closed:
+            terms = terms._replace(
+                binomial_logits=logits[..., None],
+                binomial_count=jnp.broadcast_to(counts, (km, b))[..., None].astype(
+                    float
+                ),
+            )
+        return PMF_CRPS.estimate(terms)
+
+    values = [estimate(logits, closed) for closed in (False, True)]
+    np.testing.assert_allclose(values[1], values[0], rtol=1e-4, atol=1e-5)
+    cotangent = random.normal(random.PRNGKey(15), (b,))
+    grads = [
+        jax.grad(lambda t, c=c: jnp.sum(cotangent * estimate(t, c)))(logits)
+        for c in (False, True)
+    ]
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-4, atol=1e-5)
