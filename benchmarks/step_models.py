@@ -144,6 +144,43 @@ def make_mixture_regression(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return mixture_regression_model, (x, y)
 
 
+def poisson_model(x: jax.Array, y: jax.Array) -> None:
+    """Poisson regression (log link; no reparameterised sampler, the CRPS
+    in closed form with one draw per pair)."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Poisson(jnp.exp(x @ w + b)), obs=y)
+
+
+def make_poisson(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, kw, ky = random.split(rng_key, 3)
+    x = random.normal(kx, (n, d))
+    rate = jnp.exp(x @ random.normal(kw, (d,)) / jnp.sqrt(d) + 1.0)
+    return poisson_model, (x, random.poisson(ky, rate).astype(jnp.float32))
+
+
+def zero_inflated_model(x: jax.Array, y: jax.Array) -> None:
+    """Zero-inflated Poisson regression: the gate and the rate each
+    regressed on the covariates (NumPyro's example's model)."""
+    d = x.shape[1]
+    w1 = numpyro.sample("w1", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    w2 = numpyro.sample("w2", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    gate, rate = jax.nn.sigmoid(x @ w1), jnp.exp(x @ w2)
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.ZeroInflatedPoisson(gate, rate), obs=y)
+
+
+def make_zero_inflated(rng_key: jax.Array, n: int = 5000, d: int = 8):
+    kx, kw, kg, ky, kz = random.split(rng_key, 5)
+    x = random.normal(kx, (n, d))
+    rate = jnp.exp(x @ random.normal(kw, (d,)) / jnp.sqrt(d) + 1.0)
+    zero = random.bernoulli(kz, jax.nn.sigmoid(x @ random.normal(kg, (d,)) - 1.0))
+    y = jnp.where(zero, 0, random.poisson(ky, rate)).astype(jnp.float32)
+    return zero_inflated_model, (x, y)
+
+
 BNN_HIDDEN = 32
 
 
@@ -379,6 +416,14 @@ MODELS: dict[str, BenchModel] = {
         "regression with a 2-component Normal mixture likelihood, N=10000, D=20 "
         "(MixtureSameFamily)",
         make_mixture_regression,
+    ),
+    "poisson": BenchModel(
+        "poisson", "Poisson regression, N=10000, D=20 (log link)", make_poisson
+    ),
+    "zero_inflated": BenchModel(
+        "zero_inflated",
+        "zero-inflated Poisson regression, N=5000, D=8 (gate and rate regressed)",
+        make_zero_inflated,
     ),
     "student": BenchModel(
         "student",

@@ -45,6 +45,7 @@ __all__ = [
     "Y_LOC_SCALE",
     "Y_LOG_LOC_SCALE",
     "Y_NORMAL_MIXTURE",
+    "Y_POISSON",
     "Y_SIM",
     "ParticleTerms",
     "StratifiedGuide",
@@ -74,6 +75,11 @@ Y_LOG_LOC_SCALE = "y_log_loc_scale"
 #: likelihood, ``y_mix_weight``, ``y_mix_loc`` and ``y_mix_scale`` (with
 #: ``y_obs``).
 Y_NORMAL_MIXTURE = "y_normal_mixture"
+#: The rate of every observed site and one draw of its Poisson part per
+#: particle, when all of them are Poisson or zero-inflated Poisson,
+#: ``y_rate``, ``y_count_sim`` and the zero-inflation ``y_gate`` (with
+#: ``y_obs``).
+Y_POISSON = "y_poisson"
 #: The log pmf over a finite support, ``log_pmf``.
 LOG_PMF = "log_pmf"
 #: The pmf over a finite support, ``pmf`` (probabilities, no logarithm).
@@ -108,6 +114,8 @@ OBSERVED = "observed"
 #: ``y_log_loc_scale``    ``y_log_loc``, ``y_log_scale``, ``y_obs``
 #: ``y_normal_mixture``   ``y_mix_weight``, ``y_mix_loc``,
 #:                        ``y_mix_scale``, ``y_obs``
+#: ``y_poisson``          ``y_rate``, ``y_gate``, ``y_count_sim``,
+#:                        ``y_obs``
 #: ``log_pmf``            ``log_pmf``, ``obs_support``
 #: ``pmf``                ``pmf``, ``obs_support``
 #: ``binomial``           ``binomial_logits``, ``binomial_count``,
@@ -125,6 +133,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         Y_LOC_SCALE: ("y_loc", "y_scale", "y_obs"),
         Y_LOG_LOC_SCALE: ("y_log_loc", "y_log_scale", "y_obs"),
         Y_NORMAL_MIXTURE: ("y_mix_weight", "y_mix_loc", "y_mix_scale", "y_obs"),
+        Y_POISSON: ("y_rate", "y_gate", "y_count_sim", "y_obs"),
         LOG_PMF: ("log_pmf", "obs_support"),
         PMF: ("pmf", "obs_support"),
         BINOMIAL: ("binomial_logits", "binomial_count", "obs_support"),
@@ -220,6 +229,15 @@ class ParticleTerms(NamedTuple):
         otherwise.
     :ivar y_mix_loc: the components' locations, likewise.
     :ivar y_mix_scale: the components' scales, likewise.
+    :ivar y_rate: ``(M, b, d)`` the rate of ``p(y_i | θ_j)`` (of its
+        Poisson part) when every observed site is Poisson or zero-inflated
+        Poisson, laid out as ``y_loc`` (``(M, 1, d)`` when it does not vary
+        along the data plate); ``None`` otherwise.
+    :ivar y_gate: the probability of an extra zero, likewise (``0`` at a
+        Poisson site); ``None`` also when no site is zero-inflated.
+    :ivar y_count_sim: ``(M, b, d)`` one draw of each count's Poisson part
+        with those rates, not differentiable (a Poisson draw has no
+        reparameterisation).
     :ivar log_pmf: ``(M, V, b, c)`` log pmf over the finite support (``V``
         values, ``-inf`` padding shorter supports) of each component ``c``.
     :ivar pmf: ``(M, V, b, c)`` the same pmf as probabilities (``0``
@@ -269,6 +287,9 @@ class ParticleTerms(NamedTuple):
     y_mix_weight: jax.Array | None = None
     y_mix_loc: jax.Array | None = None
     y_mix_scale: jax.Array | None = None
+    y_rate: jax.Array | None = None
+    y_gate: jax.Array | None = None
+    y_count_sim: jax.Array | None = None
     log_pmf: jax.Array | None = None
     pmf: jax.Array | None = None
     binomial_logits: jax.Array | None = None

@@ -20,6 +20,7 @@ from numpyro_pvi.particles import (
     PMF,
     Y_LOG_LOC_SCALE,
     Y_NORMAL_MIXTURE,
+    Y_POISSON,
     Y_SIM,
     ParticleTerms,
     log_mean_exp,
@@ -359,6 +360,13 @@ def _normal_mixture_model(y):
         )
 
 
+def _zero_inflated_poisson_model(y):
+    # (a Poisson site leaves y_gate None)
+    theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.ZeroInflatedPoisson(0.2, jnp.exp(theta)), obs=y)
+
+
 def _bernoulli_model(y):
     theta = numpyro.sample("theta", dist.Normal(0.0, 1.0))
     with numpyro.plate("data", y.shape[0]):
@@ -381,6 +389,7 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
         BINOMIAL: _binomial_model,
         Y_LOG_LOC_SCALE: _lognormal_model,
         Y_NORMAL_MIXTURE: _normal_mixture_model,
+        Y_POISSON: _zero_inflated_poisson_model,
     }.get(request_name, _normal_model)
     y = jnp.array([0.0, 1.0, 1.0, 0.0])
     terms = _terms(

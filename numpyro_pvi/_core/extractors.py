@@ -17,12 +17,17 @@ from numpyro.distributions import LogNormal
 
 from numpyro_pvi._core.data_plate import DataPlate, site_log_lik
 from numpyro_pvi._core.normal_mixture import normal_mixture
+from numpyro_pvi._core.poisson import poisson_draws, poisson_parts
 from numpyro_pvi._core.site_support import (
     binomial_logits_count,
     site_log_pmf,
     site_pmf,
 )
-from numpyro_pvi._core.site_values import normal_loc_scale, simulated_values
+from numpyro_pvi._core.site_values import (
+    normal_loc_scale,
+    scalar_observation,
+    simulated_values,
+)
 from numpyro_pvi._core.tracing import (
     guide_log_density,
     guide_sample_values,
@@ -39,6 +44,7 @@ from numpyro_pvi.particles import (
     Y_LOC_SCALE,
     Y_LOG_LOC_SCALE,
     Y_NORMAL_MIXTURE,
+    Y_POISSON,
     Y_SIM,
 )
 
@@ -73,9 +79,17 @@ def _log_lik(p: Particle) -> dict[str, jax.Array]:
 
 
 def _y_sim(p: Particle) -> dict[str, jax.Array | None]:
-    if p.reparam and normal_mixture(p.observed, p.plate) is not None:
-        # no reparameterised draw (the component is discrete): the scores
-        # take the closed form, or say so (scores.base.simulations)
+    if (
+        p.reparam
+        and scalar_observation(p.observed, p.plate)
+        and (
+            normal_mixture(p.observed, p.plate) is not None
+            or poisson_parts(p.observed, p.plate) is not None
+        )
+    ):
+        # no reparameterised draw (a discrete component or count): the
+        # scores of scalar observations take the closed form, or say so
+        # (scores.base.simulations); others refuse the site (_site_draw)
         return {"y_sim": None}
     return {"y_sim": simulated_values(p.observed, p.plate, p.keys[2], p.reparam)}
 
@@ -93,6 +107,16 @@ def _y_log_loc_scale(p: Particle) -> dict[str, jax.Array | None]:
 def _y_normal_mixture(p: Particle) -> dict[str, jax.Array | None]:
     parts = normal_mixture(p.observed, p.plate) or (None, None, None)
     return dict(zip(("y_mix_weight", "y_mix_loc", "y_mix_scale"), parts, strict=True))
+
+
+def _y_poisson(p: Particle) -> dict[str, jax.Array | None]:
+    parts = poisson_parts(p.observed, p.plate)
+    if parts is None:
+        return {"y_rate": None, "y_gate": None, "y_count_sim": None}
+    rate, gate = parts
+    key = jax.random.fold_in(p.keys[2], 1)  # not y_sim's draws
+    counts = poisson_draws(key, rate, p.plate.subsample_size)
+    return {"y_rate": rate, "y_gate": gate, "y_count_sim": counts}
 
 
 def _log_q_fixed(p: Particle) -> dict[str, jax.Array]:
@@ -113,6 +137,7 @@ PER_PARTICLE: dict[str, Callable[[Particle], dict[str, Any]]] = {
     Y_LOC_SCALE: _y_loc_scale,
     Y_LOG_LOC_SCALE: _y_log_loc_scale,
     Y_NORMAL_MIXTURE: _y_normal_mixture,
+    Y_POISSON: _y_poisson,
     LOG_PMF: lambda p: {"log_pmf": site_log_pmf(p.observed, p.plate)},
     PMF: lambda p: {"pmf": site_pmf(p.observed, p.plate)},
     BINOMIAL: lambda p: dict(

@@ -71,10 +71,16 @@ from numpyro_pvi.particles import (
     Y_LOC_SCALE,
     Y_LOG_LOC_SCALE,
     Y_NORMAL_MIXTURE,
+    Y_POISSON,
     Y_SIM,
     ParticleTerms,
     StratifiedGuide,
     Weights,
+)
+
+#: The requests whose fields include the observed values ``y_obs``.
+_OBSERVED_VALUES = frozenset(
+    {Y_SIM, Y_LOC_SCALE, Y_LOG_LOC_SCALE, Y_NORMAL_MIXTURE, Y_POISSON}
 )
 
 
@@ -290,9 +296,7 @@ class _ParticleTracer:
             [s["name"] for s in observed],
             weight,
             observation_mask(observed, plate) if observed else None,
-            observed_values(observed, plate)
-            if requests & {Y_SIM, Y_LOC_SCALE, Y_LOG_LOC_SCALE, Y_NORMAL_MIXTURE}
-            else None,
+            observed_values(observed, plate) if requests & _OBSERVED_VALUES else None,
             {s["name"]: s["value"] for s in observed_sites(model_trace)}
             if OBSERVED in requests
             else None,

@@ -38,9 +38,11 @@ from numpyro.distributions import (
     LeftCensoredDistribution,
     MaskedDistribution,
     Normal,
+    Poisson,
     RightCensoredDistribution,
     TransformedDistribution,
     Unit,
+    ZeroInflatedProbs,
 )
 
 from numpyro_pvi._core.data_plate import DataPlate, per_observation
@@ -321,20 +323,30 @@ def parameter_rows(
 def working_scores(site: dict[str, Any]) -> list[str]:
     """The built-in scores that apply to an observed site's likelihood: the
     log score where it has a density, the CRPS (scalar components) and the
-    energy score where it has a reparameterised sampler, the quadratic score
-    where its support is finite."""
+    energy score where it has a reparameterised sampler (the CRPS of a
+    Poisson or zero-inflated Poisson, without one, in closed form), the
+    quadratic score where its support is finite."""
     fn, base = site["fn"], innermost(site["fn"])
     names = [] if getattr(base, "likelihood_free", False) else ["log"]
     if is_censored(fn):
         return names
     if fn.has_rsample:
         names += ["crps", "energy"] if base.event_dim == 0 else ["energy"]
+    elif type(_zero_inflated_base(base)) is Poisson:  # _core/poisson.py
+        names.append("crps")
     finite = getattr(fn, "has_enumerate_support", False)
     if finite and (
         isinstance(base, (BinomialLogits, BinomialProbs)) or _enumerates(base)
     ):
         names.append("quadratic")
     return names
+
+
+def _zero_inflated_base(base: Distribution) -> Distribution:
+    """The distribution a zero-inflated one inflates, or ``base``."""
+    if isinstance(base, ZeroInflatedProbs):
+        return innermost(base.base_dist)
+    return base
 
 
 def _enumerates(base: Distribution) -> bool:

@@ -21,13 +21,13 @@ class Score:
     r"""Base class of positively oriented scoring rules estimated from particles.
 
     Subclasses set ``requires`` (a subset of ``{"log_lik", "y_sim",
-    "y_loc_scale", "y_log_loc_scale", "y_normal_mixture", "log_pmf", "pmf",
-    "binomial"}``: per-observation log-likelihoods, reparameterised simulated
-    observations, the location and scale of Normal likelihoods and of the
-    logarithm of LogNormal ones, the components of Normal-mixture
-    likelihoods, the pmf over a finite support as log probabilities or
-    probabilities, or the logits and counts of Binomial likelihoods) and
-    implement
+    "y_loc_scale", "y_log_loc_scale", "y_normal_mixture", "y_poisson",
+    "log_pmf", "pmf", "binomial"}``: per-observation log-likelihoods,
+    reparameterised simulated observations, the location and scale of Normal
+    likelihoods and of the logarithm of LogNormal ones, the components of
+    Normal-mixture likelihoods, the rates and a draw of Poisson ones, the pmf
+    over a finite support as log probabilities or probabilities, or the
+    logits and counts of Binomial likelihoods) and implement
     :meth:`estimate`. ``min_particles`` is the smallest number of
     particles the estimator is defined for.
 
@@ -144,13 +144,19 @@ class LogScore(Score):
 def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]:
     """The simulated and the observed values, ``(M, b, d)`` and ``(b, d)``,
     as floating-point arrays (counts are simulated as integers)."""
-    if terms.y_sim is None and terms.y_mix_loc is not None:
+    closed = {
+        "the observed site's Normal mixture (MixtureSameFamily or "
+        "MixtureGeneral) has no reparameterised sampler (its component is a "
+        "discrete draw)": terms.y_mix_loc,
+        "the observed Poisson counts (zero-inflated or not) have no "
+        "reparameterised sampler (a count is a discrete draw)": terms.y_rate,
+    }
+    why = next((k for k, v in closed.items() if v is not None), None)
+    if terms.y_sim is None and why is not None:
         raise ValueError(
             f"score={score!r} with this estimator compares simulated observations "
-            "with the observed ones, and the observed site's Normal mixture "
-            "(MixtureSameFamily or MixtureGeneral) has no reparameterised "
-            "sampler (its component is a discrete draw). Use the CRPS in closed "
-            "form (score='crps', estimator 'auto' or 'closed-form'; "
+            f"with the observed ones, and {why}. Use the CRPS in closed form "
+            "(score='crps', estimator 'auto' or 'closed-form'; "
             "EnergyScore(beta=1.0) on scalar observations is the same), or "
             "score='log'."
         )

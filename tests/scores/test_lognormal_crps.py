@@ -24,8 +24,8 @@ from numpyro_pvi._core.lognormal import (
     lognormal_mean,
     lognormal_pair_abs_mean,
 )
-from numpyro_pvi.particles import ParticleTerms, Weights
 from numpyro_pvi.scores import CRPS, EnergyScore
+from tests.score_helpers import weighted_terms
 
 sr = pytest.importorskip("scoringrules")
 
@@ -160,21 +160,10 @@ def test_abs_mean_outside_the_support_and_its_gradient():
 
 
 def _terms(log_loc, log_scale, y_obs, num_strata=1, omega=None):
-    km, b = log_loc.shape[:2]
-    if omega is None:
-        log_predictive = jnp.full((km, b), -math.log(km))
-    else:  # (K, b) strata weights: v_j = omega_k / M
-        m = km // num_strata
-        log_predictive = jnp.repeat(jnp.log(omega / m), m, axis=0)
-    return ParticleTerms(
-        log_prior=jnp.zeros(km),
-        log_q=jnp.zeros(km),
-        weights=Weights(
-            particle=jnp.full((km,), 1.0 / km),
-            log_predictive=log_predictive,
-            observation=jnp.ones(b),
-        ),
-        num_strata=num_strata,
+    return weighted_terms(
+        *log_loc.shape[:2],
+        num_strata,
+        omega,
         y_obs=y_obs,
         y_log_loc=log_loc,
         y_log_scale=log_scale,

@@ -12,18 +12,15 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 import numpyro.distributions as dist
-import optax
 import pytest
 from conftest import X64
 from jax import random
-from numpyro.infer import SVI
-from numpyro.infer.autoguide import AutoNormal
 
-from numpyro_pvi import FitRecipe, PredictiveELBO, predictive_score
+from numpyro_pvi import PredictiveELBO, predictive_score
 from numpyro_pvi._core.normal_mixture import mixture_abs_mean, mixture_pair_abs_mean
-from numpyro_pvi.particles import ParticleTerms, Weights
 from numpyro_pvi.scores import CRPS, EnergyScore
-from numpyro_pvi.selection import cross_validate, stacking_weights
+from numpyro_pvi.selection import stacking_weights
+from tests.score_helpers import crps_against_log, initial_params, weighted_terms
 
 sr = pytest.importorskip("scoringrules")
 
@@ -83,21 +80,10 @@ def test_one_component_is_the_normal_closed_form():
 
 
 def _terms(mixture, y_obs, num_strata=1, omega=None):
-    km, b = mixture[1].shape[:2]
-    if omega is None:
-        log_predictive = jnp.full((km, b), -math.log(km))
-    else:  # (K, b) strata weights: v_j = omega_k / M
-        m = km // num_strata
-        log_predictive = jnp.repeat(jnp.log(omega / m), m, axis=0)
-    return ParticleTerms(
-        log_prior=jnp.zeros(km),
-        log_q=jnp.zeros(km),
-        weights=Weights(
-            particle=jnp.full((km,), 1.0 / km),
-            log_predictive=log_predictive,
-            observation=jnp.ones(b),
-        ),
-        num_strata=num_strata,
+    return weighted_terms(
+        *mixture[1].shape[:2],
+        num_strata,
+        omega,
         y_obs=y_obs,
         y_mix_weight=mixture[0],
         y_mix_loc=mixture[1],
@@ -167,9 +153,7 @@ def general(x, y=None):
 
 
 def _params():
-    guide = AutoNormal(same_family)
-    svi = SVI(same_family, guide, optax.sgd(0.0), loss=PredictiveELBO("crps"))
-    return guide, svi.get_params(svi.init(random.PRNGKey(8), X, Y))
+    return initial_params(same_family, X, Y)
 
 
 def test_both_mixture_forms_give_the_closed_form_with_gradients_in_the_weights():
@@ -243,23 +227,7 @@ def test_held_out_score_by_simulations_agrees_with_the_closed_form():
 
 def test_cross_validation_scores_the_folds_by_the_closed_form():
     # every observation's held-out CRPS is finite, the outlier's far below
-    guide = AutoNormal(same_family)
-    cv = cross_validate(
-        random.PRNGKey(13),
-        same_family,
-        guide,
-        optax.adam(1e-2),
-        X,
-        Y,
-        fit=FitRecipe(num_steps=50, num_draws=200, progress_bar=False),
-        candidates={
-            "crps": PredictiveELBO("crps", num_particles=4),
-            "log": PredictiveELBO("log", num_particles=4),
-        },
-        num_folds=3,
-        score="crps",
-        rule="best",
-    )
+    cv = crps_against_log(13, same_family, X, Y)
     scores = np.asarray(cv.scores["pointwise"].sel(candidate="crps"))
     assert scores.shape == (9,) and np.all(np.isfinite(scores))
     assert scores[-1] < -10  # the outlier at 25, far from both components

@@ -18,10 +18,10 @@ from jax import random
 from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
-from numpyro_pvi import FitRecipe, PredictiveELBO, predictive_score
-from numpyro_pvi.particles import ParticleTerms, Weights
+from numpyro_pvi import PredictiveELBO, predictive_score
 from numpyro_pvi.scores import CRPS
-from numpyro_pvi.selection import cross_validate, stacking_weights
+from numpyro_pvi.selection import stacking_weights
+from tests.score_helpers import crps_against_log, weighted_terms
 
 sr = pytest.importorskip("scoringrules")
 
@@ -44,20 +44,11 @@ def _terms(probs, counts, y, num_strata=1, omega=None):
         ),
         0.0,
     )  # (K M, V, b)
-    if omega is None:
-        log_predictive = jnp.full((km, b), -math.log(km))
-    else:
-        m = km // num_strata
-        log_predictive = jnp.repeat(jnp.log(omega / m), m, axis=0)
-    return ParticleTerms(
-        log_prior=jnp.zeros(km),
-        log_q=jnp.zeros(km),
-        weights=Weights(
-            particle=jnp.full((km,), 1.0 / km),
-            log_predictive=log_predictive,
-            observation=jnp.ones(b),
-        ),
-        num_strata=num_strata,
+    return weighted_terms(
+        km,
+        b,
+        num_strata,
+        omega,
         y_obs=y[:, None].astype(float),
         pmf=pmf[..., None],
         obs_support=(values == y)[..., None],
@@ -203,23 +194,8 @@ def test_the_default_crps_names_it_for_a_finite_support():
 def test_cross_validation_and_stacking_score_by_the_pmf():
     # held-out CRPS from the pmf, and the pair gains of two fits' draws
     # (their strata) that stacking's weights are computed from
-    guide = AutoNormal(binomial_model)
-    cv = cross_validate(
-        random.PRNGKey(11),
-        binomial_model,
-        guide,
-        optax.adam(0.05),
-        X,
-        COUNTS,
-        Y,
-        fit=FitRecipe(num_steps=50, num_draws=200, progress_bar=False),
-        candidates={
-            "crps": PredictiveELBO(PMF_CRPS, num_particles=4),
-            "log": PredictiveELBO("log", num_particles=4),
-        },
-        num_folds=3,
-        score=PMF_CRPS,
-        rule="best",
+    cv = crps_against_log(
+        11, binomial_model, X, COUNTS, Y, score=PMF_CRPS, learning_rate=0.05
     )
     scores = np.asarray(cv.scores["pointwise"])
     assert scores.shape == (2, 12) and np.all(np.isfinite(scores))

@@ -1,0 +1,178 @@
+r"""Poisson and zero-inflated Poisson likelihoods: their rates along the data
+plate and the CRPS's two expectations, the first in closed form and the
+second from one draw per particle, with unbiased gradients and no
+reparameterised sampler.
+
+For :math:`Y \sim \mathrm{Poisson}(\lambda)` with cdf :math:`F_\lambda`
+and pmf :math:`p_\lambda`, and a real :math:`y` with :math:`n = \lfloor y
+\rfloor`,
+
+.. math::
+
+    G(\lambda, y) = \mathbb{E}|Y - y|
+    = (y - \lambda)\bigl(2F_\lambda(n) - 1\bigr) + 2\lambda\, p_\lambda(n),
+    \qquad
+    \frac{\partial G}{\partial \lambda} = 1 - 2F_\lambda(n)
+    + 2p_\lambda(n)(n + 1 - y),
+
+from :math:`k\, p_\lambda(k) = \lambda\, p_\lambda(k - 1)`, with
+:math:`F_\lambda(n) = Q(n + 1, \lambda)` (the regularised upper incomplete
+gamma function). For independent :math:`Y \sim \mathrm{Poisson}(\lambda)`
+and :math:`Y' \sim \mathrm{Poisson}(\lambda')` the pair expectation is
+:math:`\mathbb{E}|Y - Y'| = \mathbb{E}_{Y}\, G(\lambda', Y)`: one draw of
+:math:`Y` per pair, the other variable integrated out exactly. Its gradient
+in :math:`\lambda'` is :math:`G`'s; in :math:`\lambda`, where the draw
+has no reparameterisation, the Poisson identity :math:`\partial_\lambda
+\mathbb{E} f(Y) = \mathbb{E}[f(Y + 1) - f(Y)]` gives
+:math:`\mathbb{E}[G(\lambda', Y + 1) - G(\lambda', Y)] =
+\mathbb{E}[2F_{\lambda'}(Y) - 1]`, carried by a surrogate whose value is
+zero. Both estimates are unbiased, value and gradient. A zero-inflated
+Poisson (zero with probability :math:`g`) mixes these with the point mass:
+:math:`g|y| + (1 - g)G(\lambda, y)`, and for a pair :math:`g(1 - g')\lambda'
++ (1 - g)g'\lambda + (1 - g)(1 - g')\,\mathbb{E}|P - P'|` of their
+Poisson parts.
+
+**References**
+
+1. Wei, W. & Held, L. (2014). *Calibration tests for count data*. TEST
+   23, 787-805 (the CRPS of a Poisson distribution).
+2. Mohamed, S., Rosca, M., Figurnov, M. & Mnih, A. (2020). *Monte Carlo
+   gradient estimation in machine learning*. JMLR 21(132), §6 (the
+   measure-valued derivative of a Poisson distribution: its positive part
+   the distribution shifted by one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import random
+from jax.lax import stop_gradient
+from jax.scipy.special import gammaincc, gammaln, xlogy
+from numpyro.distributions import Poisson, ZeroInflatedProbs
+
+from numpyro_pvi._core.data_plate import DataPlate
+from numpyro_pvi._core.site_values import innermost, parameter_rows
+
+
+def _cdf_pmf(rate: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``F_λ(n)`` and ``p_λ(n)`` at integers ``n >= 0``."""
+    cdf = gammaincc(n + 1.0, rate)
+    pmf = jnp.exp(xlogy(n, rate) - rate - gammaln(n + 1.0))
+    return cdf, pmf
+
+
+@jax.custom_jvp
+def poisson_abs_mean(rate: jax.Array, y: jax.Array) -> jax.Array:
+    r""":math:`\mathbb{E}|Y - y|` for :math:`Y \sim
+    \mathrm{Poisson}(\lambda)`, elementwise (broadcasting); differentiable
+    in ``rate`` only (``y`` is a count, data or a draw)."""
+    n = jnp.floor(y)
+    cdf, pmf = _cdf_pmf(rate, n)
+    return (y - rate) * (2.0 * cdf - 1.0) + 2.0 * rate * pmf
+
+
+@poisson_abs_mean.defjvp
+def _poisson_abs_mean_jvp(
+    primals: tuple[jax.Array, jax.Array], tangents: tuple[jax.Array, jax.Array]
+) -> tuple[jax.Array, jax.Array]:
+    rate, y = primals
+    n = jnp.floor(y)
+    cdf, pmf = _cdf_pmf(rate, n)
+    value = (y - rate) * (2.0 * cdf - 1.0) + 2.0 * rate * pmf
+    # dF(n)/dλ = -p(n), dp(n)/dλ = p(n - 1) - p(n) and λ p(n - 1) = n p(n)
+    return value, (1.0 - 2.0 * cdf + 2.0 * pmf * (n + 1.0 - y)) * tangents[0]
+
+
+def poisson_pair_abs_mean(
+    a: tuple[jax.Array, jax.Array], b: tuple[jax.Array, jax.Array]
+) -> jax.Array:
+    r"""An unbiased estimate of :math:`\mathbb{E}|Y - Y'|` for independent
+    :math:`Y \sim \mathrm{Poisson}(\lambda)`, :math:`Y' \sim
+    \mathrm{Poisson}(\lambda')` from ``a = (λ, y)``, ``y`` a draw of
+    :math:`Y`, and ``b = (λ', ·)``: :math:`G(\lambda', y)`, with the
+    gradient in :math:`\lambda` of the Poisson identity (module
+    docstring)."""
+    (rate, y), (other, _) = a, b
+    value = poisson_abs_mean(other, y)
+    step = 2.0 * gammaincc(jnp.floor(y) + 1.0, other) - 1.0  # G(λ', y+1) - G(λ', y)
+    return value + (rate - stop_gradient(rate)) * stop_gradient(step)
+
+
+def zero_inflated_abs_mean(rate: jax.Array, gate: jax.Array, y: jax.Array) -> jax.Array:
+    r""":math:`\mathbb{E}|Y - y|` for :math:`Y` zero with probability
+    ``gate``, else :math:`\mathrm{Poisson}(\lambda)`."""
+    return gate * jnp.abs(y) + (1.0 - gate) * poisson_abs_mean(rate, y)
+
+
+def zero_inflated_pair_abs_mean(
+    a: tuple[jax.Array, jax.Array, jax.Array], b: tuple[jax.Array, jax.Array, jax.Array]
+) -> jax.Array:
+    r"""An unbiased estimate of :math:`\mathbb{E}|Y - Y'|` for independent
+    zero-inflated Poissons, ``a = (λ, y, g)`` and ``b = (λ', ·, g')`` (``y``
+    a draw of the Poisson part of :math:`Y`): a zero against the other's
+    Poisson part is its mean, two Poisson parts are
+    :func:`poisson_pair_abs_mean`."""
+    (rate, _, gate), (other, _, other_gate) = a, b
+    return (
+        gate * (1.0 - other_gate) * other
+        + (1.0 - gate) * other_gate * rate
+        + (1.0 - gate) * (1.0 - other_gate) * poisson_pair_abs_mean(a[:2], b[:2])
+    )
+
+
+def _rate_gate(
+    site: dict[str, Any], plate: DataPlate
+) -> tuple[jax.Array, jax.Array | None] | None:
+    """``(b, d)`` the rate of a Poisson or zero-inflated Poisson site
+    (``ZeroInflatedPoisson``, ``ZeroInflatedDistribution`` of a Poisson;
+    under Expanded, Independent and Masked wrappers) and its gate (``None``
+    for a Poisson), laid out like its draws (``(1, d)`` when they do not
+    vary along the data plate); ``None`` for any other distribution."""
+    fn = site["fn"]
+    base, gate = innermost(fn), None
+    if isinstance(base, ZeroInflatedProbs):
+        base, gate = innermost(base.base_dist), base.gate
+    if type(base) is not Poisson:
+        return None
+    shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
+    rate = parameter_rows(base.rate, shape, plate, fn.event_dim)
+    if gate is not None:
+        gate = parameter_rows(gate, shape, plate, fn.event_dim)
+    return rate, gate
+
+
+def poisson_parts(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[jax.Array, jax.Array | None] | None:
+    """``(b, d)`` the rate of every observed site, laid out like
+    :func:`~numpyro_pvi._core.site_values.observed_values`, and the
+    zero-inflation gate (``0`` at a Poisson site; ``None`` when no site is
+    zero-inflated), when all of them are Poisson or zero-inflated Poisson
+    (``(1, d)`` for one site whose parameters do not vary along the data
+    plate); ``None`` otherwise."""
+    parts = [_rate_gate(s, plate) for s in observed]
+    if not parts or any(p is None for p in parts):
+        return None
+    present = [p for p in parts if p is not None]
+    if len(present) == 1:
+        return present[0]
+    b = plate.subsample_size
+    rows = [jnp.broadcast_to(r, (b, r.shape[1])) for r, _ in present]
+    rate = jnp.concatenate(rows, 1)
+    if all(g is None for _, g in present):
+        return rate, None
+    gates = [
+        jnp.zeros_like(r) if g is None else jnp.broadcast_to(g, r.shape)
+        for r, (_, g) in zip(rows, present, strict=True)
+    ]
+    return rate, jnp.concatenate(gates, 1)
+
+
+def poisson_draws(key: jax.Array, rate: jax.Array, num_rows: int) -> jax.Array:
+    """``(b, d)`` one draw of each Poisson part, as floats, not
+    differentiable."""
+    shape = (num_rows, rate.shape[1])
+    return random.poisson(key, jnp.broadcast_to(rate, shape)).astype(rate.dtype)

@@ -1,0 +1,319 @@
+"""The CRPS of Poisson and zero-inflated Poisson likelihoods
+(``numpyro_pvi/_core/poisson.py``): the observation term against a sum over
+the support, the estimator's expectation against scoringrules (and the
+zero-inflated one against the CRPS's sum over the support) and against the
+exact pair expectations (with and without a mixture guide's strata), its
+gradient's unbiasedness (and a power check without the Poisson identity), a
+fit, a mask, the held-out score and cross-validation, and the estimators
+that need simulations refused."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import optax
+import pytest
+from conftest import X64
+from jax import random
+from jax.scipy.special import gammaln, xlogy
+from numpyro.infer import SVI
+from numpyro.infer.autoguide import AutoNormal
+from scipy import stats
+
+from numpyro_pvi import PredictiveELBO, predictive_score
+from numpyro_pvi._core.poisson import poisson_abs_mean
+from numpyro_pvi.scores import CRPS, EnergyScore
+from numpyro_pvi.scores.crps import _with_next
+from tests.score_helpers import crps_against_log, initial_params, weighted_terms
+
+sr = pytest.importorskip("scoringrules")
+
+RTOL = 1e-9 if X64 else 2e-5
+#: the support summed over in the exact references (rates up to 40)
+SUPPORT = np.arange(400)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("rate", [0.0, 0.3, 2.5, 40.0])
+def test_abs_mean_and_its_derivative_are_the_sums_over_the_support(rate):
+    # E|Y - y| = sum_k |k - y| p(k), at counts, a real y and an outlier at 60;
+    # d/dλ of it = sum_k |k - y| p(k) (k/λ - 1)
+    pmf = stats.poisson.pmf(SUPPORT, rate) if rate > 0 else 1.0 * (SUPPORT == 0)
+    ys = np.array([0.0, 1.0, 3.0, 2.7, 60.0])
+    value, grad = jax.vmap(jax.value_and_grad(poisson_abs_mean), (None, 0))(
+        jnp.asarray(rate, jnp.result_type(float)), jnp.asarray(ys)
+    )
+    for y, v, g in zip(ys, value, grad, strict=True):
+        dist_to = np.abs(SUPPORT - y)
+        np.testing.assert_allclose(v, dist_to @ pmf, rtol=RTOL * 10, atol=1e-6)
+        if rate > 0:
+            want = dist_to @ (pmf * (SUPPORT / rate - 1.0))
+            np.testing.assert_allclose(g, want, rtol=RTOL * 50, atol=2e-6)
+
+
+def _terms(rate, counts, y, num_strata=1, omega=None, gate=None):
+    return weighted_terms(
+        *rate.shape,
+        num_strata,
+        omega,
+        y_obs=y[:, None],
+        y_rate=rate[..., None],
+        y_count_sim=counts[..., None],
+        y_gate=None if gate is None else gate[..., None],
+    )
+
+
+def _log_pmf(rate, k):
+    return xlogy(k, rate) - rate - gammaln(k + 1.0)
+
+
+def test_expectation_over_the_draws_is_scoringrules_crps_poisson():
+    # particles of one rate: the predictive is that Poisson, and the
+    # estimate's expectation over the draws (every draw = k, weighted by
+    # p(k): each term reads one draw) is its CRPS, exactly
+    rate, m = 3.7, 4
+    ys = jnp.array([0.0, 2.0, 4.0, 11.0, 30.0])
+    crps = CRPS()
+    total = jnp.zeros(ys.shape)
+    for k in range(60):
+        terms = _terms(jnp.full((m, 5), rate), jnp.full((m, 5), float(k)), ys)
+        total = total + jnp.exp(_log_pmf(rate, k)) * crps.estimate(terms)
+    want = [sr.crps_poisson(float(y), rate, backend="numpy") for y in ys]
+    np.testing.assert_allclose(-total, want, rtol=RTOL * 10, atol=1e-6)
+
+
+@pytest.mark.numerics
+def test_zero_inflated_expectation_is_the_crps_summed_over_the_support():
+    # CRPS(F, y) = sum_k (F(k) - 1{y <= k})^2 for F a zero-inflated Poisson;
+    # the draws are of its Poisson part, weighted by the Poisson pmf
+    rate, gate, m = 2.2, 0.3, 3
+    ys = jnp.array([0.0, 1.0, 5.0, 25.0])
+    crps = CRPS()
+    total = jnp.zeros(ys.shape)
+    full = jnp.full((m, 4), 1.0)
+    for k in range(60):
+        terms = _terms(rate * full, k * full, ys, gate=gate * full)
+        total = total + jnp.exp(_log_pmf(rate, k)) * crps.estimate(terms)
+    support = np.arange(200)
+    cdf = gate + (1 - gate) * stats.poisson.cdf(support, rate)
+    want = [np.sum((cdf - (float(y) <= support)) ** 2) for y in ys]
+    np.testing.assert_allclose(-total, want, rtol=RTOL * 10, atol=1e-6)
+
+
+def _exact_pair(a, b):
+    """E|Y - Y'| of independent Poisson(a[0]) and Poisson(b[0]): the draw
+    in ``a`` summed out over the support."""
+    k = jnp.arange(120.0)[:, None, None]
+    p = jnp.exp(_log_pmf(a[0][None], k))
+    return jnp.sum(p * poisson_abs_mean(b[0][None], k), axis=0)
+
+
+def _exact(terms):
+    rate = terms.y_rate[..., 0]
+    obs = poisson_abs_mean(rate, terms.y_obs[:, 0])
+    return _with_next(terms, obs, (rate, rate), _exact_pair)
+
+
+CASES = [(1, 2), (1, 5), (2, 3)]
+
+
+def _case(num_strata, m):
+    km, b = num_strata * m, 5
+    rate = jnp.exp(random.normal(random.PRNGKey(1), (km, b)) * 0.8 + 1.0)
+    y = jnp.array([0.0, 1.0, 3.0, 7.0, 40.0])  # an outlier at 40
+    omega = None
+    if num_strata > 1:
+        omega = jax.nn.softmax(random.normal(random.PRNGKey(2), (num_strata, b)), 0)
+    return rate, y, omega
+
+
+def _simulated(rate, y, num_strata, omega, num_sims):
+    """Estimates and gradients in the rates over ``num_sims`` draws."""
+
+    def one(key):
+        counts = random.poisson(key, rate).astype(rate.dtype)
+        return jax.value_and_grad(
+            lambda r: CRPS().estimate(_terms(r, counts, y, num_strata, omega)).sum()
+        )(rate)
+
+    keys = random.split(random.PRNGKey(3), num_sims)
+    return jax.jit(jax.vmap(one))(keys)
+
+
+@pytest.mark.parametrize("num_strata, m", CASES)
+def test_value_and_gradient_are_unbiased(num_strata, m):
+    # averaged over the draws, the estimate and its gradient in the rates are
+    # the exact pair expectations' (within 4.5 Monte Carlo standard errors)
+    rate, y, omega = _case(num_strata, m)
+    exact, exact_grad = jax.value_and_grad(
+        lambda r: _exact(_terms(r, r, y, num_strata, omega)).sum()
+    )(rate)
+    values, grads = _simulated(rate, y, num_strata, omega, 20000)
+    se = values.std() / math.sqrt(values.shape[0])
+    assert abs(float(values.mean() - exact)) / se < 4.5
+    grad_se = grads.std(0) / math.sqrt(grads.shape[0])
+    z = jnp.abs(grads.mean(0) - exact_grad) / grad_se
+    assert float(jnp.max(z)) < 4.5, z
+
+
+def _exact_zero_inflated_pair(a, b):
+    (rate, _, gate), (other, _, other_gate) = a, b
+    both = _exact_pair(a, b)
+    return (
+        gate * (1 - other_gate) * other
+        + (1 - gate) * other_gate * rate
+        + (1 - gate) * (1 - other_gate) * both
+    )
+
+
+def test_zero_inflated_value_and_gradient_are_unbiased():
+    # as above with gates, under two strata: gradients in rates and gates
+    rate, y, omega = _case(2, 3)
+    gate = jax.nn.sigmoid(random.normal(random.PRNGKey(14), rate.shape))
+
+    def exact(rate, gate):
+        terms = _terms(rate, rate, y, 2, omega, gate)
+        obs = gate * jnp.abs(y) + (1 - gate) * poisson_abs_mean(rate, y)
+        return _with_next(
+            terms, obs, (rate, rate, gate), _exact_zero_inflated_pair
+        ).sum()
+
+    def one(key):
+        counts = random.poisson(key, rate).astype(rate.dtype)
+        return jax.value_and_grad(
+            lambda r, g: CRPS().estimate(_terms(r, counts, y, 2, omega, g)).sum(),
+            (0, 1),
+        )(rate, gate)
+
+    want, want_grads = jax.value_and_grad(exact, (0, 1))(rate, gate)
+    values, grads = jax.jit(jax.vmap(one))(random.split(random.PRNGKey(15), 20000))
+    se = values.std() / math.sqrt(values.shape[0])
+    assert abs(float(values.mean() - want)) / se < 4.5
+    for got, expected in zip(grads, want_grads, strict=True):
+        z = jnp.abs(got.mean(0) - expected) / (got.std(0) / math.sqrt(got.shape[0]))
+        assert float(jnp.max(z)) < 4.5, z
+
+
+def test_gradient_without_the_poisson_identity_is_biased():
+    # power: the draws held fixed (no gradient in the drawn rate) miss half
+    # of each pair's gradient, far beyond the Monte Carlo error
+    rate, y, _ = _case(1, 5)
+    exact_grad = jax.grad(lambda r: _exact(_terms(r, r, y)).sum())(rate)
+
+    def fixed(key):
+        counts = random.poisson(key, rate).astype(rate.dtype)
+        obs = lambda r: poisson_abs_mean(r, y)  # noqa: E731
+        pair = lambda a, b: poisson_abs_mean(b[0], a[1])  # noqa: E731
+        return jax.grad(
+            lambda r: _with_next(_terms(r, counts, y), obs(r), (r, counts), pair).sum()
+        )(rate)
+
+    grads = jax.jit(jax.vmap(fixed))(random.split(random.PRNGKey(4), 20000))
+    grad_se = grads.std(0) / math.sqrt(grads.shape[0])
+    assert float(jnp.max(jnp.abs(grads.mean(0) - exact_grad) / grad_se)) > 10
+
+
+X = jnp.linspace(-1.0, 1.0, 40)
+Y = random.poisson(random.PRNGKey(5), jnp.exp(0.5 + 0.8 * X)).astype(jnp.float32)
+
+
+def regression(x, y=None, mask=True):
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Poisson(jnp.exp(a + b * x)).mask(mask), obs=y)
+
+
+def test_fit_recovers_the_rates():
+    # the CRPS's minimiser on 400 counts from a known regression
+    x = jnp.linspace(-1.0, 1.0, 400)
+    y = random.poisson(random.PRNGKey(6), jnp.exp(0.5 + 0.8 * x)).astype(x.dtype)
+    svi = SVI(
+        regression,
+        AutoNormal(regression),
+        optax.adam(0.05),
+        loss=PredictiveELBO("crps", num_particles=8),
+    )
+    result = svi.run(random.PRNGKey(7), 1500, x, y, progress_bar=False)
+    assert np.all(np.isfinite(result.losses))
+    np.testing.assert_allclose(result.params["a_auto_loc"], 0.5, atol=0.15)
+    np.testing.assert_allclose(result.params["b_auto_loc"], 0.8, atol=0.2)
+
+
+def test_rates_draws_and_the_energy_score():
+    guide, params = initial_params(regression, X, Y)
+    key = random.PRNGKey(9)
+    loss = PredictiveELBO("crps", num_particles=4)
+    value, grads = jax.value_and_grad(
+        lambda p: loss.loss(key, p, regression, guide, X, Y)
+    )(params)
+    assert np.isfinite(value)
+    assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree.leaves(grads))
+    terms = loss.particle_terms(key, params, regression, guide, X, Y)
+    assert terms.y_rate.shape == terms.y_count_sim.shape == (4, 40, 1)
+    assert terms.y_sim is None
+    np.testing.assert_array_equal(terms.y_count_sim, jnp.round(terms.y_count_sim))
+    # the energy score with beta = 1 takes the same closed form
+    energy = PredictiveELBO(EnergyScore(), num_particles=4)
+    np.testing.assert_allclose(
+        energy.loss(key, params, regression, guide, X, Y), value, rtol=RTOL
+    )
+
+
+def test_masked_observations_are_left_out():
+    # a masked count, however far out, changes nothing
+    guide, params = initial_params(regression, X, Y)
+    loss = PredictiveELBO("crps", num_particles=4)
+    key = random.PRNGKey(10)
+    keep = np.arange(40) % 7 != 0
+    far = jnp.where(keep, Y, 1000.0)
+    values = [
+        loss.loss(key, params, regression, guide, X, y, mask=keep) for y in (Y, far)
+    ]
+    np.testing.assert_allclose(values[0], values[1], rtol=RTOL)
+    assert not np.isclose(values[0], loss.loss(key, params, regression, guide, X, Y))
+
+
+def test_estimators_from_simulations_are_refused_and_the_remedy_fits():
+    guide, params = initial_params(regression, X, Y)
+    key = random.PRNGKey(11)
+    for score in (CRPS(estimator="derangement"), EnergyScore(0.5)):
+        with pytest.raises(ValueError, match="Poisson counts.*closed form"):
+            PredictiveELBO(score, num_particles=4).loss(
+                key, params, regression, guide, X, Y
+            )
+    remedy = PredictiveELBO(CRPS(estimator="closed-form"), num_particles=4)
+    assert np.isfinite(float(remedy.loss(key, params, regression, guide, X, Y)))
+
+
+def test_held_out_score_of_a_near_point_mass_is_the_poisson_crps():
+    # a guide of tiny scales: the predictive is Poisson(exp(a + b x)), whose
+    # CRPS scoringrules gives; the estimate within its standard error
+    guide, params = initial_params(regression, X, Y)
+    params = {
+        k: jnp.full_like(v, 1e-4) if k.endswith("scale") else v
+        for k, v in params.items()
+    }
+    scores = predictive_score(
+        random.PRNGKey(12), params, regression, guide, X, Y, score="crps"
+    )
+    a, b = float(params["a_auto_loc"]), float(params["b_auto_loc"])
+    want = np.array(
+        [
+            sr.crps_poisson(float(y), math.exp(a + b * float(x)), backend="numpy")
+            for x, y in zip(X, Y, strict=True)
+        ]
+    )
+    z = np.abs(-np.asarray(scores.score) - want) / (np.asarray(scores.se) + 1e-3)
+    assert np.max(z) < 4.5, z
+
+
+def test_cross_validation_scores_the_folds_by_the_closed_form():
+    cv = crps_against_log(13, regression, X, Y, num_folds=2)
+    scores = np.asarray(cv.scores["pointwise"])
+    assert scores.shape == (2, 40) and np.all(np.isfinite(scores))
+    gains = np.asarray(cv.scores["pair_gain"])
+    assert gains.shape == (2, 2, 40) and np.all(np.isfinite(gains))
