@@ -5,32 +5,10 @@ the energy score of scalar observations (:mod:`~numpyro_pvi.scores.energy`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import (
-    UNROLLED_SUPPORT,
-    binomial_cdf_sums,
-    normal_abs_mean,
-    normal_strata_crps,
-)
-from numpyro_pvi._core.lognormal import (
-    lognormal_abs_mean,
-    lognormal_mean,
-    lognormal_pair_abs_mean,
-)
-from numpyro_pvi._core.normal_mixture import (
-    mixture_abs_mean,
-    mixture_pair_abs_mean,
-)
-from numpyro_pvi._core.poisson import (
-    poisson_abs_mean,
-    poisson_pair_abs_mean,
-    zero_inflated_abs_mean,
-    zero_inflated_pair_abs_mean,
-)
 from numpyro_pvi.particles import (
     BINOMIAL,
     PMF,
@@ -44,15 +22,14 @@ from numpyro_pvi.particles import (
     present,
 )
 from numpyro_pvi.scores.base import Score, simulations, strata
+from numpyro_pvi.scores.crps_closed_form import closed_form, has_closed_form
+from numpyro_pvi.scores.crps_pmf import pmf_crps
 from numpyro_pvi.scores.pair_sums import (
     crps_fair,
-    derangement_pair_mean,
+    next_pair_score,
     pair_abs_sum,
-    stratum_sums,
     weighted_pair_abs_sum,
-    weighted_strata,
 )
-from numpyro_pvi.scores.quadratic import binomial_closed_form
 
 __all__ = ["CRPS"]
 
@@ -68,24 +45,6 @@ def check_estimator(estimator: str, score: str, choices: tuple[str, ...]) -> str
     return estimator
 
 
-def _with_next(
-    terms: ParticleTerms,
-    obs_term: jax.Array,
-    draws: Any,
-    pair: Callable[[Any, Any], jax.Array],
-) -> jax.Array:
-    """``-E d(Y, y) + E d(Y, Y') / 2`` from ``(M, b)`` terms ``d(Y_j, y_i)``
-    and each draw paired with the next
-    (:func:`~numpyro_pvi.scores.pair_sums.derangement_pair_mean`)."""
-    if terms.num_strata == 1:
-        m = obs_term.shape[0]
-        return -particle_sum(obs_term) / m + 0.5 * derangement_pair_mean(draws, pair)
-    v, k, m = strata(terms)
-    omega = v.reshape((k, m) + v.shape[1:])[:, 0] * m  # (K, b)
-    obs = particle_sum(obs_term, v)
-    return -obs + 0.5 * derangement_pair_mean(draws, pair, omega)
-
-
 def derangement(
     terms: ParticleTerms,
     y_sim: jax.Array,
@@ -94,69 +53,7 @@ def derangement(
 ) -> jax.Array:
     """The derangement estimator from the simulations."""
     pair = lambda a, b: distance(a - b)  # noqa: E731
-    return _with_next(terms, distance(y_sim - y_obs), y_sim, pair)
-
-
-def _normal_pair(a: tuple[jax.Array, ...], b: tuple[jax.Array, ...]) -> jax.Array:
-    """``E|Y - Y'|`` of independent ``Y ~ N(a)``, ``Y' ~ N(b)``."""
-    return normal_abs_mean(a[0] - b[0], jnp.sqrt(jnp.square(a[1]) + jnp.square(b[1])))
-
-
-def has_closed_form(terms: ParticleTerms) -> bool:
-    closed = (terms.y_loc, terms.y_log_loc, terms.y_mix_loc, terms.y_rate)
-    return any(x is not None for x in closed)
-
-
-def _poisson(terms: ParticleTerms) -> jax.Array:
-    """The closed form of Poisson and zero-inflated Poisson likelihoods: the
-    observation term exact, each pair from one draw (``_core/poisson.py``)."""
-    rate = present(terms.y_rate, "y_rate")[..., 0]  # (M, b or 1)
-    counts = present(terms.y_count_sim, "y_count_sim")[..., 0]  # (M, b)
-    y = present(terms.y_obs, "y_obs")[:, 0].astype(rate.dtype)
-    pairs = (jnp.broadcast_to(rate, counts.shape), counts)
-    if terms.y_gate is None:
-        obs_term = poisson_abs_mean(rate, y)
-        return _with_next(terms, obs_term, pairs, poisson_pair_abs_mean)
-    gate = terms.y_gate[..., 0]
-    obs_term = zero_inflated_abs_mean(rate, gate, y)
-    gated = (*pairs, jnp.broadcast_to(gate, counts.shape))
-    return _with_next(terms, obs_term, gated, zero_inflated_pair_abs_mean)
-
-
-def closed_form(terms: ParticleTerms) -> jax.Array:
-    """The derangement estimator with both expectations over ``y`` given
-    ``θ`` in closed form (Normal, LogNormal and Normal-mixture
-    likelihoods), or for Poisson likelihoods the one and a draw of the
-    other (``y`` given ``θ_j``, for the pair of particles ``j`` and
-    ``j + 1``)."""
-    if terms.y_rate is not None:
-        return _poisson(terms)
-    if terms.y_mix_loc is not None:
-        y = present(terms.y_obs, "y_obs")[:, 0]
-        mixture = (
-            present(terms.y_mix_weight, "y_mix_weight"),
-            terms.y_mix_loc,
-            present(terms.y_mix_scale, "y_mix_scale"),
-        )  # each (M, b or 1, C)
-        obs_term = mixture_abs_mean(mixture, y)
-        return _with_next(terms, obs_term, mixture, mixture_pair_abs_mean)
-    if terms.y_loc is None:
-        log_loc = present(terms.y_log_loc, "y_log_loc")[..., 0]  # (M, b or 1)
-        log_scale = present(terms.y_log_scale, "y_log_scale")[..., 0]
-        y = present(terms.y_obs, "y_obs")[:, 0]
-        mean = lognormal_mean(log_loc, log_scale)  # once for both terms
-        obs_term = lognormal_abs_mean(log_loc, log_scale, mean, y)
-        pairs = (log_loc, log_scale, mean)
-        return _with_next(terms, obs_term, pairs, lognormal_pair_abs_mean)
-    loc = present(terms.y_loc, "y_loc")[..., 0]  # (M, b or 1)
-    scale = present(terms.y_scale, "y_scale")[..., 0]
-    y = present(terms.y_obs, "y_obs")[:, 0]
-    if terms.num_strata > 1:  # in one pass with its partial derivatives
-        v, k, m = strata(terms)
-        return normal_strata_crps(loc, scale, y, v.reshape((k, m, -1))[:, 0] * m)
-    return _with_next(
-        terms, normal_abs_mean(y - loc, scale), (loc, scale), _normal_pair
-    )
+    return next_pair_score(terms, distance(y_sim - y_obs), y_sim, pair)
 
 
 def all_pairs(terms: ParticleTerms, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -173,55 +70,6 @@ def all_pairs(terms: ParticleTerms, x: jax.Array, y: jax.Array) -> jax.Array:
     v_k = v.reshape(k, m, -1)[:, 0, :]  # w_k(x_i) / M
     correction = jnp.sum(jnp.square(v_k) * within, axis=0) / (m - 1)
     return -abs_err + between + correction
-
-
-def _cdf_sums(
-    terms: ParticleTerms, pmf: jax.Array, k: int
-) -> tuple[jax.Array, jax.Array]:
-    """``(K, V - 1, b)`` per stratum the totals and sums of squares of the
-    particles' cdfs but at the last support value: for one Binomial
-    component per observation from its logits and counts block by block
-    (:func:`~numpyro_pvi._core.pmf.binomial_cdf_sums`), else from the
-    ``(K M, V, b, 1)`` pmf."""
-    closed = binomial_closed_form(terms, UNROLLED_SUPPORT)
-    if closed is None:
-        cdf = jnp.cumsum(pmf[:, :-1, :, 0], axis=1)  # (K M, V - 1, b)
-        return stratum_sums(cdf, k), stratum_sums(jnp.square(cdf), k)
-    logits, count, size = closed
-    m = logits.shape[0] // k
-    sums = [
-        binomial_cdf_sums(logits[s * m : (s + 1) * m], count, size) for s in range(k)
-    ]
-    totals, own = (jnp.stack(x)[:, :-1] for x in zip(*sums, strict=True))
-    return totals, own
-
-
-def pmf_crps(terms: ParticleTerms) -> jax.Array:
-    r"""``(b,)`` the fair CRPS from the pmf over a finite support of
-    consecutive integers, :math:`-\sum_v (F(v) - 1\{y_i \le v\})^2` with
-    :math:`F(v)^2` estimated from distinct pairs of particles (strata
-    weighted as in the quadratic score); the last support value, where both
-    are 1, is left out."""
-    pmf = present(terms.pmf, "pmf")  # (K M, V, b, c)
-    below = present(terms.obs_support, "obs_support")  # (V, b, c)
-    if pmf.shape[-1] != 1:
-        raise ValueError(
-            f"CRPS(estimator='pmf') is for scalar observations, but one "
-            f"observation has {pmf.shape[-1]} values (a vector-valued site, "
-            "several observed sites per index, or scalar observed sites outside "
-            "any plate, which form one observation together): use "
-            "score='quadratic', which scores them jointly."
-        )
-    below = jnp.cumsum(below[:-1, :, 0], axis=0).astype(pmf.dtype)  # 1{y <= v}
-    v, k, m = strata(terms)
-    totals, own = _cdf_sums(terms, pmf, k)
-    if k == 1:
-        mean = totals[0] / m
-        square = jnp.sum(jnp.square(totals[0]) - own[0], axis=0) / (m * (m - 1))
-    else:
-        mean, total, within = weighted_strata((totals, own), v, m)
-        square = total + within / (m - 1)
-    return -(square - 2.0 * jnp.sum(mean * below, axis=0) + jnp.sum(below, axis=0))
 
 
 class CRPS(Score):

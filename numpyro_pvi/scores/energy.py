@@ -14,10 +14,9 @@ from numpyro_pvi.scores.crps import (
     ESTIMATORS,
     all_pairs,
     check_estimator,
-    closed_form,
     derangement,
-    has_closed_form,
 )
+from numpyro_pvi.scores.crps_closed_form import closed_form, has_closed_form
 from numpyro_pvi.scores.pair_sums import pair_norm_sum
 
 __all__ = ["EnergyScore"]

@@ -9,7 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi.particles import particle_sum
+from numpyro_pvi.particles import ParticleTerms, particle_sum
+from numpyro_pvi.scores.base import strata
 
 __all__ = [
     "stratum_sums",
@@ -306,3 +307,22 @@ def weighted_strata(
     totals, own = jnp.sum(w * t, axis=0), jnp.sum(jnp.square(w) * o, axis=0)
     within = jnp.sum(jnp.square(w[:, 0]) * jnp.sum(jnp.square(t) - o, axis=1), axis=0)
     return totals, jnp.sum(jnp.square(totals) - own, axis=0), within
+
+
+def next_pair_score(
+    terms: ParticleTerms,
+    obs_term: jax.Array,
+    draws: Any,
+    pair: Callable[[Any, Any], jax.Array],
+) -> jax.Array:
+    """``-E d(Y, y) + E d(Y, Y') / 2`` from ``(M, b)`` terms ``d(Y_j, y_i)``
+    and each draw paired with the next (:func:`derangement_pair_mean`),
+    under strata weighted by them: the derangement estimators of the CRPS
+    and the energy score, from simulations or in closed form."""
+    if terms.num_strata == 1:
+        m = obs_term.shape[0]
+        return -particle_sum(obs_term) / m + 0.5 * derangement_pair_mean(draws, pair)
+    v, k, m = strata(terms)
+    omega = v.reshape((k, m) + v.shape[1:])[:, 0] * m  # (K, b)
+    obs = particle_sum(obs_term, v)
+    return -obs + 0.5 * derangement_pair_mean(draws, pair, omega)

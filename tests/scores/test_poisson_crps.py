@@ -26,7 +26,7 @@ from scipy import stats
 from numpyro_pvi import PredictiveELBO, predictive_score
 from numpyro_pvi._core.poisson import poisson_abs_mean
 from numpyro_pvi.scores import CRPS, EnergyScore
-from numpyro_pvi.scores.crps import _with_next
+from numpyro_pvi.scores.pair_sums import next_pair_score
 from tests.score_helpers import crps_against_log, initial_params, weighted_terms
 
 sr = pytest.importorskip("scoringrules")
@@ -114,7 +114,7 @@ def _exact_pair(a, b):
 def _exact(terms):
     rate = terms.y_rate[..., 0]
     obs = poisson_abs_mean(rate, terms.y_obs[:, 0])
-    return _with_next(terms, obs, (rate, rate), _exact_pair)
+    return next_pair_score(terms, obs, (rate, rate), _exact_pair)
 
 
 CASES = [(1, 2), (1, 5), (2, 3)]
@@ -177,7 +177,7 @@ def test_zero_inflated_value_and_gradient_are_unbiased():
     def exact(rate, gate):
         terms = _terms(rate, rate, y, 2, omega, gate)
         obs = gate * jnp.abs(y) + (1 - gate) * poisson_abs_mean(rate, y)
-        return _with_next(
+        return next_pair_score(
             terms, obs, (rate, rate, gate), _exact_zero_inflated_pair
         ).sum()
 
@@ -208,7 +208,9 @@ def test_gradient_without_the_poisson_identity_is_biased():
         obs = lambda r: poisson_abs_mean(r, y)  # noqa: E731
         pair = lambda a, b: poisson_abs_mean(b[0], a[1])  # noqa: E731
         return jax.grad(
-            lambda r: _with_next(_terms(r, counts, y), obs(r), (r, counts), pair).sum()
+            lambda r: next_pair_score(
+                _terms(r, counts, y), obs(r), (r, counts), pair
+            ).sum()
         )(rate)
 
     grads = jax.jit(jax.vmap(fixed))(random.split(random.PRNGKey(4), 20000))
