@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,14 +20,12 @@ from numpyro_pvi._core import (
     check_no_model_params,
     check_real_or_array,
     particle_terms,
+    rejection_estimate,
     rejection_options,
-    rejection_score_function,
-    round_functions,
     split_particle_key,
     warn_point_mass,
 )
 from numpyro_pvi.particles import (
-    GUIDE_DRAWS,
     LOG_LIK,
     LOG_Q_FIXED,
     OBS_WEIGHT,
@@ -338,39 +335,6 @@ class PredictiveELBO(ELBO):
             rng_key, param_map, model, guide, args, kwargs, spec, plate_key=plate_key
         )
 
-    def _rejection(
-        self,
-        rng_key: jax.Array,
-        terms: ParticleTerms,
-        plate_key: jax.Array,
-        param_map: dict[str, jax.Array],
-        model: Callable,
-        guide: Callable,
-        args: tuple,
-        kwargs: dict,
-    ) -> tuple[jax.Array, RejectionStats]:
-        """``(b,)`` surrogate of the rejection estimator and its statistics."""
-        spec = ParticleSpec.of(
-            self,
-            (LOG_LIK, GUIDE_DRAWS),
-            data_plate=self.data_plate,
-            require_reparam=False,
-        )
-        draw_round, log_q_at = round_functions(
-            spec, param_map, model, guide, args, kwargs, plate_key
-        )
-        # the constructor checked both for the rejection estimator
-        assert self.likelihood_bound is not None and self.max_rounds is not None
-        return rejection_score_function(
-            rng_key,
-            present(terms.log_lik, "log_lik"),
-            present(terms.log_q_fixed, "log_q_fixed"),
-            log_bound=math.log(self.likelihood_bound),
-            max_rounds=self.max_rounds,
-            draw_round=draw_round,
-            log_q_at=log_q_at,
-        )
-
     def rejection_stats(
         self,
         rng_key: jax.Array,
@@ -424,8 +388,16 @@ class PredictiveELBO(ELBO):
             data_score = jnp.sum(observation * scores)
         stats = None
         if self.log_score_estimator == "rejection":
-            surrogate, stats = self._rejection(
-                accept_key, terms, plate_key, param_map, model, guide, args, kwargs
+            surrogate, stats = rejection_estimate(
+                accept_key,
+                self,
+                terms,
+                plate_key,
+                param_map,
+                model,
+                guide,
+                args,
+                kwargs,
             )
             surrogate = jnp.sum(observation * surrogate)
             if self._uses_regularizer:  # reparameterised draws: the guide's

@@ -96,9 +96,9 @@ from numpyro_pvi._core.recipes import (
 from numpyro_pvi._core.rejection import (
     RejectionStats,
     check_no_model_params,
+    rejection_estimate,
     rejection_options,
     rejection_score_function,
-    round_functions,
 )
 from numpyro_pvi._core.site_values import (
     censoring_refusal,
@@ -204,8 +204,8 @@ __all__ = [
     "psis_smooth",
     "good_k",
     "rejection_options",
+    "rejection_estimate",
     "rejection_score_function",
-    "round_functions",
     "split_particle_key",
     "replay_trace",
     "resolve_observed_sites",

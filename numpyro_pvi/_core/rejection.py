@@ -26,6 +26,7 @@ rate per draw), which :class:`RejectionStats` reports.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -37,7 +38,7 @@ from jax.lax import stop_gradient
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.tracing import guide_log_density, seed_plates
 from numpyro_pvi._core.validation import check_int, check_real
-from numpyro_pvi.particles import present
+from numpyro_pvi.particles import GUIDE_DRAWS, LOG_LIK, ParticleTerms, present
 
 
 class RejectionStats(NamedTuple):
@@ -126,6 +127,42 @@ def round_functions(
         return guide_log_density(seeded_guide, param_map, draws, key, args, kwargs)
 
     return draw_round, log_q_at
+
+
+def rejection_estimate(
+    rng_key: jax.Array,
+    objective: Any,
+    terms: ParticleTerms,
+    plate_key: jax.Array,
+    param_map: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    args: tuple,
+    kwargs: dict,
+) -> tuple[jax.Array, RejectionStats]:
+    """``(b,)`` surrogate of the rejection estimator for ``objective`` (a
+    ``PredictiveELBO`` with ``log_score_estimator="rejection"``: its
+    ``likelihood_bound``, ``max_rounds`` and ``data_plate``) at the step's
+    ``terms`` (requesting ``log_lik`` and ``log_q_fixed``), its further
+    rounds on the step's subsample (``plate_key``), and its statistics."""
+    spec = ParticleSpec.of(
+        objective,
+        (LOG_LIK, GUIDE_DRAWS),
+        data_plate=objective.data_plate,
+        require_reparam=False,
+    )
+    draw_round, log_q_at = round_functions(
+        spec, param_map, model, guide, args, kwargs, plate_key
+    )
+    return rejection_score_function(
+        rng_key,
+        present(terms.log_lik, "log_lik"),
+        present(terms.log_q_fixed, "log_q_fixed"),
+        log_bound=math.log(objective.likelihood_bound),
+        max_rounds=objective.max_rounds,
+        draw_round=draw_round,
+        log_q_at=log_q_at,
+    )
 
 
 def rejection_score_function(
