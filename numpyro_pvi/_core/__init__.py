@@ -100,7 +100,7 @@ from numpyro_pvi._core.rejection import (
     rejection_options,
     rejection_score_function,
 )
-from numpyro_pvi._core.site_values import (
+from numpyro_pvi._core.site_laws import (
     censoring_refusal,
     describe,
     is_censored,

@@ -42,7 +42,12 @@ from numpyro.distributions import (
 
 from numpyro_pvi._core.data_plate import DataPlate
 from numpyro_pvi._core.normal import normal_abs_mean
-from numpyro_pvi._core.site_values import innermost, parameter_rows
+from numpyro_pvi._core.site_laws import (
+    innermost,
+)
+from numpyro_pvi._core.site_values import (
+    parameter_rows,
+)
 
 #: ``(weights, locations, scales)`` of the components, each ``(b, C)``.
 Components = tuple[jax.Array, jax.Array, jax.Array]

@@ -54,7 +54,12 @@ from jax.scipy.special import gammaincc, gammaln, xlogy
 from numpyro.distributions import Poisson, ZeroInflatedProbs
 
 from numpyro_pvi._core.data_plate import DataPlate
-from numpyro_pvi._core.site_values import innermost, parameter_rows
+from numpyro_pvi._core.site_laws import (
+    innermost,
+)
+from numpyro_pvi._core.site_values import (
+    parameter_rows,
+)
 
 
 def _cdf_pmf(rate: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -29,15 +29,17 @@ from numpyro.distributions import (
 
 from numpyro_pvi._core.data_plate import DataPlate
 from numpyro_pvi._core.pmf import UNROLLED_SUPPORT, support_log_pmf, support_pmf
-from numpyro_pvi._core.site_values import (
+from numpyro_pvi._core.site_laws import (
     censoring_refusal,
-    component_mask,
-    component_rows,
     describe,
     innermost,
     is_censored,
-    scalar_observation,
     score_advice,
+)
+from numpyro_pvi._core.site_values import (
+    component_mask,
+    component_rows,
+    scalar_observation,
     site_components,
 )
 

@@ -3,9 +3,9 @@ the likelihood beyond its log density.
 
 From one site of a model trace (and the :class:`DataPlate` of
 :mod:`~numpyro_pvi._core.data_plate`): simulated draws ``(b, d)``, the
-observed values, a Normal likelihood's location and scale; which scores a
-site supports. The pmf over a finite support is
-:mod:`~numpyro_pvi._core.site_support`'s.
+observed values, a Normal likelihood's location and scale. Which scores a
+site supports is :mod:`~numpyro_pvi._core.site_laws`'; the pmf over a
+finite support :mod:`~numpyro_pvi._core.site_support`'s.
 
 **Masks.** A site masked by :class:`numpyro.handlers.mask`,
 ``Distribution.mask`` or ``obs_mask=`` (NumPyro's ``MaskedDistribution``,
@@ -29,106 +29,26 @@ import jax.numpy as jnp
 import numpy as np
 from jax import random
 from numpyro.distributions import (
-    BinomialLogits,
-    BinomialProbs,
     Distribution,
-    ExpandedDistribution,
     Independent,
-    IntervalCensoredDistribution,
-    LeftCensoredDistribution,
     MaskedDistribution,
     Normal,
-    Poisson,
-    RightCensoredDistribution,
     TransformedDistribution,
     Unit,
-    ZeroInflatedProbs,
 )
 
 from numpyro_pvi._core.data_plate import DataPlate, per_observation
 from numpyro_pvi._core.fast_draws import fast_draw, has_fast_draw
-
-#: Distributions that wrap another without changing its family.
-_WRAPPERS = (ExpandedDistribution, Independent, MaskedDistribution)
-
-
-def innermost(fn: Distribution) -> Distribution:
-    """The distribution under its Expanded/Independent/Masked wrappers."""
-    while isinstance(fn, _WRAPPERS):
-        fn = fn.base_dist
-    return fn
-
-
-#: NumPyro's censored likelihoods: an observation is a censoring bound (or an
-#: interval) of the outcome, while the sampler draws the uncensored outcome.
-_CENSORED = (
-    IntervalCensoredDistribution,
-    LeftCensoredDistribution,
-    RightCensoredDistribution,
+from numpyro_pvi._core.site_laws import (
+    WRAPPERS,
+    censoring_refusal,
+    describe,
+    innermost,
+    is_censored,
+    no_sampler,
+    sampler_failure,
+    score_advice,
 )
-
-
-def is_censored(fn: Distribution) -> bool:
-    """Whether a site's likelihood is one of NumPyro's censored
-    distributions, whose observed values are not draws of its sampler (so
-    no simulated outcome compares with them)."""
-    return isinstance(innermost(fn), _CENSORED)
-
-
-def censoring_refusal(name: str, family: str) -> str:
-    """Why simulated outcomes do not compare with the observations of the
-    censored site ``name`` (of distribution ``family``), for an error
-    message."""
-    return (
-        f"Observed site '{name}' ({family}) is censored: "
-        "its observations are censoring bounds of the outcome, while its "
-        "sampler draws the uncensored outcome, so simulated outcomes do not "
-        "compare with them."
-    )
-
-
-def sampler_failure(fn: Distribution) -> str | None:
-    """Why no outcome of the distribution can be simulated, for a message,
-    or ``None`` where its sampler draws: one that implements only
-    ``log_prob`` (a user's likelihood class, under its wrappers and the
-    bases of transformed distributions), or whose sampler raises at these
-    arguments (NumPyro's ``BetaBinomial`` with a float ``total_count``),
-    found by tracing one draw abstractly."""
-    base = innermost(fn)
-    while isinstance(base, TransformedDistribution):
-        base = innermost(base.base_dist)
-    if type(base).sample is Distribution.sample:
-        return "its distribution implements log_prob but not sample"
-    try:
-        jax.eval_shape(fn.sample, random.PRNGKey(0))
-    except Exception as err:  # noqa: BLE001 - the sampler's own error, reported
-        first = (str(err).splitlines() or [""])[0]
-        counts = getattr(base, "total_count", None)
-        hint = (
-            f" (its total_count is {jnp.result_type(counts)}: pass integer counts)"
-            if counts is not None
-            and not jnp.issubdtype(jnp.result_type(counts), jnp.integer)
-            else ""
-        )
-        return (
-            f"its sampler raises {type(err).__name__} ({first!r}) at these "
-            "arguments, as it does under numpyro.infer.Predictive; pass "
-            f"arguments its sampler accepts{hint}"
-        )
-    return None
-
-
-def no_sampler(name: str, fn: Distribution, why: str) -> str:
-    """That no outcome of the observed site ``name`` can be simulated
-    (``why``: :func:`sampler_failure`), for a message."""
-    return f"Observed site '{name}' ({describe(fn)}) cannot be simulated: {why}."
-
-
-def describe(fn: Distribution) -> str:
-    """The name of a distribution under its wrappers, for messages (a
-    ``numpyro.factor`` is an observed site of ``Unit`` distribution)."""
-    base = innermost(fn)
-    return "a numpyro.factor" if isinstance(base, Unit) else type(base).__name__
 
 
 class SiteComponents(NamedTuple):
@@ -172,7 +92,7 @@ def component_mask(site: dict[str, Any], plate: DataPlate) -> jax.Array | None:
     """
     masks, reinterpreted = [], 0
     fn = site["fn"]
-    while isinstance(fn, _WRAPPERS):
+    while isinstance(fn, WRAPPERS):
         if isinstance(fn, MaskedDistribution):
             masks.append((fn._mask, reinterpreted))
         elif isinstance(fn, Independent):
@@ -318,62 +238,6 @@ def parameter_rows(
     )
     x = jnp.moveaxis(jnp.broadcast_to(x, target), axis, 0)
     return jnp.reshape(x, (x.shape[0], -1))
-
-
-def working_scores(site: dict[str, Any]) -> list[str]:
-    """The built-in scores that apply to an observed site's likelihood: the
-    log score where it has a density, the CRPS (scalar components) and the
-    energy score where it has a reparameterised sampler (the CRPS of a
-    Poisson or zero-inflated Poisson, without one, in closed form), the
-    quadratic score where its support is finite."""
-    fn, base = site["fn"], innermost(site["fn"])
-    names = [] if getattr(base, "likelihood_free", False) else ["log"]
-    if is_censored(fn):
-        return names
-    if fn.has_rsample:
-        names += ["crps", "energy"] if base.event_dim == 0 else ["energy"]
-    elif type(_zero_inflated_base(base)) is Poisson:  # _core/poisson.py
-        names.append("crps")
-    finite = getattr(fn, "has_enumerate_support", False)
-    if finite and (
-        isinstance(base, (BinomialLogits, BinomialProbs)) or _enumerates(base)
-    ):
-        names.append("quadratic")
-    return names
-
-
-def _zero_inflated_base(base: Distribution) -> Distribution:
-    """The distribution a zero-inflated one inflates, or ``base``."""
-    if isinstance(base, ZeroInflatedProbs):
-        return innermost(base.base_dist)
-    return base
-
-
-def _enumerates(base: Distribution) -> bool:
-    try:
-        base.enumerate_support(expand=False)
-    except NotImplementedError:
-        return False
-    except Exception:  # noqa: BLE001 - traced parameters: it has a support
-        return True
-    return True
-
-
-def score_advice(site: dict[str, Any], scalar: bool) -> str:
-    """Which scores work for the site's likelihood, for a refusal (the CRPS
-    only where one observation is one value: ``scalar``)."""
-    names = [n for n in working_scores(site) if scalar or n != "crps"]
-    if not names:
-        return "No built-in score applies to this likelihood."
-    listed = ", ".join(repr(n) for n in names[:-1])
-    listed = f"{listed} or {names[-1]!r}" if listed else repr(names[0])
-    if scalar and "quadratic" in names and "crps" not in names:
-        # a finite support: the CRPS from its pmf, without simulations
-        return (
-            f"Use score={listed} for this likelihood, or "
-            "score=CRPS(estimator='pmf') for its CRPS from the pmf."
-        )
-    return f"Use score={listed} for this likelihood."
 
 
 def observed_values(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:

@@ -21,7 +21,7 @@ from numpyro.handlers import block, replay, seed, substitute, trace
 from numpyro.infer.autoguide import AutoGuide
 
 from numpyro_pvi._core.observed import simulation_law
-from numpyro_pvi._core.site_values import (
+from numpyro_pvi._core.site_laws import (
     describe,
     innermost,
     is_censored,

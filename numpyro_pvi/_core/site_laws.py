@@ -1,0 +1,165 @@
+"""What an observed site's likelihood is, under NumPyro's wrappers, and
+which scores apply to it: its family (:func:`innermost`, :func:`describe`),
+censoring, why it cannot be simulated, and the advice a refusal gives
+(:func:`working_scores`, :func:`score_advice`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import random
+from numpyro.distributions import (
+    BinomialLogits,
+    BinomialProbs,
+    Distribution,
+    ExpandedDistribution,
+    Independent,
+    IntervalCensoredDistribution,
+    LeftCensoredDistribution,
+    MaskedDistribution,
+    Poisson,
+    RightCensoredDistribution,
+    TransformedDistribution,
+    Unit,
+    ZeroInflatedProbs,
+)
+
+#: Distributions that wrap another without changing its family.
+WRAPPERS = (ExpandedDistribution, Independent, MaskedDistribution)
+
+
+def innermost(fn: Distribution) -> Distribution:
+    """The distribution under its Expanded/Independent/Masked wrappers."""
+    while isinstance(fn, WRAPPERS):
+        fn = fn.base_dist
+    return fn
+
+
+#: NumPyro's censored likelihoods: an observation is a censoring bound (or an
+#: interval) of the outcome, while the sampler draws the uncensored outcome.
+_CENSORED = (
+    IntervalCensoredDistribution,
+    LeftCensoredDistribution,
+    RightCensoredDistribution,
+)
+
+
+def is_censored(fn: Distribution) -> bool:
+    """Whether a site's likelihood is one of NumPyro's censored
+    distributions, whose observed values are not draws of its sampler (so
+    no simulated outcome compares with them)."""
+    return isinstance(innermost(fn), _CENSORED)
+
+
+def censoring_refusal(name: str, family: str) -> str:
+    """Why simulated outcomes do not compare with the observations of the
+    censored site ``name`` (of distribution ``family``), for an error
+    message."""
+    return (
+        f"Observed site '{name}' ({family}) is censored: "
+        "its observations are censoring bounds of the outcome, while its "
+        "sampler draws the uncensored outcome, so simulated outcomes do not "
+        "compare with them."
+    )
+
+
+def sampler_failure(fn: Distribution) -> str | None:
+    """Why no outcome of the distribution can be simulated, for a message,
+    or ``None`` where its sampler draws: one that implements only
+    ``log_prob`` (a user's likelihood class, under its wrappers and the
+    bases of transformed distributions), or whose sampler raises at these
+    arguments (NumPyro's ``BetaBinomial`` with a float ``total_count``),
+    found by tracing one draw abstractly."""
+    base = innermost(fn)
+    while isinstance(base, TransformedDistribution):
+        base = innermost(base.base_dist)
+    if type(base).sample is Distribution.sample:
+        return "its distribution implements log_prob but not sample"
+    try:
+        jax.eval_shape(fn.sample, random.PRNGKey(0))
+    except Exception as err:  # noqa: BLE001 - the sampler's own error, reported
+        first = (str(err).splitlines() or [""])[0]
+        counts = getattr(base, "total_count", None)
+        hint = (
+            f" (its total_count is {jnp.result_type(counts)}: pass integer counts)"
+            if counts is not None
+            and not jnp.issubdtype(jnp.result_type(counts), jnp.integer)
+            else ""
+        )
+        return (
+            f"its sampler raises {type(err).__name__} ({first!r}) at these "
+            "arguments, as it does under numpyro.infer.Predictive; pass "
+            f"arguments its sampler accepts{hint}"
+        )
+    return None
+
+
+def no_sampler(name: str, fn: Distribution, why: str) -> str:
+    """That no outcome of the observed site ``name`` can be simulated
+    (``why``: :func:`sampler_failure`), for a message."""
+    return f"Observed site '{name}' ({describe(fn)}) cannot be simulated: {why}."
+
+
+def describe(fn: Distribution) -> str:
+    """The name of a distribution under its wrappers, for messages (a
+    ``numpyro.factor`` is an observed site of ``Unit`` distribution)."""
+    base = innermost(fn)
+    return "a numpyro.factor" if isinstance(base, Unit) else type(base).__name__
+
+
+def working_scores(site: dict[str, Any]) -> list[str]:
+    """The built-in scores that apply to an observed site's likelihood: the
+    log score where it has a density, the CRPS (scalar components) and the
+    energy score where it has a reparameterised sampler (the CRPS of a
+    Poisson or zero-inflated Poisson, without one, in closed form), the
+    quadratic score where its support is finite."""
+    fn, base = site["fn"], innermost(site["fn"])
+    names = [] if getattr(base, "likelihood_free", False) else ["log"]
+    if is_censored(fn):
+        return names
+    if fn.has_rsample:
+        names += ["crps", "energy"] if base.event_dim == 0 else ["energy"]
+    elif type(_zero_inflated_base(base)) is Poisson:  # _core/poisson.py
+        names.append("crps")
+    finite = getattr(fn, "has_enumerate_support", False)
+    if finite and (
+        isinstance(base, (BinomialLogits, BinomialProbs)) or _enumerates(base)
+    ):
+        names.append("quadratic")
+    return names
+
+
+def _zero_inflated_base(base: Distribution) -> Distribution:
+    """The distribution a zero-inflated one inflates, or ``base``."""
+    if isinstance(base, ZeroInflatedProbs):
+        return innermost(base.base_dist)
+    return base
+
+
+def _enumerates(base: Distribution) -> bool:
+    try:
+        base.enumerate_support(expand=False)
+    except NotImplementedError:
+        return False
+    except Exception:  # noqa: BLE001 - traced parameters: it has a support
+        return True
+    return True
+
+
+def score_advice(site: dict[str, Any], scalar: bool) -> str:
+    """Which scores work for the site's likelihood, for a refusal (the CRPS
+    only where one observation is one value: ``scalar``)."""
+    names = [n for n in working_scores(site) if scalar or n != "crps"]
+    if not names:
+        return "No built-in score applies to this likelihood."
+    listed = ", ".join(repr(n) for n in names[:-1])
+    listed = f"{listed} or {names[-1]!r}" if listed else repr(names[0])
+    if scalar and "quadratic" in names and "crps" not in names:
+        # a finite support: the CRPS from its pmf, without simulations
+        return (
+            f"Use score={listed} for this likelihood, or "
+            "score=CRPS(estimator='pmf') for its CRPS from the pmf."
+        )
+    return f"Use score={listed} for this likelihood."
