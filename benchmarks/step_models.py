@@ -161,6 +161,25 @@ def make_poisson(rng_key: jax.Array, n: int = 10_000, d: int = 20):
     return poisson_model, (x, random.poisson(ky, rate).astype(jnp.float32))
 
 
+def negative_binomial_model(x: jax.Array, y: jax.Array) -> None:
+    """Negative-binomial regression (log link, latent concentration): a
+    Poisson of a Gamma rate, drawn once per particle and count."""
+    d = x.shape[1]
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([d]).to_event(1))
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    r = numpyro.sample("r", dist.Gamma(2.0, 0.5))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(x @ w + b), r), obs=y)
+
+
+def make_negative_binomial(rng_key: jax.Array, n: int = 10_000, d: int = 20):
+    kx, kw, kg, ky = random.split(rng_key, 4)
+    x = random.normal(kx, (n, d))
+    mean = jnp.exp(x @ random.normal(kw, (d,)) / jnp.sqrt(d) + 1.0)
+    rate = random.gamma(kg, 4.0, (n,)) * mean / 4.0
+    return negative_binomial_model, (x, random.poisson(ky, rate).astype(jnp.float32))
+
+
 def zero_inflated_model(x: jax.Array, y: jax.Array) -> None:
     """Zero-inflated Poisson regression: the gate and the rate each
     regressed on the covariates (NumPyro's example's model)."""
@@ -419,6 +438,11 @@ MODELS: dict[str, BenchModel] = {
     ),
     "poisson": BenchModel(
         "poisson", "Poisson regression, N=10000, D=20 (log link)", make_poisson
+    ),
+    "negative_binomial": BenchModel(
+        "negative_binomial",
+        "negative-binomial regression, N=10000, D=20 (latent concentration)",
+        make_negative_binomial,
     ),
     "zero_inflated": BenchModel(
         "zero_inflated",

@@ -115,8 +115,14 @@ REPARAMETERISED = (
 )
 
 #: The models whose likelihood has a closed-form CRPS without a
-#: reparameterised sampler (a Normal mixture, Poisson counts).
-CLOSED_FORM_ONLY = ("mixture_regression", "poisson", "zero_inflated")
+#: reparameterised sampler (a Normal mixture, Poisson and negative-binomial
+#: counts).
+CLOSED_FORM_ONLY = (
+    "mixture_regression",
+    "poisson",
+    "negative_binomial",
+    "zero_inflated",
+)
 
 #: Objectives timed against the ``Trace_ELBO`` baseline.
 OBJECTIVES: dict[str, Objective] = {

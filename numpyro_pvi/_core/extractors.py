@@ -17,7 +17,11 @@ from numpyro.distributions import LogNormal
 
 from numpyro_pvi._core.data_plate import DataPlate, site_log_lik
 from numpyro_pvi._core.normal_mixture import normal_mixture
-from numpyro_pvi._core.poisson import poisson_draws, poisson_parts
+from numpyro_pvi._core.poisson import (
+    poisson_draws,
+    poisson_likelihoods,
+    poisson_parts,
+)
 from numpyro_pvi._core.site_support import (
     binomial_logits_count,
     site_log_pmf,
@@ -84,7 +88,7 @@ def _y_sim(p: Particle) -> dict[str, jax.Array | None]:
         and scalar_observation(p.observed, p.plate)
         and (
             normal_mixture(p.observed, p.plate) is not None
-            or poisson_parts(p.observed, p.plate) is not None
+            or poisson_likelihoods(p.observed)
         )
     ):
         # no reparameterised draw (a discrete component or count): the
@@ -110,12 +114,12 @@ def _y_normal_mixture(p: Particle) -> dict[str, jax.Array | None]:
 
 
 def _y_poisson(p: Particle) -> dict[str, jax.Array | None]:
-    parts = poisson_parts(p.observed, p.plate)
+    rate_key, count_key = jax.random.split(jax.random.fold_in(p.keys[2], 1))
+    parts = poisson_parts(p.observed, p.plate, rate_key)  # not y_sim's draws
     if parts is None:
         return {"y_rate": None, "y_gate": None, "y_count_sim": None}
     rate, gate = parts
-    key = jax.random.fold_in(p.keys[2], 1)  # not y_sim's draws
-    counts = poisson_draws(key, rate, p.plate.subsample_size)
+    counts = poisson_draws(count_key, rate, p.plate.subsample_size)
     return {"y_rate": rate, "y_gate": gate, "y_count_sim": counts}
 
 

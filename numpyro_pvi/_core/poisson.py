@@ -1,7 +1,7 @@
-r"""Poisson and zero-inflated Poisson likelihoods: their rates along the data
-plate and the CRPS's two expectations, the first in closed form and the
-second from one draw per particle, with unbiased gradients and no
-reparameterised sampler.
+r"""Poisson, negative-binomial and zero-inflated likelihoods of counts: their
+rates along the data plate and the CRPS's two expectations, the first in
+closed form and the second from one draw per particle, with unbiased
+gradients and no reparameterised sampler.
 
 For :math:`Y \sim \mathrm{Poisson}(\lambda)` with cdf :math:`F_\lambda`
 and pmf :math:`p_\lambda`, and a real :math:`y` with :math:`n = \lfloor y
@@ -30,7 +30,12 @@ zero. Both estimates are unbiased, value and gradient. A zero-inflated
 Poisson (zero with probability :math:`g`) mixes these with the point mass:
 :math:`g|y| + (1 - g)G(\lambda, y)`, and for a pair :math:`g(1 - g')\lambda'
 + (1 - g)g'\lambda + (1 - g)(1 - g')\,\mathbb{E}|P - P'|` of their
-Poisson parts.
+Poisson parts. A negative binomial (NumPyro's ``GammaPoisson``:
+``NegativeBinomial2``, ``NegativeBinomialProbs``, ``NegativeBinomialLogits``)
+is a Poisson of a Gamma rate: one reparameterised draw of that rate per
+particle and count (:func:`~numpyro_pvi._core.gamma_draws.standard_gamma`,
+its gradient in the shape implicit) makes both terms those of a Poisson,
+still unbiased, value and gradient.
 
 **References**
 
@@ -51,11 +56,18 @@ import jax.numpy as jnp
 from jax import random
 from jax.lax import stop_gradient
 from jax.scipy.special import gammaincc, gammaln, xlogy
-from numpyro.distributions import Poisson, ZeroInflatedProbs
+from numpyro.distributions import (
+    Distribution,
+    Poisson,
+    ZeroInflatedProbs,
+)
 
 from numpyro_pvi._core.data_plate import DataPlate
+from numpyro_pvi._core.gamma_draws import standard_gamma
 from numpyro_pvi._core.site_laws import (
     innermost,
+    poisson_counts,
+    zero_inflated_base,
 )
 from numpyro_pvi._core.site_values import (
     parameter_rows,
@@ -128,40 +140,57 @@ def zero_inflated_pair_abs_mean(
     )
 
 
-def _rate_gate(
-    site: dict[str, Any], plate: DataPlate
-) -> tuple[jax.Array, jax.Array | None] | None:
-    """``(b, d)`` the rate of a Poisson or zero-inflated Poisson site
-    (``ZeroInflatedPoisson``, ``ZeroInflatedDistribution`` of a Poisson;
-    under Expanded, Independent and Masked wrappers) and its gate (``None``
-    for a Poisson), laid out like its draws (``(1, d)`` when they do not
-    vary along the data plate); ``None`` for any other distribution."""
+def _rate(
+    base: Distribution, site: dict[str, Any], plate: DataPlate, key: jax.Array
+) -> jax.Array:
+    """``(b, d)`` the Poisson rate of a site of distribution ``base`` (a
+    Poisson or a Gamma–Poisson: :func:`poisson_likelihoods`) laid out like
+    its draws: a Poisson's rate (``(1, d)`` when it does not vary along the
+    data plate), or for a Gamma–Poisson (the negative binomials) one
+    reparameterised draw of its Gamma rate per count."""
     fn = site["fn"]
-    base, gate = innermost(fn), None
-    if isinstance(base, ZeroInflatedProbs):
-        base, gate = innermost(base.base_dist), base.gate
-    if type(base) is not Poisson:
-        return None
     shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
-    rate = parameter_rows(base.rate, shape, plate, fn.event_dim)
-    if gate is not None:
-        gate = parameter_rows(gate, shape, plate, fn.event_dim)
-    return rate, gate
+    if type(base) is Poisson:
+        return parameter_rows(base.rate, shape, plate, fn.event_dim)
+    rate = standard_gamma(key, base.concentration, shape) / base.rate
+    return parameter_rows(rate, shape, plate, fn.event_dim)
+
+
+def _rate_gate(
+    site: dict[str, Any], plate: DataPlate, key: jax.Array
+) -> tuple[jax.Array, jax.Array | None]:
+    """``(b, d)`` the rate of a site of :func:`poisson_likelihoods` and its
+    zero-inflation gate (``None`` without)."""
+    fn = site["fn"]
+    outer = innermost(fn)
+    rate = _rate(zero_inflated_base(outer), site, plate, key)
+    if not isinstance(outer, ZeroInflatedProbs):
+        return rate, None
+    shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
+    return rate, parameter_rows(outer.gate, shape, plate, fn.event_dim)
+
+
+def poisson_likelihoods(observed: list[dict[str, Any]]) -> bool:
+    """Whether every observed site is a Poisson, negative binomial or
+    zero-inflated one (:func:`poisson_parts` has their rates)."""
+    return bool(observed) and all(
+        poisson_counts(zero_inflated_base(innermost(s["fn"]))) for s in observed
+    )
 
 
 def poisson_parts(
-    observed: list[dict[str, Any]], plate: DataPlate
+    observed: list[dict[str, Any]], plate: DataPlate, key: jax.Array
 ) -> tuple[jax.Array, jax.Array | None] | None:
-    """``(b, d)`` the rate of every observed site, laid out like
-    :func:`~numpyro_pvi._core.site_values.observed_values`, and the
-    zero-inflation gate (``0`` at a Poisson site; ``None`` when no site is
-    zero-inflated), when all of them are Poisson or zero-inflated Poisson
-    (``(1, d)`` for one site whose parameters do not vary along the data
-    plate); ``None`` otherwise."""
-    parts = [_rate_gate(s, plate) for s in observed]
-    if not parts or any(p is None for p in parts):
+    """``(b, d)`` the rate of every observed site (:func:`_rate`), laid out
+    like :func:`~numpyro_pvi._core.site_values.observed_values`, and the
+    zero-inflation gate (``0`` at a site without; ``None`` when no site is
+    zero-inflated), when all of them are Poisson, negative binomial or
+    zero-inflated ones (``(1, d)`` for one Poisson site whose parameters do
+    not vary along the data plate); ``None`` otherwise."""
+    if not poisson_likelihoods(observed):
         return None
-    present = [p for p in parts if p is not None]
+    keys = random.split(key, len(observed))
+    present = [_rate_gate(s, plate, k) for s, k in zip(observed, keys, strict=True)]
     if len(present) == 1:
         return present[0]
     b = plate.subsample_size

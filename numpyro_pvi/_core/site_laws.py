@@ -15,6 +15,7 @@ from numpyro.distributions import (
     BinomialProbs,
     Distribution,
     ExpandedDistribution,
+    GammaPoisson,
     Independent,
     IntervalCensoredDistribution,
     LeftCensoredDistribution,
@@ -113,15 +114,15 @@ def working_scores(site: dict[str, Any]) -> list[str]:
     """The built-in scores that apply to an observed site's likelihood: the
     log score where it has a density, the CRPS (scalar components) and the
     energy score where it has a reparameterised sampler (the CRPS of a
-    Poisson or zero-inflated Poisson, without one, in closed form), the
-    quadratic score where its support is finite."""
+    Poisson, negative binomial or zero-inflated one, without one, in closed
+    form), the quadratic score where its support is finite."""
     fn, base = site["fn"], innermost(site["fn"])
     names = [] if getattr(base, "likelihood_free", False) else ["log"]
     if is_censored(fn):
         return names
     if fn.has_rsample:
         names += ["crps", "energy"] if base.event_dim == 0 else ["energy"]
-    elif type(_zero_inflated_base(base)) is Poisson:  # _core/poisson.py
+    elif poisson_counts(zero_inflated_base(base)):  # _core/poisson.py
         names.append("crps")
     finite = getattr(fn, "has_enumerate_support", False)
     if finite and (
@@ -131,8 +132,15 @@ def working_scores(site: dict[str, Any]) -> list[str]:
     return names
 
 
-def _zero_inflated_base(base: Distribution) -> Distribution:
-    """The distribution a zero-inflated one inflates, or ``base``."""
+def poisson_counts(base: Distribution) -> bool:
+    """Whether ``base`` is a Poisson, or a Poisson of a Gamma rate (the
+    negative binomials), whose CRPS ``_core/poisson.py`` computes."""
+    return type(base) is Poisson or isinstance(base, GammaPoisson)
+
+
+def zero_inflated_base(base: Distribution) -> Distribution:
+    """The distribution a zero-inflated one inflates (under its wrappers),
+    or ``base``."""
     if isinstance(base, ZeroInflatedProbs):
         return innermost(base.base_dist)
     return base

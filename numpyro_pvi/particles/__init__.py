@@ -84,7 +84,8 @@ Y_LOG_LOC_SCALE = "y_log_loc_scale"
 #: ``y_obs``).
 Y_NORMAL_MIXTURE = "y_normal_mixture"
 #: The rate of every observed site and one draw of its Poisson part per
-#: particle, when all of them are Poisson or zero-inflated Poisson,
+#: particle, when all of them are Poisson or negative binomial (a draw of
+#: its Gamma rate), possibly zero-inflated,
 #: ``y_rate``, ``y_count_sim`` and the zero-inflation ``y_gate`` (with
 #: ``y_obs``).
 Y_POISSON = "y_poisson"

@@ -87,9 +87,11 @@ class ParticleTerms(NamedTuple):
     :ivar y_mix_loc: the components' locations, likewise.
     :ivar y_mix_scale: the components' scales, likewise.
     :ivar y_rate: ``(M, b, d)`` the rate of ``p(y_i | θ_j)`` (of its
-        Poisson part) when every observed site is Poisson or zero-inflated
-        Poisson, laid out as ``y_loc`` (``(M, 1, d)`` when it does not vary
-        along the data plate); ``None`` otherwise.
+        Poisson part) when every observed site is Poisson or negative
+        binomial, possibly zero-inflated, laid out as ``y_loc`` (``(M, 1,
+        d)`` when a Poisson rate does not vary along the data plate); for a
+        negative binomial one reparameterised draw of its Gamma rate per
+        count; ``None`` otherwise.
     :ivar y_gate: the probability of an extra zero, likewise (``0`` at a
         Poisson site); ``None`` also when no site is zero-inflated.
     :ivar y_count_sim: ``(M, b, d)`` one draw of each count's Poisson part

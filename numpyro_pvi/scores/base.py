@@ -148,7 +148,7 @@ def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]
         "the observed site's Normal mixture (MixtureSameFamily or "
         "MixtureGeneral) has no reparameterised sampler (its component is a "
         "discrete draw)": terms.y_mix_loc,
-        "the observed Poisson counts (zero-inflated or not) have no "
+        "the observed Poisson or negative-binomial counts have no "
         "reparameterised sampler (a count is a discrete draw)": terms.y_rate,
     }
     why = next((k for k, v in closed.items() if v is not None), None)

@@ -1,6 +1,7 @@
 """The CRPS, from reparameterised simulations or, for Normal, LogNormal,
-Normal-mixture and Poisson likelihoods, in closed form; its estimators serve
-the energy score of scalar observations (:mod:`~numpyro_pvi.scores.energy`)."""
+Normal-mixture, Poisson and negative-binomial likelihoods, in closed form;
+its estimators serve the energy score of scalar observations
+(:mod:`~numpyro_pvi.scores.energy`)."""
 
 from __future__ import annotations
 
@@ -203,11 +204,18 @@ class CRPS(Score):
     (``_core/poisson.py``). Value and gradient are unbiased for every
     :math:`M \ge 2`; mixture guides pair as for the derangement. A
     zero-inflated Poisson (``ZeroInflatedPoisson``, zero with probability
-    :math:`g`) mixes these terms with its point mass at zero. Each term
+    :math:`g`) mixes these terms with its point mass at zero. A negative
+    binomial (NumPyro's ``GammaPoisson``: ``NegativeBinomial2``,
+    ``NegativeBinomialProbs``, ``NegativeBinomialLogits``, and their
+    zero-inflated forms) is a Poisson of a Gamma rate: each particle's rate
+    is one reparameterised draw of it per observation (the implicit
+    gradient in the Gamma's shape), and the terms are the Poisson's, still
+    unbiased in value and gradient. Each term
     costs an incomplete gamma function and each pair a Poisson draw, XLA
     loops whose length grows with the rates: 86–160× ``Trace_ELBO`` per
-    step on regressions of 5000–10⁴ counts (one core), more while rates
-    are in the thousands (``benchmarks/RESULTS.md``).
+    step on Poisson regressions of 5000–10⁴ counts and 41–70× on a
+    negative-binomial one (one core), more while rates are in the
+    thousands (``benchmarks/RESULTS.md``).
 
     With ``estimator="pmf"`` the CRPS of a likelihood with a finite support
     of consecutive integers (Bernoulli, Binomial, Categorical read as
@@ -236,15 +244,15 @@ class CRPS(Score):
     ``estimator="auto"`` (the default) is ``"closed-form"`` when every
     observed site is a :class:`~numpyro.distributions.Normal`, or every one
     a :class:`~numpyro.distributions.LogNormal`, or every one a
-    :class:`~numpyro.distributions.Poisson` (possibly expanded,
-    ``.to_event`` or masked), or the one observed site a Normal mixture,
-    and ``"all-pairs"`` otherwise.
+    :class:`~numpyro.distributions.Poisson` or negative binomial, possibly
+    zero-inflated (possibly expanded, ``.to_event`` or masked), or the one
+    observed site a Normal mixture, and ``"all-pairs"`` otherwise.
     ``benchmarks/RESULTS.md`` compares the estimators by efficiency.
 
     :param str estimator: ``"auto"`` (default), ``"all-pairs"``,
         ``"derangement"``, ``"closed-form"`` (Normal, LogNormal,
-        Normal-mixture and Poisson likelihoods only) or ``"pmf"`` (likelihoods with a
-        finite support).
+        Normal-mixture, Poisson and negative-binomial likelihoods only) or
+        ``"pmf"`` (likelihoods with a finite support).
 
     **References**
 

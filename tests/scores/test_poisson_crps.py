@@ -1,11 +1,12 @@
-"""The CRPS of Poisson and zero-inflated Poisson likelihoods
-(``numpyro_pvi/_core/poisson.py``): the observation term against a sum over
+"""The CRPS of Poisson, zero-inflated Poisson and negative-binomial
+likelihoods (``numpyro_pvi/_core/poisson.py``): the observation term against a sum over
 the support, the estimator's expectation against scoringrules (and the
 zero-inflated one against the CRPS's sum over the support) and against the
 exact pair expectations (with and without a mixture guide's strata), its
 gradient's unbiasedness (and a power check without the Poisson identity), a
-fit, a mask, the held-out score and cross-validation, and the estimators
-that need simulations refused."""
+fit, a mask, the held-out score and cross-validation, the estimators that
+need simulations refused, and a negative binomial's estimate and gradient
+(a Poisson of a Gamma rate) against scoringrules' ``crps_negbinom``."""
 
 import math
 
@@ -283,7 +284,8 @@ def test_estimators_from_simulations_are_refused_and_the_remedy_fits():
     guide, params = initial_params(regression, X, Y)
     key = random.PRNGKey(11)
     for score in (CRPS(estimator="derangement"), EnergyScore(0.5)):
-        with pytest.raises(ValueError, match="Poisson counts.*closed form"):
+        refusal = "Poisson or negative-binomial counts.*closed form"
+        with pytest.raises(ValueError, match=refusal):
             PredictiveELBO(score, num_particles=4).loss(
                 key, params, regression, guide, X, Y
             )
@@ -319,3 +321,67 @@ def test_cross_validation_scores_the_folds_by_the_closed_form():
     assert scores.shape == (2, 40) and np.all(np.isfinite(scores))
     gains = np.asarray(cv.scores["pair_gain"])
     assert gains.shape == (2, 2, 40) and np.all(np.isfinite(gains))
+
+
+def negative_binomial(x, y=None):
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    c = numpyro.sample("c", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.NegativeBinomial2(jnp.exp(a + x), jnp.exp(c)), obs=y)
+
+
+def _near_point_mass(a, c):
+    """A guide of tiny scales at ``(a, c)``: the predictive is the negative
+    binomial of mean ``exp(a + x)`` and concentration ``exp(c)``."""
+    x = jnp.array([-1.0, 0.0, 0.5, 1.0, 1.5])
+    y = jnp.array([0.0, 3.0, 1.0, 20.0, 4.0])  # an outlier at 20
+    guide, params = initial_params(negative_binomial, x, y)
+    params = {k: jnp.full_like(v, 1e-4) for k, v in params.items()}
+    params.update(a_auto_loc=jnp.asarray(a), c_auto_loc=jnp.asarray(c))
+    return guide, params, x, y
+
+
+def _negbinom_crps(a, c, x, y):
+    return np.array(
+        [
+            sr.crps_negbinom(float(v), math.exp(c), mu=math.exp(a + float(u)))
+            for u, v in zip(x, y, strict=True)
+        ]
+    )
+
+
+def test_negative_binomial_estimate_and_gradient_are_scoringrules():
+    # averaged over the Gamma rates' and the counts' draws, the score of a
+    # near point mass is the negative binomial's CRPS, and its gradient in
+    # (a, c) the CRPS's (finite differences in float64): the Gamma draws'
+    # implicit gradient in the concentration and the Poisson identity
+    a, c = 0.3, 0.7
+    guide, params, x, y = _near_point_mass(a, c)
+    loss = PredictiveELBO("crps", num_particles=2)
+
+    def one(key):
+        def total(p):
+            terms = loss.particle_terms(key, p, negative_binomial, guide, x, y)
+            return CRPS().estimate(terms).sum()
+
+        value, grads = jax.value_and_grad(total)(params)
+        return value, jnp.stack([grads["a_auto_loc"], grads["c_auto_loc"]])
+
+    values, grads = jax.jit(jax.vmap(one))(random.split(random.PRNGKey(16), 20000))
+    want = -_negbinom_crps(a, c, x, y).sum()
+    se = float(values.std()) / math.sqrt(values.shape[0])
+    assert abs(float(values.mean()) - want) / se < 4.5, (values.mean(), want)
+    h = 1e-5
+    want_grad = [
+        -(_negbinom_crps(a + h, c, x, y) - _negbinom_crps(a - h, c, x, y)).sum()
+        / 2
+        / h,
+        -(_negbinom_crps(a, c + h, x, y) - _negbinom_crps(a, c - h, x, y)).sum()
+        / 2
+        / h,
+    ]
+    grad_se = grads.std(0) / math.sqrt(grads.shape[0])
+    z = np.abs(np.asarray(grads.mean(0)) - want_grad) / np.asarray(grad_se)
+    assert np.max(z) < 4.5, (grads.mean(0), want_grad)
+    # power: the concentration's gradient is not zero (the Gamma draws carry it)
+    assert abs(want_grad[1]) > 10 * float(grad_se[1])

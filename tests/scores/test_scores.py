@@ -747,26 +747,27 @@ def test_pair_estimators_need_two_particles(score):
         )
 
 
-def negative_binomial_model(y):
+def geometric_model(y):
     rate = numpyro.sample("rate", dist.Gamma(2.0, 1.0))
     with numpyro.plate("data", y.shape[0]):
-        numpyro.sample("counts", dist.NegativeBinomial2(rate, 3.0), obs=y)
+        numpyro.sample("counts", dist.Geometric(rate / (1.0 + rate)), obs=y)
 
 
 @pytest.mark.parametrize("score", ["crps", "energy"])
 def test_simulation_scores_reject_observed_site_without_reparameterised_sampler(
     score,
 ):
-    # (a Poisson site has the CRPS in closed form: tests/scores/test_poisson_crps.py)
+    # (Poisson and negative-binomial sites have the CRPS in closed form:
+    # tests/scores/test_poisson_crps.py)
     loss = PredictiveELBO(score, num_particles=4)
     with pytest.raises(
         ValueError,
-        match="site 'counts' \\(NegativeBinomial2\\) has no reparameterised sampler",
+        match="site 'counts' \\(GeometricProbs\\) has no reparameterised sampler",
     ):
         loss.loss(
             random.PRNGKey(0),
             {},
-            negative_binomial_model,
+            geometric_model,
             poisson_guide,
             jnp.array([1.0, 3.0]),
         )
