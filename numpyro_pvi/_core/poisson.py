@@ -53,7 +53,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import random
+from jax import lax, random
 from jax.lax import stop_gradient
 from jax.scipy.special import gammaincc, gammaln, xlogy
 from numpyro.distributions import (
@@ -205,8 +205,43 @@ def poisson_parts(
     return rate, jnp.concatenate(gates, 1)
 
 
+#: Rates below which :func:`poisson_draws` inverts the cdf, and the most
+#: steps of its search (:math:`P(Y > 64) < 10^{-20}` below this rate).
+SMALL_RATE, MAX_SEARCH = 10.0, 64
+
+
+def _inverted(key: jax.Array, rate: jax.Array) -> jax.Array:
+    r"""Poisson draws of rates below :data:`SMALL_RATE` by inverting the cdf:
+    one uniform each, the cdf summed from 0 by the pmf's recurrence
+    :math:`p(k) = p(k - 1)\,\lambda / k` until it passes every uniform."""
+    u = random.uniform(key, rate.shape, rate.dtype)
+
+    def more(carry: tuple) -> jax.Array:
+        k, count, _, cdf = carry
+        return jnp.any(u > cdf) & (k < MAX_SEARCH)
+
+    def step(carry: tuple) -> tuple:
+        k, count, pmf, cdf = carry
+        count = count + (u > cdf)
+        pmf = pmf * rate / (k + 1)
+        return k + 1, count, pmf, cdf + pmf
+
+    pmf = jnp.exp(-rate)
+    start = (jnp.zeros((), jnp.int32), jnp.zeros_like(rate), pmf, pmf)
+    return lax.while_loop(more, step, start)[1]
+
+
 def poisson_draws(key: jax.Array, rate: jax.Array, num_rows: int) -> jax.Array:
     """``(b, d)`` one draw of each Poisson part, as floats, not
-    differentiable."""
-    shape = (num_rows, rate.shape[1])
-    return random.poisson(key, jnp.broadcast_to(rate, shape)).astype(rate.dtype)
+    differentiable: by inverting the cdf where every rate is below
+    :data:`SMALL_RATE` (a few steps of arithmetic per draw), else by
+    :func:`jax.random.poisson` (a rejection loop per value, 5–8 times
+    slower at small rates: ``benchmarks/RESULTS.md``)."""
+    rate = stop_gradient(jnp.broadcast_to(rate, (num_rows, rate.shape[1])))
+    return lax.cond(
+        jnp.max(rate, initial=0.0) < SMALL_RATE,
+        _inverted,
+        lambda key, rate: random.poisson(key, rate).astype(rate.dtype),
+        key,
+        rate,
+    )

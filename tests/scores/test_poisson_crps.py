@@ -25,7 +25,7 @@ from numpyro.infer.autoguide import AutoNormal
 from scipy import stats
 
 from numpyro_pvi import PredictiveELBO, predictive_score
-from numpyro_pvi._core.poisson import poisson_abs_mean
+from numpyro_pvi._core.poisson import poisson_abs_mean, poisson_draws
 from numpyro_pvi.scores import CRPS, EnergyScore
 from numpyro_pvi.scores.pair_sums import next_pair_score
 from tests.score_helpers import crps_against_log, initial_params, weighted_terms
@@ -53,6 +53,31 @@ def test_abs_mean_and_its_derivative_are_the_sums_over_the_support(rate):
         if rate > 0:
             want = dist_to @ (pmf * (SUPPORT / rate - 1.0))
             np.testing.assert_allclose(g, want, rtol=RTOL * 50, atol=2e-6)
+
+
+def _chi2_p_value(draws, rate):
+    """The chi-square test of Poisson draws against the Poisson(rate) pmf
+    (bins of expected count over 5, the tail in the last)."""
+    top = int(stats.poisson.ppf(1 - 1e-4, rate)) + 1
+    observed = np.bincount(np.minimum(draws.astype(int), top), minlength=top + 1)
+    expected = stats.poisson.pmf(np.arange(top + 1), rate) * draws.size
+    expected[-1] = stats.poisson.sf(top - 1, rate) * draws.size
+    keep = expected > 5
+    chi2 = np.sum((observed[keep] - expected[keep]) ** 2 / expected[keep])
+    return stats.chi2.sf(chi2, keep.sum() - 1)
+
+
+@pytest.mark.parametrize("rate", [0.05, 1.3, 7.5, 30.0])
+def test_draws_follow_the_poisson_law(rate):
+    # small rates (below SMALL_RATE) by inverting the cdf, large ones by
+    # jax.random.poisson:
+    # 200 000 draws pass the chi-square test at 0.1%, and fail it against
+    # a rate 10% off (power)
+    draws = np.asarray(
+        poisson_draws(random.PRNGKey(0), jnp.full((1, 1), rate), 200_000)
+    ).ravel()
+    assert _chi2_p_value(draws, rate) > 1e-3
+    assert _chi2_p_value(draws, rate * 1.1) < 1e-6
 
 
 def _terms(rate, counts, y, num_strata=1, omega=None, gate=None):
