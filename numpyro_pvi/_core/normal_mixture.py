@@ -35,15 +35,14 @@ import jax
 import jax.numpy as jnp
 from numpyro.distributions import (
     Distribution,
-    MixtureGeneral,
     MixtureSameFamily,
-    Normal,
 )
 
 from numpyro_pvi._core.data_plate import DataPlate
 from numpyro_pvi._core.normal import normal_abs_mean
 from numpyro_pvi._core.site_laws import (
     innermost,
+    normal_mixture_parts,
 )
 from numpyro_pvi._core.site_values import (
     parameter_rows,
@@ -58,13 +57,8 @@ def _normal_components(
 ) -> tuple[jax.Array, jax.Array] | None:
     """Locations and scales of a mixture of scalar Normals, broadcasting
     against ``(*batch, C)``; ``None`` for any other mixture."""
-    if isinstance(mixture, MixtureSameFamily):
-        parts = [mixture.component_distribution]
-    elif isinstance(mixture, MixtureGeneral):
-        parts = list(mixture.component_distributions)
-    else:
-        return None
-    if any(type(innermost(p)) is not Normal or p.event_shape for p in parts):
+    parts = normal_mixture_parts(mixture)
+    if parts is None:
         return None
     # as given (right-aligned with the batch shape; a scale shared by every
     # observation stays one per component)

@@ -20,6 +20,9 @@ from numpyro.distributions import (
     IntervalCensoredDistribution,
     LeftCensoredDistribution,
     MaskedDistribution,
+    MixtureGeneral,
+    MixtureSameFamily,
+    Normal,
     Poisson,
     RightCensoredDistribution,
     TransformedDistribution,
@@ -114,22 +117,39 @@ def working_scores(site: dict[str, Any]) -> list[str]:
     """The built-in scores that apply to an observed site's likelihood: the
     log score where it has a density, the CRPS (scalar components) and the
     energy score where it has a reparameterised sampler (the CRPS of a
-    Poisson, negative binomial or zero-inflated one, without one, in closed
-    form), the quadratic score where its support is finite."""
+    Poisson, negative binomial or zero-inflated one, and of a Normal
+    mixture, without one, in closed form), the quadratic score where its
+    support is finite."""
     fn, base = site["fn"], innermost(site["fn"])
     names = [] if getattr(base, "likelihood_free", False) else ["log"]
     if is_censored(fn):
         return names
     if fn.has_rsample:
         names += ["crps", "energy"] if base.event_dim == 0 else ["energy"]
-    elif poisson_counts(zero_inflated_base(base)):  # _core/poisson.py
-        names.append("crps")
+    elif poisson_counts(zero_inflated_base(base)) or normal_mixture_parts(base):
+        names.append("crps")  # in closed form: _core/poisson.py, normal_mixture.py
     finite = getattr(fn, "has_enumerate_support", False)
     if finite and (
         isinstance(base, (BinomialLogits, BinomialProbs)) or _enumerates(base)
     ):
         names.append("quadratic")
     return names
+
+
+def normal_mixture_parts(base: Distribution) -> list[Distribution] | None:
+    """The components of a mixture of scalar Normals (``MixtureSameFamily``
+    of a ``Normal``, ``MixtureGeneral`` of ``Normal`` components), whose
+    CRPS ``_core/normal_mixture.py`` computes; ``None`` for any other
+    distribution."""
+    if isinstance(base, MixtureSameFamily):
+        parts = [base.component_distribution]
+    elif isinstance(base, MixtureGeneral):
+        parts = list(base.component_distributions)
+    else:
+        return None
+    if any(type(innermost(p)) is not Normal or p.event_shape for p in parts):
+        return None
+    return parts
 
 
 def poisson_counts(base: Distribution) -> bool:

@@ -210,6 +210,18 @@ def test_simulations_are_refused_with_the_closed_form_as_remedy(score):
         loss.loss(random.PRNGKey(11), params, same_family, guide, X, Y)
 
 
+def test_a_refusal_advises_the_crps_and_the_advice_works():
+    # the quadratic score has no pmf to read; the CRPS it advises fits
+    guide, params = _params()
+    key = random.PRNGKey(14)
+    with pytest.raises(ValueError, match="Use score='log' or 'crps' for this"):
+        PredictiveELBO("quadratic", num_particles=4).loss(
+            key, params, same_family, guide, X, Y
+        )
+    crps = PredictiveELBO("crps", num_particles=4)
+    assert np.isfinite(float(crps.loss(key, params, same_family, guide, X, Y)))
+
+
 def test_held_out_score_by_simulations_agrees_with_the_closed_form():
     # without gradients the mixture's sampler serves: the simulated all-pairs
     # estimate and the closed form estimate the same score
