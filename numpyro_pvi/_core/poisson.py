@@ -17,7 +17,9 @@ and pmf :math:`p_\lambda`, and a real :math:`y` with :math:`n = \lfloor y
 
 from :math:`k\, p_\lambda(k) = \lambda\, p_\lambda(k - 1)`, with
 :math:`F_\lambda(n) = Q(n + 1, \lambda)` (the regularised upper incomplete
-gamma function). For independent :math:`Y \sim \mathrm{Poisson}(\lambda)`
+gamma function; both from
+:func:`~numpyro_pvi._core.poisson_cdf.poisson_cdf_pmf`, accurate in float32
+at any count). For independent :math:`Y \sim \mathrm{Poisson}(\lambda)`
 and :math:`Y' \sim \mathrm{Poisson}(\lambda')` the pair expectation is
 :math:`\mathbb{E}|Y - Y'| = \mathbb{E}_{Y}\, G(\lambda', Y)`: one draw of
 :math:`Y` per pair, the other variable integrated out exactly. Its gradient
@@ -53,9 +55,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax import lax, random
+from jax import random
 from jax.lax import stop_gradient
-from jax.scipy.special import gammaincc, gammaln, xlogy
 from numpyro.distributions import (
     Distribution,
     Poisson,
@@ -64,6 +65,7 @@ from numpyro.distributions import (
 
 from numpyro_pvi._core.data_plate import DataPlate
 from numpyro_pvi._core.gamma_draws import standard_gamma
+from numpyro_pvi._core.poisson_cdf import poisson_cdf_pmf, poisson_quantile
 from numpyro_pvi._core.site_laws import (
     innermost,
     poisson_counts,
@@ -74,20 +76,13 @@ from numpyro_pvi._core.site_values import (
 )
 
 
-def _cdf_pmf(rate: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``F_λ(n)`` and ``p_λ(n)`` at integers ``n >= 0``."""
-    cdf = gammaincc(n + 1.0, rate)
-    pmf = jnp.exp(xlogy(n, rate) - rate - gammaln(n + 1.0))
-    return cdf, pmf
-
-
 @jax.custom_jvp
 def poisson_abs_mean(rate: jax.Array, y: jax.Array) -> jax.Array:
     r""":math:`\mathbb{E}|Y - y|` for :math:`Y \sim
     \mathrm{Poisson}(\lambda)`, elementwise (broadcasting); differentiable
     in ``rate`` only (``y`` is a count, data or a draw)."""
     n = jnp.floor(y)
-    cdf, pmf = _cdf_pmf(rate, n)
+    cdf, pmf = poisson_cdf_pmf(rate, n)
     return (y - rate) * (2.0 * cdf - 1.0) + 2.0 * rate * pmf
 
 
@@ -97,7 +92,7 @@ def _poisson_abs_mean_jvp(
 ) -> tuple[jax.Array, jax.Array]:
     rate, y = primals
     n = jnp.floor(y)
-    cdf, pmf = _cdf_pmf(rate, n)
+    cdf, pmf = poisson_cdf_pmf(rate, n)
     value = (y - rate) * (2.0 * cdf - 1.0) + 2.0 * rate * pmf
     # dF(n)/dλ = -p(n), dp(n)/dλ = p(n - 1) - p(n) and λ p(n - 1) = n p(n)
     return value, (1.0 - 2.0 * cdf + 2.0 * pmf * (n + 1.0 - y)) * tangents[0]
@@ -114,7 +109,7 @@ def poisson_pair_abs_mean(
     docstring)."""
     (rate, y), (other, _) = a, b
     value = poisson_abs_mean(other, y)
-    step = 2.0 * gammaincc(jnp.floor(y) + 1.0, other) - 1.0  # G(λ', y+1) - G(λ', y)
+    step = 2.0 * poisson_cdf_pmf(other, jnp.floor(y))[0] - 1.0  # G(λ', y+1) - G(λ', y)
     return value + (rate - stop_gradient(rate)) * stop_gradient(step)
 
 
@@ -205,43 +200,12 @@ def poisson_parts(
     return rate, jnp.concatenate(gates, 1)
 
 
-#: Rates below which :func:`poisson_draws` inverts the cdf, and the most
-#: steps of its search (:math:`P(Y > 64) < 10^{-20}` below this rate).
-SMALL_RATE, MAX_SEARCH = 10.0, 64
-
-
-def _inverted(key: jax.Array, rate: jax.Array) -> jax.Array:
-    r"""Poisson draws of rates below :data:`SMALL_RATE` by inverting the cdf:
-    one uniform each, the cdf summed from 0 by the pmf's recurrence
-    :math:`p(k) = p(k - 1)\,\lambda / k` until it passes every uniform."""
-    u = random.uniform(key, rate.shape, rate.dtype)
-
-    def more(carry: tuple) -> jax.Array:
-        k, count, _, cdf = carry
-        return jnp.any(u > cdf) & (k < MAX_SEARCH)
-
-    def step(carry: tuple) -> tuple:
-        k, count, pmf, cdf = carry
-        count = count + (u > cdf)
-        pmf = pmf * rate / (k + 1)
-        return k + 1, count, pmf, cdf + pmf
-
-    pmf = jnp.exp(-rate)
-    start = (jnp.zeros((), jnp.int32), jnp.zeros_like(rate), pmf, pmf)
-    return lax.while_loop(more, step, start)[1]
-
-
 def poisson_draws(key: jax.Array, rate: jax.Array, num_rows: int) -> jax.Array:
     """``(b, d)`` one draw of each Poisson part, as floats, not
-    differentiable: by inverting the cdf where every rate is below
-    :data:`SMALL_RATE` (a few steps of arithmetic per draw), else by
-    :func:`jax.random.poisson` (a rejection loop per value, 5–8 times
-    slower at small rates: ``benchmarks/RESULTS.md``)."""
+    differentiable: the quantile of one uniform each
+    (:func:`~numpyro_pvi._core.poisson_cdf.poisson_quantile`, two to four
+    evaluations of the cdf; 3–7 times faster than
+    :func:`jax.random.poisson`'s loops, which run until every value's
+    rejection step has accepted: ``benchmarks/RESULTS.md``)."""
     rate = stop_gradient(jnp.broadcast_to(rate, (num_rows, rate.shape[1])))
-    return lax.cond(
-        jnp.max(rate, initial=0.0) < SMALL_RATE,
-        _inverted,
-        lambda key, rate: random.poisson(key, rate).astype(rate.dtype),
-        key,
-        rate,
-    )
+    return poisson_quantile(random.uniform(key, rate.shape, rate.dtype), rate)
