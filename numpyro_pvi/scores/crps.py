@@ -210,12 +210,13 @@ class CRPS(Score):
     zero-inflated forms) is a Poisson of a Gamma rate: each particle's rate
     is one reparameterised draw of it per observation (the implicit
     gradient in the Gamma's shape), and the terms are the Poisson's, still
-    unbiased in value and gradient. Each term
-    costs an incomplete gamma function and each pair a Poisson draw, XLA
-    loops whose length grows with the rates: 86–160× ``Trace_ELBO`` per
-    step on Poisson regressions of 5000–10⁴ counts and 41–70× on a
-    negative-binomial one (one core), more while rates are in the
-    thousands (``benchmarks/RESULTS.md``).
+    unbiased in value and gradient. Each term costs a Poisson cdf and pmf
+    in a fixed number of operations (Temme's expansion and Loader's pmf,
+    ``_core/poisson_cdf.py``, accurate in float32 at any
+    count) and each pair a draw by inverting that cdf: 24–60×
+    ``Trace_ELBO`` per step on a Poisson regression of 10⁴ counts, 11–21×
+    on 5000 zero-inflated ones and 2–4× on a negative-binomial one (one
+    core, ``benchmarks/RESULTS.md``).
 
     With ``estimator="pmf"`` the CRPS of a likelihood with a finite support
     of consecutive integers (Bernoulli, Binomial, Categorical read as
