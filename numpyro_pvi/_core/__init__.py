@@ -80,6 +80,7 @@ from numpyro_pvi._core.particles import (
     split_particle_key,
 )
 from numpyro_pvi._core.pmf import (
+    CDF_SUMS_SUPPORT,
     UNROLLED_SUPPORT,
     binomial_cdf_sums,
     binomial_support_sums,
@@ -221,6 +222,7 @@ __all__ = [
     "POLYNOMIAL_SUPPORT",
     "binomial_next_overlap_sum",
     "binomial_next_overlaps",
+    "CDF_SUMS_SUPPORT",
     "UNROLLED_SUPPORT",
     "svi_scan",
     "unpack_latent",

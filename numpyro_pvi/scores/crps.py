@@ -235,12 +235,13 @@ class CRPS(Score):
     as in :class:`~numpyro_pvi.scores.QuadraticScore`): unbiased for every
     :math:`M \ge 2`, the fair all-pairs estimate from simulations averaged
     over the simulations. For one Binomial component per observation of at
-    most 16 support values the cdfs' sums come from the logits and counts
+    most 48 support values the cdfs' sums come from the logits and counts
     block by block of particles (``_core/pmf.py``'s ``binomial_cdf_sums``),
     without the ``(M, V, b)`` pmf. One core: 0.7–0.8× ``Trace_ELBO`` on a
     logistic regression, 4.2–4.3× on a Binomial of 10 trials (the quadratic
-    score 1.8–2.7×); from the pmf, longer supports are memory-bound (41
-    values: 80× at ``M = 8``, ``benchmarks/RESULTS.md``).
+    score 1.8–2.7×), 31–47× on 40 trials (a term per value, particle and
+    observation); from the pmf, longer supports are memory-bound
+    (``benchmarks/RESULTS.md``).
 
     ``estimator="auto"`` (the default) is ``"closed-form"`` when every
     observed site is a :class:`~numpyro.distributions.Normal`, or every one

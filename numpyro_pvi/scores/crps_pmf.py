@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import UNROLLED_SUPPORT, binomial_cdf_sums
+from numpyro_pvi._core import CDF_SUMS_SUPPORT, binomial_cdf_sums
 from numpyro_pvi.particles import ParticleTerms, present
 from numpyro_pvi.scores.base import strata
 from numpyro_pvi.scores.pair_sums import stratum_sums, weighted_strata
@@ -23,7 +23,7 @@ def _cdf_sums(
     component per observation from its logits and counts block by block
     (:func:`~numpyro_pvi._core.pmf.binomial_cdf_sums`), else from the
     ``(K M, V, b, 1)`` pmf."""
-    closed = binomial_closed_form(terms, UNROLLED_SUPPORT)
+    closed = binomial_closed_form(terms, CDF_SUMS_SUPPORT)
     if closed is None:
         cdf = jnp.cumsum(pmf[:, :-1, :, 0], axis=1)  # (K M, V - 1, b)
         return stratum_sums(cdf, k), stratum_sums(jnp.square(cdf), k)
