@@ -17,7 +17,12 @@ from scipy import optimize, stats
 from scipy.special import xlogy
 
 from numpyro_pvi._core.poisson import poisson_abs_mean
-from numpyro_pvi._core.poisson_cdf import poisson_cdf_pmf, poisson_quantile, temme_table
+from numpyro_pvi._core.poisson_cdf import (
+    poisson_cdf_pmf,
+    poisson_quantile,
+    quantile_start,
+    temme_table,
+)
 
 pytestmark = pytest.mark.numerics
 
@@ -142,3 +147,18 @@ def test_quantile_is_scipys(rate):
 def test_quantile_of_a_nan_rate_is_nan():
     got = poisson_quantile(jnp.asarray([0.0, 0.5]), jnp.asarray([np.nan, np.nan]))
     assert np.all(np.isnan(got))
+
+
+def test_the_quantile_search_starts_within_one_count():
+    # why the search takes a step or two: 20 000 uniforms at Gamma-spread
+    # rates of each mean from 0.1 to 1e5
+    rng = np.random.default_rng(0)
+    for mean in [0.1, 1.0, 10.0, 100.0, 1e3, 1e5]:
+        rate = rng.gamma(2.0, mean / 2.0, 20_000)
+        u = rng.uniform(size=rate.size)
+        u, rate = (np.asarray(jnp.asarray(x), float) for x in (u, rate))  # as used
+        start = np.asarray(quantile_start(jnp.asarray(u), jnp.asarray(rate)))
+        gap = np.abs(start - stats.poisson.ppf(u, rate))
+        # two counts at most below a mean rate of 1, where (z² - 1)/6 overshoots
+        bound = 1 if mean >= 1 else 2
+        assert np.max(gap) <= bound, (u[gap > bound], rate[gap > bound])

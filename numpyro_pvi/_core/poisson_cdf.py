@@ -60,7 +60,7 @@ from jax import lax
 from jax.lax import stop_gradient
 from jax.scipy.special import erfc, ndtri, xlogy
 
-__all__ = ["poisson_cdf_pmf", "poisson_quantile", "temme_table"]
+__all__ = ["poisson_cdf_pmf", "poisson_quantile", "quantile_start", "temme_table"]
 
 #: Counts from which the cdf is not a plain sum, rates relative to ``n + 1``
 #: between which it is Temme's expansion (its terms per order, orders),
@@ -244,36 +244,45 @@ def _cdf_pmf(rate: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
 MAX_STEPS = 32
 
 
+def quantile_start(u: jax.Array, rate: jax.Array) -> jax.Array:
+    """The Cornish–Fisher start of :func:`poisson_quantile`, rounded; at
+    most the median ``⌊λ + 1/3⌋`` below it, 0 at ``u = 0`` or ``λ = 0``."""
+    z = ndtri(jnp.maximum(u, jnp.finfo(u.dtype).tiny))
+    start = rate + jnp.sqrt(rate) * z + (z * z - 1.0) / 6.0
+    k = jnp.maximum(jnp.floor(start + 0.5), 0.0)
+    k = jnp.where(z < 0, jnp.minimum(k, jnp.floor(rate + 1.0 / 3.0)), k)
+    return jnp.where((u > 0) & (rate != 0), k, 0.0 * rate)  # NaN for a NaN rate
+
+
 def poisson_quantile(u: jax.Array, rate: jax.Array) -> jax.Array:
     r"""The Poisson quantile :math:`\min\{k \ge 0 : F_\lambda(k) \ge u\}`,
     elementwise, as floats: from the Cornish–Fisher start
     :math:`\lambda + \sqrt\lambda z + (z^2 - 1)/6`, :math:`z =
-    \Phi^{-1}(u)`, one count at a time, up while :math:`F(k) < u` or down
-    while :math:`F(k - 1) \ge u` (each value in one direction only, so
-    rounding where the cdf's branches meet cannot make it oscillate); two
-    or three evaluations of :func:`poisson_cdf_pmf` at rates from 0.1 to
-    1000. With ``u`` uniform, a Poisson draw (exact to the float's rounding
+    \Phi^{-1}(u)` (:func:`quantile_start`: within two counts of the
+    quantile, one at mean rates from 1 to 10⁵), one count at a time, up
+    while :math:`F(k) < u` or down while :math:`F(k - 1) \ge u`, the cdf
+    and pmf carried along by the
+    pmf's recurrence: one evaluation of :func:`poisson_cdf_pmf`. Each value
+    moves in one direction only (no oscillation where rounding meets a
+    step). With ``u`` uniform, a Poisson draw (exact to the float's rounding
     of the cdf: within one unit in the last place of 1, in the tail beyond
     :math:`1 - 10^{-7}` in float32, a count or two low)."""
     u, rate = jnp.broadcast_arrays(u, stop_gradient(rate))
-    z = ndtri(jnp.maximum(u, jnp.finfo(u.dtype).tiny))
-    start = rate + jnp.sqrt(rate) * z + (z * z - 1.0) / 6.0
-    k = jnp.maximum(jnp.floor(start + 0.5), 0.0)
-    # below the median, which is at most λ + 1/3; at u = 0 the quantile is 0
-    k = jnp.where(z < 0, jnp.minimum(k, jnp.floor(rate + 1.0 / 3.0)), k)
-    k = jnp.where(u > 0, k, 0.0 * rate)  # (NaN where the rate is NaN)
+    k = quantile_start(u, rate)
     cdf, pmf = poisson_cdf_pmf(rate, k)
     up = cdf < u
-
-    def moved(k: jax.Array, cdf: jax.Array, pmf: jax.Array) -> tuple:
-        move = jnp.where(up, cdf < u, (cdf - pmf >= u) & (k > 0)) & (k + 1.0 > k)
-        return k + jnp.where(move, jnp.where(up, 1.0, -1.0), 0.0), jnp.any(move)
+    inverse_rate = 1.0 / jnp.where(rate > 0, rate, 1.0)
 
     def step(carry: tuple) -> tuple:
-        k, _, steps = carry
-        return *moved(k, *poisson_cdf_pmf(rate, k)), steps + 1
+        k, cdf, pmf, _, steps = carry
+        move = jnp.where(up, cdf < u, (cdf - pmf >= u) & (k > 0)) & (k + 1.0 > k)
+        next_pmf = pmf * rate / (k + 1.0)  # p(k + 1); p(k - 1) = p(k) k / λ
+        cdf = jnp.where(move, jnp.where(up, cdf + next_pmf, cdf - pmf), cdf)
+        pmf = jnp.where(move, jnp.where(up, next_pmf, pmf * k * inverse_rate), pmf)
+        k = k + jnp.where(move, jnp.where(up, 1.0, -1.0), 0.0)
+        return k, cdf, pmf, jnp.any(move), steps + 1
 
     def more(carry: tuple) -> jax.Array:
-        return carry[1] & (carry[2] < MAX_STEPS)
+        return carry[3] & (carry[4] < MAX_STEPS)
 
-    return lax.while_loop(more, step, (*moved(k, cdf, pmf), 1))[0]
+    return lax.while_loop(more, step, (k, cdf, pmf, jnp.asarray(True), 0))[0]

@@ -213,10 +213,10 @@ class CRPS(Score):
     unbiased in value and gradient. Each term costs a Poisson cdf and pmf
     in a fixed number of operations (Temme's expansion and Loader's pmf,
     ``_core/poisson_cdf.py``, accurate in float32 at any
-    count) and each pair a draw by inverting that cdf: 24–60×
-    ``Trace_ELBO`` per step on a Poisson regression of 10⁴ counts, 11–21×
-    on 5000 zero-inflated ones and 2–4× on a negative-binomial one (one
-    core, ``benchmarks/RESULTS.md``).
+    count) and each pair a draw by inverting that cdf: 14–38×
+    ``Trace_ELBO`` per step on a Poisson regression of 10⁴ counts, 6–14×
+    on 5000 zero-inflated ones and 1.4–2.2× on a negative-binomial one
+    (one core, ``benchmarks/RESULTS.md``).
 
     With ``estimator="pmf"`` the CRPS of a likelihood with a finite support
     of consecutive integers (Bernoulli, Binomial, Categorical read as
