@@ -15,8 +15,9 @@ thousands). Here:
   remainder :math:`\delta(n) = \log n! - (n + \tfrac12)\log n + n -
   \tfrac12\log 2\pi` (exact below 16, its series above);
 * **the cdf** :math:`F_\lambda(n) = Q(n + 1, \lambda)` is, for
-  :math:`n < J` (:math:`J` = 24 in float32, 48 in float64), the sum of the
-  pmf from 0; for larger :math:`n` and :math:`\lambda / (n + 1)` between
+  :math:`n < J` (:math:`J` = 24 in float32, 48 in float64), the finite sum
+  of the pmf from 0 (counts above the rate) or down from :math:`n` to 0
+  (counts below it); for larger :math:`n` and :math:`\lambda / (n + 1)` between
   0.45 and 2.2, Temme's uniform asymptotic expansion [2, 3]
 
   .. math::
@@ -62,13 +63,14 @@ from jax.scipy.special import erfc, ndtri, xlogy
 
 __all__ = ["poisson_cdf_pmf", "poisson_quantile", "quantile_start", "temme_table"]
 
-#: Counts from which the cdf is not a plain sum, rates relative to ``n + 1``
-#: between which it is Temme's expansion (its terms per order, orders),
-#: and the terms of Loader's series of ``D``, by float width.
+#: By float width: the counts from which the cdf is not a finite sum (and
+#: the terms of the sums down or up from n), Temme's orders and their terms
+#: in η, and the terms of Loader's series of ``D``.
 _SETTINGS = {
     4: {"sum_terms": 24, "orders": 4, "eta_terms": 13, "d_terms": 8},
     8: {"sum_terms": 48, "orders": 6, "eta_terms": 18, "d_terms": 14},
 }
+#: Rates relative to ``n + 1`` between which the cdf is Temme's expansion.
 _LOW, _HIGH = 0.45, 2.2
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 #: Stirling's remainder δ(n) at n = 1, ..., 15 (δ(0) is not used).
@@ -158,7 +160,9 @@ def _stirling_remainder(n: jax.Array) -> jax.Array:
     return jnp.where(n < 16, small, series)
 
 
-def _temme(a: jax.Array, x: jax.Array, orders: int, eta_terms: int, d_terms: int):
+def _temme(
+    a: jax.Array, x: jax.Array, orders: int, eta_terms: int, d_terms: int
+) -> jax.Array:
     """``Q(a, x)`` by Temme's expansion (meant for ``0.45 < x/a < 2.2``,
     ``a > 20``)."""
     deviance = _deviance(a, x, d_terms)  # a(λ - 1 - log λ), λ = x/a
