@@ -37,7 +37,8 @@ Poisson parts. A negative binomial (NumPyro's ``GammaPoisson``:
 is a Poisson of a Gamma rate: one reparameterised draw of that rate per
 particle and count (:func:`~numpyro_pvi._core.gamma_draws.standard_gamma`,
 its gradient in the shape implicit) makes both terms those of a Poisson,
-still unbiased, value and gradient.
+still unbiased, value and gradient; a geometric distribution is one with
+shape 1, its rate an exponential draw.
 
 **References**
 
@@ -59,6 +60,8 @@ from jax import random
 from jax.lax import stop_gradient
 from numpyro.distributions import (
     Distribution,
+    GeometricLogits,
+    GeometricProbs,
     Poisson,
     ZeroInflatedProbs,
 )
@@ -143,15 +146,23 @@ def _rate(
     base: Distribution, site: dict[str, Any], plate: DataPlate, key: jax.Array
 ) -> jax.Array:
     """``(b, d)`` the Poisson rate of a site of distribution ``base`` (a
-    Poisson or a Gamma–Poisson: :func:`poisson_likelihoods`) laid out like
-    its draws: a Poisson's rate (``(1, d)`` when it does not vary along the
-    data plate), or for a Gamma–Poisson (the negative binomials) one
-    reparameterised draw of its Gamma rate per count."""
+    Poisson, a Gamma–Poisson or a geometric one: :func:`poisson_likelihoods`)
+    laid out like its draws: a Poisson's rate (``(1, d)`` when it does not
+    vary along the data plate), or for a Gamma–Poisson (the negative
+    binomials) one reparameterised draw of its Gamma rate per count, for a
+    geometric distribution of success probability :math:`p` (failures
+    before the first success) one of its exponential rate, of mean
+    :math:`(1 - p)/p`."""
     fn = site["fn"]
     shape = jnp.broadcast_shapes(fn.shape(), jnp.shape(site["value"]))
     if type(base) is Poisson:
         return parameter_rows(base.rate, shape, plate, fn.event_dim)
-    rate = standard_gamma(key, base.concentration, shape) / base.rate
+    if isinstance(base, GeometricLogits):
+        rate = random.exponential(key, shape) * jnp.exp(-base.logits)
+    elif isinstance(base, GeometricProbs):
+        rate = random.exponential(key, shape) * (1.0 - base.probs) / base.probs
+    else:
+        rate = standard_gamma(key, base.concentration, shape) / base.rate
     return parameter_rows(rate, shape, plate, fn.event_dim)
 
 

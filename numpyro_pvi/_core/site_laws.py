@@ -16,6 +16,8 @@ from numpyro.distributions import (
     Distribution,
     ExpandedDistribution,
     GammaPoisson,
+    GeometricLogits,
+    GeometricProbs,
     Independent,
     IntervalCensoredDistribution,
     LeftCensoredDistribution,
@@ -154,8 +156,11 @@ def normal_mixture_parts(base: Distribution) -> list[Distribution] | None:
 
 def poisson_counts(base: Distribution) -> bool:
     """Whether ``base`` is a Poisson, or a Poisson of a Gamma rate (the
-    negative binomials), whose CRPS ``_core/poisson.py`` computes."""
-    return type(base) is Poisson or isinstance(base, GammaPoisson)
+    negative binomials, and the geometric distribution: its exponential
+    rate), whose CRPS ``_core/poisson.py`` computes."""
+    return type(base) is Poisson or isinstance(
+        base, (GammaPoisson, GeometricProbs, GeometricLogits)
+    )
 
 
 def zero_inflated_base(base: Distribution) -> Distribution:

@@ -210,7 +210,8 @@ class CRPS(Score):
     zero-inflated forms) is a Poisson of a Gamma rate: each particle's rate
     is one reparameterised draw of it per observation (the implicit
     gradient in the Gamma's shape), and the terms are the Poisson's, still
-    unbiased in value and gradient. Each term costs a Poisson cdf and pmf
+    unbiased in value and gradient; a ``Geometric`` one is a Poisson of an
+    exponential rate, likewise. Each term costs a Poisson cdf and pmf
     in a fixed number of operations (Temme's expansion and Loader's pmf,
     ``_core/poisson_cdf.py``, accurate in float32 at any
     count) and each pair a draw by inverting that cdf: 14–38×

@@ -411,3 +411,48 @@ def test_negative_binomial_estimate_and_gradient_are_scoringrules():
     assert np.max(z) < 4.5, (grads.mean(0), want_grad)
     # power: the concentration's gradient is not zero (the Gamma draws carry it)
     assert abs(want_grad[1]) > 10 * float(grad_se[1])
+
+
+def geometric(x, y=None):
+    a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Geometric(logits=a + x), obs=y)
+
+
+def _geometric_crps(a, x, y):
+    # failures before the first success: a negative binomial of one success
+    p = 1.0 / (1.0 + np.exp(-(a + np.asarray(x, float))))
+    return np.array(
+        [sr.crps_negbinom(float(v), 1.0, prob=q) for q, v in zip(p, y, strict=True)]
+    )
+
+
+def test_geometric_estimate_and_gradient_are_scoringrules():
+    # a geometric count is a Poisson of an exponential rate: averaged over the
+    # rates' and counts' draws, the score of a near point mass at a is the
+    # CRPS of the geometric distribution, its gradient the CRPS's
+    a = -0.4
+    x = jnp.array([-1.0, 0.0, 0.5, 1.0, 1.5])
+    y = jnp.array([0.0, 3.0, 1.0, 12.0, 4.0])  # an outlier at 12
+    guide, params = initial_params(geometric, x, y)
+    params = {k: jnp.full_like(v, 1e-4) for k, v in params.items()}
+    params.update(a_auto_loc=jnp.asarray(a))
+    loss = PredictiveELBO("crps", num_particles=2)
+
+    def one(key):
+        def total(p):
+            terms = loss.particle_terms(key, p, geometric, guide, x, y)
+            return CRPS().estimate(terms).sum()
+
+        return jax.value_and_grad(total)(params)
+
+    values, grads = jax.jit(jax.vmap(one))(random.split(random.PRNGKey(17), 20000))
+    want = -_geometric_crps(a, x, y).sum()
+    se = float(values.std()) / math.sqrt(values.shape[0])
+    assert abs(float(values.mean()) - want) / se < 4.5, (values.mean(), want)
+    h = 1e-5
+    want_grad = -(_geometric_crps(a + h, x, y) - _geometric_crps(a - h, x, y)).sum()
+    want_grad /= 2 * h
+    g = np.asarray(grads["a_auto_loc"])
+    assert abs(g.mean() - want_grad) / (g.std() / math.sqrt(g.size)) < 4.5
+    assert abs(want_grad) > 10 * g.std() / math.sqrt(g.size)  # power

@@ -747,27 +747,27 @@ def test_pair_estimators_need_two_particles(score):
         )
 
 
-def geometric_model(y):
+def von_mises_model(y):
     rate = numpyro.sample("rate", dist.Gamma(2.0, 1.0))
     with numpyro.plate("data", y.shape[0]):
-        numpyro.sample("counts", dist.Geometric(rate / (1.0 + rate)), obs=y)
+        numpyro.sample("counts", dist.VonMises(0.0, rate), obs=y)
 
 
 @pytest.mark.parametrize("score", ["crps", "energy"])
 def test_simulation_scores_reject_observed_site_without_reparameterised_sampler(
     score,
 ):
-    # (Poisson and negative-binomial sites have the CRPS in closed form:
-    # tests/scores/test_poisson_crps.py)
+    # (Poisson, negative-binomial and geometric sites have the CRPS in closed
+    # form: tests/scores/test_poisson_crps.py)
     loss = PredictiveELBO(score, num_particles=4)
     with pytest.raises(
         ValueError,
-        match="site 'counts' \\(GeometricProbs\\) has no reparameterised sampler",
+        match="site 'counts' \\(VonMises\\) has no reparameterised sampler",
     ):
         loss.loss(
             random.PRNGKey(0),
             {},
-            geometric_model,
+            von_mises_model,
             poisson_guide,
             jnp.array([1.0, 3.0]),
         )
