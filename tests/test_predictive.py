@@ -443,3 +443,37 @@ def test_model_parameter_gradient_is_the_loss_derivative(loss):
     central = (value(jnp.asarray(-0.3 + h)) - value(jnp.asarray(-0.3 - h))) / (2 * h)
     assert abs(float(grad)) > 0.1
     np.testing.assert_allclose(grad, central, rtol=2e-2)
+
+
+def _mle_model(y):
+    mu = numpyro.param("mu", 0.5)
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def _empty_guide(y):
+    pass
+
+
+def test_a_model_without_latent_sites_is_its_likelihood():
+    # maximum likelihood in NumPyro: every parameter a numpyro.param, an empty
+    # guide. The predictive is the likelihood itself: PVI's log score and
+    # PAC^m are Trace_ELBO's loss, the CRPS the Normal's closed form
+    y = jnp.array([1.0, 2.0, 4.0])
+    params = {"mu": jnp.asarray(0.5)}
+    key = random.PRNGKey(0)
+    want = Trace_ELBO().loss(key, params, _mle_model, _empty_guide, y)
+    for loss in (PredictiveELBO("log", num_particles=4), PACmELBO(num_particles=4)):
+        got = loss.loss(key, params, _mle_model, _empty_guide, y)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    z = np.asarray(y) - 0.5
+    phi = np.exp(-0.5 * z**2) / np.sqrt(2 * np.pi)
+    crps = z * (2 * jax.scipy.stats.norm.cdf(z) - 1) + 2 * phi - 1 / np.sqrt(np.pi)
+    got = PredictiveELBO("crps", num_particles=4).loss(
+        key, params, _mle_model, _empty_guide, y
+    )
+    np.testing.assert_allclose(got, crps.sum(), rtol=1e-5)
+    scores = predictive_score(key, params, _mle_model, _empty_guide, y)
+    np.testing.assert_allclose(
+        scores.score, jax.scipy.stats.norm.logpdf(y, 0.5), rtol=1e-5
+    )

@@ -291,7 +291,7 @@ def latent_dependent_observations(
             return [probe(n)(jnp.asarray(tr[n]["value"])) for n in wanted]
 
         stacked = jax.tree.map(lambda v: jnp.stack([v, v]), latents)
-        jax.vmap(values)(stacked)
+        jax.vmap(values, axis_size=2)(stacked)  # (no latent sites: none batched)
         return 0
 
     jax.eval_shape(run, random.PRNGKey(0))
