@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Callable, Mapping
@@ -64,17 +65,24 @@ def simulate_observed(
     args: tuple,
     kwargs: dict,
     *,
+    params: Mapping[str, Any],
+    num_draws: int,
     function: str = "to_inference_data",
     stacklevel: int = 5,
 ) -> dict[str, np.ndarray]:
-    """``(S, ...)`` every site of ``observed`` simulated at each of the ``S``
-    latent ``draws`` (one vectorised call of ``numpyro.infer.Predictive``).
-    A censored site, or one without a sampler, is left out, with a warning
-    naming it and ``function`` (``stacklevel``: the user's call, for the
-    warning)."""
+    """``(S, ...)`` every site of ``observed`` simulated at each of the
+    ``S = num_draws`` latent ``draws`` (one vectorised call of
+    ``numpyro.infer.Predictive``), the model's own ``numpyro.param`` sites
+    at their values in ``params``. A censored site, or one without a
+    sampler, is left out, with a warning naming it and ``function``
+    (``stacklevel``: the user's call, for the warning)."""
     simulating = _simulate_observed(model, observed)
     predictive = Predictive(
-        simulating, posterior_samples=dict(draws), return_sites=observed
+        simulating,
+        posterior_samples=dict(draws) if draws else None,
+        params=dict(params),
+        num_samples=None if draws else num_draws,
+        return_sites=observed,
     )
     out = predictive(rng_key, *args, **kwargs)
     for name, why in simulating.left_out.items():
@@ -132,16 +140,22 @@ def predictive_groups(
     args: tuple,
     kwargs: dict,
     predictions: Mapping[str, Any] | None,
+    *,
+    params: Mapping[str, Any],
+    num_draws: int,
 ) -> dict[str, xr.Dataset]:
     """``posterior_predictive`` and ``constant_data`` of a fit, and with
     ``predictions`` (new values of the model's arguments, by name)
     ``predictions`` and ``predictions_constant_data``. ``fit`` is ``(draws,
-    observed_values, dims)``; ``plate`` the data plate's name and size."""
+    observed_values, dims)``; ``plate`` the data plate's name and size;
+    ``params`` the fitted parameters (the model's own among them) and
+    ``num_draws`` the number of draws."""
     draws, observed_values, dims = fit
     observed = list(observed_values)
     groups = {}
+    simulate = functools.partial(simulate_observed, params=params, num_draws=num_draws)
     try:
-        simulated = simulate_observed(rng_key, model, draws, observed, args, kwargs)
+        simulated = simulate(rng_key, model, draws, observed, args, kwargs)
     except NotImplementedError as err:  # a distribution without a sampler
         warnings.warn(
             f"to_inference_data: no posterior_predictive group: an observed site "
@@ -179,7 +193,7 @@ def predictive_groups(
             new.arguments[name] = None  # the observed data: simulated instead
     new.arguments.update(predictions)
     key = jax.random.fold_in(rng_key, 1)
-    predicted = simulate_observed(key, model, draws, observed, new.args, new.kwargs)
+    predicted = simulate(key, model, draws, observed, new.args, new.kwargs)
     groups["predictions"] = draws_dataset(
         predicted, dims={n: dims[n] for n in predicted}
     )

@@ -230,6 +230,8 @@ def to_inference_data(
             args,
             kwargs,
             predictions,
+            params=params,
+            num_draws=num_draws,
         )
     )
     return ADAPTER.build(groups, attrs)

@@ -180,6 +180,8 @@ def psis_resample(
         observed,
         args,
         kwargs,
+        params=params,
+        num_draws=num_draws,
         function="psis_resample",
         stacklevel=3,
     )

@@ -20,6 +20,7 @@ from numpyro_pvi.diagnostics import (
     approximate_loo_weights,
     heterogeneity,
     plot_heterogeneity,
+    psis_resample,
     to_inference_data,
 )
 from tests.arviz_generation import (
@@ -426,3 +427,51 @@ def test_heterogeneity_bad_input():
             reference_params={},
             threshold=0.5,
         )
+
+
+def _own_parameter(x, y=None):
+    # a location the model owns (numpyro.param), a latent scale
+    mu = numpyro.param("mu", 0.5)
+    s = numpyro.sample("s", dist.HalfNormal(1.0))
+    with numpyro.plate("obs", x.shape[0]):
+        numpyro.sample("y", dist.Normal(mu + 0.0 * x, s), obs=y)
+
+
+def test_predictive_groups_read_the_models_own_parameters():
+    # the model's numpyro.param at its fitted value (10), not its initial one
+    # (0.5): posterior predictive, predictions and psis_resample's draws
+    x = jnp.zeros(20)
+    y = 10.0 + 0.1 * random.normal(random.PRNGKey(0), (20,))
+    guide = AutoNormal(_own_parameter)
+    params = {"mu": jnp.asarray(10.0), "s_auto_loc": jnp.asarray(-2.3)}
+    params["s_auto_scale"] = jnp.asarray(0.1)
+    fit = (params, _own_parameter, guide, x, y)
+    idata = to_inference_data(random.PRNGKey(1), *fit, predictions={"x": jnp.zeros(3)})
+    for name in ("posterior_predictive", "predictions"):
+        np.testing.assert_allclose(group(idata, name)["y"].mean(), 10.0, atol=0.05)
+    resampled = psis_resample(random.PRNGKey(2), *fit)
+    resampled_y = group(resampled, "posterior_predictive")["y"]
+    np.testing.assert_allclose(resampled_y.mean(), 10.0, atol=0.05)
+
+
+def test_a_model_without_latent_sites_is_exported():
+    # maximum likelihood (every parameter a numpyro.param, an empty guide):
+    # no posterior group; the predictive and log-likelihood at the parameters
+    y = jnp.array([1.0, 2.0, 4.0])
+
+    def model(y):
+        mu = numpyro.param("mu", 0.5)
+        with numpyro.plate("obs", y.shape[0]):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    idata = to_inference_data(
+        random.PRNGKey(0), {"mu": jnp.asarray(2.0)}, model, lambda y: None, y
+    )
+    assert {"posterior_predictive", "log_likelihood"} <= group_names(idata)
+    np.testing.assert_allclose(
+        group(idata, "log_likelihood")["y"].values[0, 0],
+        stats.norm.logpdf(np.asarray(y), 2.0),
+        rtol=1e-5,
+    )
+    simulated = group(idata, "posterior_predictive")["y"]
+    np.testing.assert_allclose(simulated.mean(), 2.0, atol=0.1)
