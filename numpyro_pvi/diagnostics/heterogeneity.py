@@ -85,6 +85,7 @@ def _component_sd(latents: dict[str, jax.Array]) -> tuple[list[str], np.ndarray]
 def _prior_sd(
     rng_key: jax.Array,
     model: Callable,
+    params: dict[str, jax.Array],
     args: tuple,
     kwargs: dict,
     num_draws: int,
@@ -92,10 +93,14 @@ def _prior_sd(
 ) -> np.ndarray:
     """The prior sd of every scalar component of the latent sites ``names``
     (infinite for a site with an improper prior, held at a feasible value
-    while the others are drawn)."""
+    while the others are drawn), the model's own ``numpyro.param`` sites at
+    their values in ``params``."""
     improper = set(improper_latents(model, rng_key, args, kwargs))
     draws = Predictive(
-        feasible_improper(model), num_samples=num_draws, return_sites=names
+        feasible_improper(model),
+        params=params,
+        num_samples=num_draws,
+        return_sites=names,
     )(rng_key, *args, **kwargs)
     order = sorted(names)  # the order of _component_sd
     sizes = [int(np.prod(np.shape(draws[name])[1:])) for name in order]
@@ -301,7 +306,8 @@ def heterogeneity_arrays(
             "heterogeneity: the two guides give different latent components "
             f"({labels_pvi} vs {labels}); fit both to the same model."
         )
-    prior_sd = _prior_sd(prior_key, model, args, kwargs, num_draws, names)
+    # the prior at the reference fit's values of the model's own parameters
+    prior_sd = _prior_sd(prior_key, model, reference[0], args, kwargs, num_draws, names)
     ratio = _ratio(pvi_sd, vi_sd)
     binary = [site["name"] for site in observed if site["fn"].single_draw]
     binary = binary if len(binary) == len(observed) else []

@@ -106,3 +106,33 @@ def test_readings_of_identified_models():
 )
 def test_single_draw_outcomes(fn, expected):
     assert single_draw_outcome(fn) == expected
+
+
+def _hierarchical(y):
+    # the group effects' prior scale is the model's own parameter
+    tau = numpyro.param("tau", 1.0, constraint=dist.constraints.positive)
+    with numpyro.plate("groups", y.shape[0]):
+        z = numpyro.sample("z", dist.Normal(0.0, tau))
+        numpyro.sample("y", dist.Normal(z, 1.0), obs=y)
+
+
+def test_prior_sd_reads_the_models_own_parameters():
+    # the prior at the fitted tau = 5 (the reference's), not the initial 1
+    y = jnp.array([-6.0, 2.0, 7.0, -3.0])
+    guide = AutoNormal(_hierarchical)
+    params = {
+        "tau": jnp.asarray(5.0),
+        "z_auto_loc": y * 25.0 / 26.0,
+        "z_auto_scale": jnp.full(4, 0.98),
+    }
+    result = diagnostics.heterogeneity(
+        jax.random.PRNGKey(0),
+        params,
+        _hierarchical,
+        guide,
+        y,
+        reference_params=params,
+        num_draws=4000,
+    )
+    prior_sd = np.asarray(group(result, "heterogeneity")["prior_sd"])
+    np.testing.assert_allclose(prior_sd, 5.0, rtol=0.06)
