@@ -26,8 +26,8 @@ change without deprecation.
 from numpyro_pvi._core import deprecation, pmf
 from numpyro_pvi._core.binomial_pairs import (
     POLYNOMIAL_SUPPORT,
-    binomial_next_overlap_sum,
     binomial_next_overlaps,
+    binomial_strata_overlaps,
 )
 from numpyro_pvi._core.contrastive import fixed_draw_terms
 from numpyro_pvi._core.data_plate import (
@@ -220,7 +220,7 @@ __all__ = [
     "binomial_cdf_sums",
     "binomial_support_sums",
     "POLYNOMIAL_SUPPORT",
-    "binomial_next_overlap_sum",
+    "binomial_strata_overlaps",
     "binomial_next_overlaps",
     "CDF_SUMS_SUPPORT",
     "UNROLLED_SUPPORT",

@@ -42,21 +42,22 @@ draw of an intercept) into every pair's loop and repeats it for each
 observation; a loop's operands are materialised once (a loop of one
 iteration is removed by XLA, so there are always at least two blocks).
 
-Under stratified sampling (mixture guides) :func:`binomial_next_overlap_sum`
+Under stratified sampling (mixture guides) :func:`binomial_strata_overlaps`
 pairs draw :math:`m` of every stratum with draw :math:`m + 1` of every
-stratum and returns the weighted sum over the pairs, one pair of strata at
-a time inside the same blocks; its per-particle quantities are computed in
-each block from the logits, so that the step's temporaries stay small
-(above 32 MiB glibc maps them afresh at every call, ``benchmarks/RESULTS.md``).
+stratum and returns the sum over the pairs weighted by the strata's weights
+(the same for each of a stratum's draws), one pair of strata at a time
+inside the same blocks; its only array of the draws' size is the derivative
+in the logits, so that the step's temporaries stay small (above 32 MiB
+glibc maps them afresh at every call, ``benchmarks/RESULTS.md``).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -69,8 +70,8 @@ from numpyro_pvi._core.pmf import integer_power
 
 __all__ = [
     "POLYNOMIAL_SUPPORT",
-    "binomial_next_overlap_sum",
     "binomial_next_overlaps",
+    "binomial_strata_overlaps",
 ]
 
 #: Particles per block of :func:`binomial_next_overlaps` (at most).
@@ -252,100 +253,142 @@ binomial_next_overlaps.defvjp(_forward, _backward)
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(3,))
-def binomial_next_overlap_sum(
-    logits: jax.Array, weights: jax.Array, count: jax.Array, size: int
+def binomial_strata_overlaps(
+    logits: jax.Array, omega: jax.Array, count: jax.Array, size: int
 ) -> jax.Array:
-    r"""``(b,)`` :math:`\sum_m \sum_{s,t} w_{ms} w_{m+1,t} \langle f_{ms},
-    f_{m+1,t} \rangle`: the overlaps of draw :math:`m` of each stratum
-    :math:`s` with draw :math:`m + 1` (cyclically) of each stratum
-    :math:`t`, weighted, in closed form, summed block by block (no ``(M, K,
-    K, b)`` array of pairs, whose value and gradient would be the step's
-    largest temporaries).
+    r"""``(b,)`` :math:`\sum_{s,t} \omega_s \omega_t \frac1M \sum_m \langle
+    f_{sm}, f_{t,m+1} \rangle`: draw :math:`m` of each stratum :math:`s`
+    paired with draw :math:`m + 1` (cyclically) of each stratum :math:`t`,
+    the strata weighted, in closed form, block by block of draws (no
+    ``(K, K, M, b)`` array of pairs, whose value and gradient would be the
+    step's largest temporaries). The partial derivatives come out of the
+    same pass: the only ``(K, M, b)`` array the step keeps is the
+    derivative in the logits, each block's rows written once into it.
 
-    :param logits: ``(M, K, b)`` the logits of draw :math:`m` of stratum
-        :math:`s` at ``[m, s]`` (:math:`M \ge 2`).
-    :param weights: ``(M, K, b)`` their weights :math:`w_{ms}`.
+    :param logits: ``(K, M, b)`` the logits of draw :math:`m` of stratum
+        :math:`s` at ``[s, m]`` (:math:`M \ge 2`).
+    :param omega: ``(K, b)`` the strata's weights :math:`\omega_s` (the same
+        for each of a stratum's draws).
     :param count: ``(b,)`` as :func:`binomial_next_overlaps`.
     :param size: as :func:`binomial_next_overlaps`.
     """
-    (total,) = _strata_blocks(logits, weights, count, size, gradient=False)
-    return jnp.sum(total, axis=0)
+    sums = _strata_pass(logits, count, size, None)[0]
+    return _weighted(sums, omega, logits.shape[1])
 
 
-def _weighted_pairs(
-    first: list[tuple[_Particles, jax.Array]],
-    second: list[tuple[_Particles, jax.Array]],
+def _weighted(sums: jax.Array, omega: jax.Array, m: int) -> jax.Array:
+    """``(b,)`` the ``(K, K, b)`` strata pairs' sums weighted ``ω_s ω_t / M``."""
+    return jnp.einsum("stb,sb,tb->b", sums, omega, omega) / m
+
+
+def _block_pairs(
+    first: list[_Particles],
+    second: list[_Particles],
     pairs: _PairFn,
-    gradient: bool,
-) -> tuple[jax.Array, ...]:
-    """The weighted pairs of a block's rows ``(B, b)`` summed over the
-    strata pairs (each stratum's particles and weights; one pair of strata
-    at a time, elementwise); with ``gradient``, after it the sum's partial
-    derivatives ``(B, b)`` in each stratum's first rows' logits, second
-    rows' logits, first rows' weights and second rows' weights."""
+    omega: jax.Array | None,
+) -> tuple[list[jax.Array], list[Any], list[Any]]:
+    """A block's pairs ``j`` (rows ``start - 1 + j`` and ``start + j``) of
+    each pair of strata: the overlaps of the block's own pairs (all but the
+    first), and with ``omega`` each stratum's rows' parts of the derivative
+    as the first of their pair and as the second of the previous pair
+    (``(rows, b)`` each, unscaled)."""
     k = len(first)
-    value = jnp.zeros_like(first[0][1])
-    grads: list[list[list[jax.Array]]] = [[[] for _ in range(k)] for _ in range(4)]
+    overlaps: list[jax.Array] = []
+    d_first: list[Any] = [0.0] * k
+    d_second: list[Any] = [0.0] * k
     for s, t in itertools.product(range(k), repeat=2):
-        (p_s, w_s), (p_t, w_t) = first[s], second[t]
-        overlap, *derivatives = pairs(p_s, p_t, gradient)
-        value = value + w_s * w_t * overlap
-        if gradient:
-            d_s, d_t = derivatives
-            grads[0][s].append(w_s * w_t * d_s)
-            grads[1][t].append(w_s * w_t * d_t)
-            grads[2][s].append(w_t * overlap)
-            grads[3][t].append(w_s * overlap)
-    if not gradient:
-        return (value,)
-    return (value, *(functools.reduce(jnp.add, g) for x in grads for g in x))
+        out = pairs(first[s], second[t], omega is not None)
+        overlaps.append(out[0][1:])
+        if omega is not None:
+            d_first[s] = d_first[s] + omega[t] * out[1][1:]
+            d_second[t] = d_second[t] + omega[s] * out[2][:-1]
+    return overlaps, d_first, d_second
 
 
-def _strata_blocks(
-    logits: jax.Array, weights: jax.Array, count: jax.Array, size: int, gradient: bool
-) -> tuple[jax.Array, ...]:
-    """:func:`_weighted_pairs` over the blocks, its outputs as rows ``(M,
-    b)``. The per-particle quantities are computed in each block from the
-    logits: five ``(M + 1, b)`` arrays per stratum would push the step's
-    temporaries past the allocator's reuse threshold."""
-    arrays = tuple(
-        _cyclic(x[:, s]) for s in range(logits.shape[1]) for x in (logits, weights)
-    )
+def _write_rows(
+    d_logits: jax.Array, parts: list[Any], scale: jax.Array, start: jax.Array, add: bool
+) -> jax.Array:
+    """Each stratum's ``(rows, b)`` part times ``scale[s]`` written into its
+    rows from ``start`` of ``d_logits`` (``add``: added to them)."""
+    for s, part in enumerate(parts):
+        update = (part * scale[s])[None]
+        if add:
+            update = update + jax.lax.dynamic_slice(
+                d_logits, (s, start, 0), update.shape
+            )
+        d_logits = jax.lax.dynamic_update_slice(d_logits, update, (s, start, 0))
+    return d_logits
+
+
+def _strata_pass(
+    logits: jax.Array, count: jax.Array, size: int, omega: jax.Array | None
+) -> tuple[jax.Array, jax.Array | None]:
+    r"""``(K, K, b)`` the sums :math:`\sum_m \langle f_{sm}, f_{t,m+1}
+    \rangle`; with ``omega``, also ``(K, M, b)`` the derivative of
+    :func:`binomial_strata_overlaps` in the logits.
+
+    A loop over blocks of draws. A block of rows ``r`` evaluates the pairs
+    of rows ``r - 1`` and ``r`` with their successors (the per-particle
+    quantities of rows ``r - 1`` to ``r + 1`` once): each row's derivative
+    is then the block's own, as the first of its pair and the second of the
+    previous one, at the cost of one pair evaluated twice per block. Each
+    pair of strata is an array of its own (stacked, XLA's CPU backend would
+    evaluate all of them in one loop, selecting among them element by
+    element), and each stratum's rows are written with the derivative as
+    the first of the pairs, then added to as the second: one loop over the
+    four pairs of a stratum is too large for XLA's CPU backend to
+    vectorise (with a polynomial of 41 terms, six times slower).
+    """
+    k, m, b = logits.shape
+    blocks = _num_blocks(m)
+    rows = m // blocks
     particles_of, pairs = _kernel(count, size)
 
-    def strata(x: tuple[jax.Array, ...]) -> list[tuple[_Particles, jax.Array]]:
-        return [(particles_of(x[i]), x[i + 1]) for i in range(0, len(x), 2)]
+    def block(i: jax.Array, carry: tuple[Any, ...]) -> tuple[Any, ...]:
+        sums, d_logits = carry
+        start = i * rows
+        index = (start - 1 + jnp.arange(rows + 2)) % m  # rows start - 1, ...
+        both = [particles_of(jnp.take(logits[s], index, axis=0)) for s in range(k)]
+        overlaps, d_first, d_second = _block_pairs(
+            [tuple(x[:-1] for x in p) for p in both],
+            [tuple(x[1:] for x in p) for p in both],
+            pairs,
+            omega,
+        )
+        sums = [a + b for a, b in zip(sums, overlaps, strict=True)]
+        if omega is not None:
+            scale = omega / m
+            d_logits = _write_rows(d_logits, d_first, scale, start, add=False)
+            d_logits = _write_rows(d_logits, d_second, scale, start, add=True)
+        return sums, d_logits
 
-    out = _over_blocks(
-        lambda a, b: _weighted_pairs(strata(a), strata(b), pairs, gradient),
-        arrays,
-        logits.shape[0],
+    carry = (
+        [jnp.zeros((rows, b), logits.dtype) for _ in range(k * k)],
+        jnp.zeros(logits.shape if omega is not None else (0,), logits.dtype),
     )
-    return tuple(_rows(x) for x in out)
+    sums, d_logits = jax.lax.fori_loop(0, blocks, block, carry)
+    sums = jnp.stack([jnp.sum(x, axis=0) for x in sums]).reshape(k, k, b)
+    return sums, (d_logits if omega is not None else None)
 
 
-def _sum_forward(
-    logits: jax.Array, weights: jax.Array, count: jax.Array, size: int
+def _strata_forward(
+    logits: jax.Array, omega: jax.Array, count: jax.Array, size: int
 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-    # the sum is per observation, so its gradient is the cotangent times its
-    # partial derivatives, computed here in the same pass as the pairs
-    total, *grads = _strata_blocks(logits, weights, count, size, gradient=True)
-    k = logits.shape[1]
-    first, second, weight_first, weight_second = (
-        jnp.stack(grads[i * k : (i + 1) * k], axis=1) for i in range(4)
-    )
-    # row m is the first of the pairs of m and the second of those of m - 1
-    return jnp.sum(total, axis=0), (
-        first + jnp.roll(second, 1, axis=0),
-        weight_first + jnp.roll(weight_second, 1, axis=0),
-    )
+    # the value is per observation, so its gradient is the cotangent times
+    # its partial derivatives, computed here in the same pass as the pairs
+    sums, d_logits = _strata_pass(logits, count, size, omega)
+    assert d_logits is not None  # computed with omega
+    m = logits.shape[1]
+    pair_sums = sums + jnp.swapaxes(sums, 0, 1)  # omega_s in both places
+    d_omega = jnp.einsum("stb,tb->sb", pair_sums, omega) / m
+    return _weighted(sums, omega, m), (d_logits, d_omega)
 
 
-def _sum_backward(
+def _strata_backward(
     size: int, residuals: tuple[jax.Array, jax.Array], cotangent: jax.Array
 ) -> tuple[jax.Array, jax.Array, None]:
-    d_logits, d_weights = residuals
-    return cotangent * d_logits, cotangent * d_weights, None
+    d_logits, d_omega = residuals
+    return cotangent * d_logits, cotangent * d_omega, None
 
 
-binomial_next_overlap_sum.defvjp(_sum_forward, _sum_backward)
+binomial_strata_overlaps.defvjp(_strata_forward, _strata_backward)

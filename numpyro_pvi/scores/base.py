@@ -14,7 +14,7 @@ from numpyro_pvi.particles import (
     present,
 )
 
-__all__ = ["LogScore", "Score", "simulations", "strata"]
+__all__ = ["LogScore", "Score", "simulations", "strata", "stratum_weights"]
 
 
 class Score:
@@ -174,3 +174,14 @@ def strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:
     k = terms.num_strata
     m = terms.weights.log_predictive.shape[0] // k
     return jnp.exp(terms.weights.log_predictive), k, m
+
+
+def stratum_weights(terms: ParticleTerms) -> jax.Array:
+    """``(K, b)`` the strata's weights ``ω_k(x_i)`` in each observation's
+    predictive: :func:`strata`'s ``v_j`` times ``M``, read from each
+    stratum's first draw (the weights are the same for each of a stratum's
+    draws), with no ``(K M, b)`` array of them."""
+    k = terms.num_strata
+    log_v = terms.weights.log_predictive
+    m = log_v.shape[0] // k
+    return jnp.exp(log_v.reshape((k, m) + log_v.shape[1:])[:, 0]) * m

@@ -26,7 +26,7 @@ from numpyro_pvi._core.poisson import (
     zero_inflated_pair_abs_mean,
 )
 from numpyro_pvi.particles import ParticleTerms, present
-from numpyro_pvi.scores.base import strata
+from numpyro_pvi.scores.base import stratum_weights
 from numpyro_pvi.scores.pair_sums import next_pair_score
 
 __all__ = ["closed_form", "has_closed_form"]
@@ -87,8 +87,7 @@ def closed_form(terms: ParticleTerms) -> jax.Array:
     scale = present(terms.y_scale, "y_scale")[..., 0]
     y = present(terms.y_obs, "y_obs")[:, 0]
     if terms.num_strata > 1:  # in one pass with its partial derivatives
-        v, k, m = strata(terms)
-        return normal_strata_crps(loc, scale, y, v.reshape((k, m, -1))[:, 0] * m)
+        return normal_strata_crps(loc, scale, y, stratum_weights(terms))
     return next_pair_score(
         terms, normal_abs_mean(y - loc, scale), (loc, scale), _normal_pair
     )

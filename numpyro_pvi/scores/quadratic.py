@@ -9,8 +9,8 @@ import jax.numpy as jnp
 
 from numpyro_pvi._core import (
     UNROLLED_SUPPORT,
-    binomial_next_overlap_sum,
     binomial_next_overlaps,
+    binomial_strata_overlaps,
     binomial_support_sums,
 )
 from numpyro_pvi.particles import (
@@ -21,7 +21,7 @@ from numpyro_pvi.particles import (
     particle_sum,
     present,
 )
-from numpyro_pvi.scores.base import Score, strata
+from numpyro_pvi.scores.base import Score, strata, stratum_weights
 from numpyro_pvi.scores.pair_sums import stratum_sums, weighted_strata
 
 __all__ = ["QuadraticScore"]
@@ -37,7 +37,9 @@ def _predictive_pmf(terms: ParticleTerms) -> jax.Array:
     log_lik = present(terms.log_lik, "log_lik")
     if terms.num_strata == 1:
         return particle_sum(jnp.exp(log_lik)) / log_lik.shape[0]
-    return particle_sum(jnp.exp(log_lik + terms.weights.log_predictive))
+    k = terms.num_strata  # the strata's weights (K, b), no (K M, b) array
+    totals = stratum_sums(jnp.exp(log_lik), k)
+    return jnp.sum(stratum_weights(terms) * totals, axis=0) * (k / log_lik.shape[0])
 
 
 def _log_overlap(overlap: jax.Array) -> jax.Array:
@@ -132,17 +134,20 @@ def _next_overlaps(terms: ParticleTerms) -> jax.Array:
     component per observation the overlaps are in closed form
     (:func:`~numpyro_pvi._core.binomial_pairs.binomial_next_overlaps`, no
     ``(M, K, b)`` pmf)."""
-    v, k, m = strata(terms)
+    k = terms.num_strata
     closed_form = binomial_closed_form(terms)
     if closed_form is not None:
         logits, count, size = closed_form
+        m = logits.shape[0] // k
         if k == 1:
             overlaps = binomial_next_overlaps(logits, count, size)
             return particle_sum(overlaps) / m
-        # draw-major (M, K, b): the pairs' blocks are contiguous rows
-        by_draw = jnp.swapaxes(logits.reshape(k, m, -1), 0, 1)
-        v = jnp.swapaxes(v.reshape(k, m, -1), 0, 1)
-        return m * binomial_next_overlap_sum(by_draw, v, count, size)
+        omega = stratum_weights(terms)  # (K, b); the logits stratum-major
+        b = omega.shape[-1]
+        logits = jnp.broadcast_to(logits.reshape(k, m, -1), (k, m, b))
+        count = jnp.broadcast_to(count, (b,))
+        return binomial_strata_overlaps(logits, omega, count, size)
+    v, k, m = strata(terms)
     pmf = present(terms.pmf, "pmf")  # (K M, J, b, c)
     pmf = pmf.reshape((k, m) + pmf.shape[1:])
     following = jnp.roll(pmf, -1, axis=1)

@@ -24,7 +24,11 @@ from numpyro.infer.autoguide import AutoNormal
 from test_score_estimators import COUNTS, Y_CAT, X, _binomial_model, _init_params
 
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._core import POLYNOMIAL_SUPPORT, binomial_next_overlaps
+from numpyro_pvi._core import (
+    POLYNOMIAL_SUPPORT,
+    binomial_next_overlaps,
+    binomial_strata_overlaps,
+)
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.scores import QuadraticScore
 
@@ -89,6 +93,56 @@ def test_binomial_next_overlaps_equal_their_definition(num_particles, size, cons
         )
     )(logits)
     np.testing.assert_allclose(got, want, rtol=100 * tol, atol=100 * tol)
+
+
+def _strata_overlaps_by_definition(logits, omega, count, size):
+    """``sum_{s,t} ω_s ω_t / M sum_m <f_{sm}, f_{t,m+1}>`` from NumPyro's
+    pmf, ``(b,)``; ``logits`` ``(S, M, b)``, ``omega`` ``(S, b)``."""
+    k = jnp.arange(size, dtype=logits.dtype)[:, None, None, None]
+    log_pmf = dist.Binomial(count, logits=logits).log_prob(jnp.minimum(k, count))
+    f = jnp.where(k <= count, jnp.exp(log_pmf), 0.0)  # (K, S, M, b)
+    pairs = jnp.einsum("ksmb,ktmb->stb", f, jnp.roll(f, -1, axis=2))
+    return jnp.einsum("stb,sb,tb->b", pairs, omega, omega) / logits.shape[1]
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(
+    "num_strata, num_particles, size",
+    [
+        (2, 2, 11),  # blocks of one draw
+        (3, 6, 11),  # blocks of three
+        (2, 24, 41),  # blocks of eight, a polynomial of 41 terms
+        pytest.param(2, 6, 60, marks=pytest.mark.py312),  # the recurrence
+    ],
+)
+def test_binomial_strata_overlaps_equal_their_definition(
+    num_strata, num_particles, size
+):
+    """Under strata each draw is paired with the next draw of every stratum,
+    block by block with each block's first pair evaluated again: the value
+    and its gradient in the logits and in the strata's weights equal the
+    definition's to rounding (a row's two pairs in different blocks, the
+    last draw's pair with the first)."""
+    n = size - 1.0
+    count = jnp.array([0.0, 1.0, 3.0, n, n, 7.0, 10.0])
+    keys = random.split(random.PRNGKey(3), 3)
+    shape = (num_strata, num_particles, count.size)
+    logits = 4.0 * random.normal(keys[0], shape) + 0.1  # away from NumPyro's kink
+    omega = jax.nn.softmax(random.normal(keys[1], (num_strata, count.size)), axis=0)
+    weights = random.normal(keys[2], count.shape)
+    functions = (binomial_strata_overlaps, _strata_overlaps_by_definition)
+    got, want = jax.jit(
+        lambda x, w: tuple(
+            jax.value_and_grad(
+                lambda x, w, f=f: jnp.sum(weights * f(x, w, count, size)), (0, 1)
+            )(x, w)
+            for f in functions
+        )
+    )(logits, omega)
+    tol = 100 * RTOL * max(1.0, size / 16.0)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+    assert np.mean(np.asarray(got[1][0]) != 0) > 0.8  # not vacuous
 
 
 @pytest.mark.parametrize("size", [4, 60])  # the polynomial, the recurrence
