@@ -29,6 +29,7 @@ particles by block of particles.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -233,11 +234,13 @@ CDF_SUMS_SUPPORT = 48
 #: terms of a block of particles stay in cache while they are summed.
 PARTICLE_BLOCK = 16
 
+CDF_BLOCK = 4
 
-def _blocks(x: jax.Array) -> jax.Array:
+
+def _blocks(x: jax.Array, size: int = PARTICLE_BLOCK) -> jax.Array:
     """``(M, b)`` -> ``(M / B, B, b)`` with ``B`` the largest divisor of
-    ``M`` that divides :data:`PARTICLE_BLOCK`."""
-    block = math.gcd(x.shape[0], PARTICLE_BLOCK)
+    ``M`` that divides ``size`` (:data:`PARTICLE_BLOCK`)."""
+    block = math.gcd(x.shape[0], size)
     return x.reshape((x.shape[0] // block, block) + x.shape[1:])
 
 
@@ -302,27 +305,95 @@ binomial_support_sums.defvjp(_sums_fwd, _sums_bwd)
 def binomial_cdf_sums(
     logits: jax.Array, count: jax.Array, size: int
 ) -> tuple[jax.Array, jax.Array]:
-    r"""``(K, b)`` totals :math:`\sum_m F_m(k)` and sums of squares
-    :math:`\sum_m F_m(k)^2` of the Binomial cdfs :math:`F_m(k) =
-    \sum_{v \le k} f_m(v)`, ``k < size``, as :func:`binomial_support_sums`
-    sums the pmf: block by block of particles, without the ``(M, K, b)``
-    cdf, the gradient :math:`\partial F_k / \partial \ell = \sum_{v \le
-    k} f_v (v - n p)` likewise (what the CRPS from the pmf reads).
+    r"""``(K - 1, b)`` totals :math:`\sum_m F_m(k)` and ``(b,)`` the sum of
+    squares :math:`\sum_m \sum_k F_m(k)^2` of the Binomial cdfs
+    :math:`F_m(k) = \sum_{v \le k} f_m(v)`, ``k < K - 1`` (``K = size``; at
+    the last support value every cdf is 1), what the CRPS from the pmf
+    reads, without the ``(M, K, b)`` cdf.
+
+    A loop over blocks of particles and, inside, over the support values:
+    each step's pmf, cdf and sums are computed once (with the support
+    values unrolled, XLA's CPU backend evaluated the chain of terms again
+    inside each value's reduction, :math:`O(K^2)` per element). The terms
+    run up from the likelier end: :math:`Z = X` when :math:`\ell \le 0`,
+    :math:`Z = n - X` otherwise, :math:`g_0 = \max(p, q)^n`, :math:`g_{j+1}
+    = g_j\, u\, (n - j)/(j + 1)` with :math:`u = e^{-|\ell|}`; then
+    :math:`F(k) = G(k)` or :math:`1 - G(n - k - 1)`. The gradient,
+    :math:`\partial F_k / \partial \ell = \sum_{v \le k} f_v (v - n p)`, is
+    computed block by block likewise.
 
     :param logits: ``(M, b)`` the particles' logits.
     :param count: ``(b,)`` the total counts (data: no gradient).
     :param size: ``K``, at most :data:`CDF_SUMS_SUPPORT`.
     """
-    blocks = _blocks(logits)
+    if size == 1:  # every count 0: no value below the last
+        zeros = jnp.zeros((0,) + logits.shape[1:], logits.dtype)
+        return zeros, jnp.zeros(logits.shape[1:], logits.dtype)
+    if size <= UNROLLED_SUPPORT:
+        return _unrolled_cdf_sums(logits, count, size)
+    values = size - 1
+    b = logits.shape[-1]
+    support = jnp.arange(values, dtype=logits.dtype)[:, None]
+    flipped = count - support - 1.0  # (K - 1, b): G's index of F(k) for Z = n - X
+
+    def add_block(block: jax.Array, sums: tuple[jax.Array, ...]):
+        u = jnp.exp(-jnp.abs(block))
+        low = block <= 0
+
+        def step(j: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+            g, cdf, by_value, own = carry
+            cdf = cdf + g  # G(j)
+            below = jnp.where(low, cdf, 0.0).sum(0)
+            above = jnp.where(low, 0.0, cdf).sum(0)
+            by_value = jax.lax.dynamic_update_index_in_dim(
+                by_value, jnp.stack([below, above]), j, 0
+            )
+            # F(k)^2 at k = j (Z = X), or at k = n - j - 1 (Z = n - X, j < n)
+            square = jnp.where(low, cdf, jnp.where(j < count, 1.0 - cdf, 0.0))
+            g = g * u * (jnp.clip(count - j, 0.0) / (j + 1.0))
+            return g, cdf, by_value, own + jnp.square(square)
+
+        start = (
+            integer_power(1.0 / (1.0 + u), count, size),
+            jnp.zeros_like(block),
+            jnp.zeros((values, 2, b), block.dtype),
+            jnp.zeros_like(block),
+        )
+        _, _, by_value, own = jax.lax.fori_loop(0, values, step, start)
+        high = jnp.sum(~low, axis=0).astype(block.dtype)
+        # F(k) = 1 - G(n - k - 1) summed over the block's Z = n - X particles
+        index = jnp.clip(flipped, 0.0).astype(jnp.int32)
+        flip = jnp.take_along_axis(by_value[:, 1], index, axis=0)
+        totals = by_value[:, 0] + high - jnp.where(flipped >= 0, flip, 0.0)
+        # the k >= n terms of the Z = n - X particles: F(k) = 1
+        ones = high * jnp.clip(values - count, 0.0)
+        return sums[0] + totals, sums[1] + own.sum(0) + ones
+
+    zeros = (jnp.zeros((values, b), logits.dtype), jnp.zeros((b,), logits.dtype))
+    blocks = _blocks(logits, CDF_BLOCK)
+    return jax.lax.fori_loop(
+        0, blocks.shape[0], lambda i, sums: add_block(blocks[i], sums), zeros
+    )
+
+
+def _unrolled_cdf_sums(
+    logits: jax.Array, count: jax.Array, size: int
+) -> tuple[jax.Array, jax.Array]:
+    """:func:`binomial_cdf_sums` with the support values unrolled in each
+    block (at most :data:`UNROLLED_SUPPORT` of them: faster than the loop
+    over them, where repeating the chain of terms in each value's reduction
+    costs less than the loop's steps)."""
 
     def add_block(i: jax.Array, sums: tuple[jax.Array, jax.Array]):
         f, _ = _binomial_terms(blocks[i], count, size)
-        cdf = list(itertools.accumulate(f))
+        cdf = list(itertools.accumulate(f[:-1]))  # values below the last
         totals = jnp.stack([x.sum(0) for x in cdf])
-        return sums[0] + totals, sums[1] + jnp.stack([(x * x).sum(0) for x in cdf])
+        squares = functools.reduce(jnp.add, [x * x for x in cdf])
+        return sums[0] + totals, sums[1] + squares.sum(0)
 
-    zeros = jnp.zeros((size,) + logits.shape[1:], logits.dtype)
-    return jax.lax.fori_loop(0, blocks.shape[0], add_block, (zeros, zeros))
+    blocks = _blocks(logits)
+    zeros = jnp.zeros((size - 1,) + logits.shape[1:], logits.dtype)
+    return jax.lax.fori_loop(0, blocks.shape[0], add_block, (zeros, zeros[0]))
 
 
 def _cdf_sums_fwd(
@@ -340,13 +411,14 @@ def _cdf_sums_bwd(
     d_totals, d_own = cotangents
 
     def block_gradient(block: jax.Array) -> jax.Array:
+        # one output: the chain of terms is evaluated once
         f, p = _binomial_terms(block, count, size)
         mean = count * p
         cdf, slope = jnp.zeros_like(block), jnp.zeros_like(block)
         d_block = jnp.zeros_like(block)
-        for k, fk in enumerate(f):
+        for k, fk in enumerate(f[:-1]):
             cdf, slope = cdf + fk, slope + fk * (k - mean)
-            d_block = d_block + slope * (d_totals[k] + 2.0 * d_own[k] * cdf)
+            d_block = d_block + slope * (d_totals[k] + 2.0 * d_own * cdf)
         return d_block
 
     return jax.lax.map(block_gradient, _blocks(logits)).reshape(logits.shape), None

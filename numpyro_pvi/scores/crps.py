@@ -239,8 +239,8 @@ class CRPS(Score):
     most 48 support values the cdfs' sums come from the logits and counts
     block by block of particles (``_core/pmf.py``'s ``binomial_cdf_sums``),
     without the ``(M, V, b)`` pmf. One core: 0.7–0.8× ``Trace_ELBO`` on a
-    logistic regression, 4.2–4.3× on a Binomial of 10 trials (the quadratic
-    score 1.8–2.7×), 31–47× on 40 trials (a term per value, particle and
+    logistic regression, 2.5–4.3× on a Binomial of 10 trials (the quadratic
+    score 1.9–2.6×), 15–21× on 40 trials (a term per value, particle and
     observation); from the pmf, longer supports are memory-bound
     (``benchmarks/RESULTS.md``).
 

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 
 from numpyro_pvi._core import CDF_SUMS_SUPPORT, binomial_cdf_sums
 from numpyro_pvi.particles import ParticleTerms, present
-from numpyro_pvi.scores.base import strata
-from numpyro_pvi.scores.pair_sums import stratum_sums, weighted_strata
+from numpyro_pvi.scores.base import stratum_weights
+from numpyro_pvi.scores.pair_sums import stratum_sums
 from numpyro_pvi.scores.quadratic import binomial_closed_form
 
 __all__ = ["pmf_crps"]
@@ -18,22 +18,43 @@ __all__ = ["pmf_crps"]
 def _cdf_sums(
     terms: ParticleTerms, pmf: jax.Array, k: int
 ) -> tuple[jax.Array, jax.Array]:
-    """``(K, V - 1, b)`` per stratum the totals and sums of squares of the
-    particles' cdfs but at the last support value: for one Binomial
-    component per observation from its logits and counts block by block
+    """``(K, V - 1, b)`` per stratum the totals of the particles' cdfs but at
+    the last support value, and ``(K, b)`` the sums of their squares over
+    those values and the particles: for one Binomial component per
+    observation from its logits and counts block by block
     (:func:`~numpyro_pvi._core.pmf.binomial_cdf_sums`), else from the
     ``(K M, V, b, 1)`` pmf."""
     closed = binomial_closed_form(terms, CDF_SUMS_SUPPORT)
     if closed is None:
         cdf = jnp.cumsum(pmf[:, :-1, :, 0], axis=1)  # (K M, V - 1, b)
-        return stratum_sums(cdf, k), stratum_sums(jnp.square(cdf), k)
+        return stratum_sums(cdf, k), stratum_sums(jnp.sum(jnp.square(cdf), 1), k)
     logits, count, size = closed
     m = logits.shape[0] // k
     sums = [
         binomial_cdf_sums(logits[s * m : (s + 1) * m], count, size) for s in range(k)
     ]
-    totals, own = (jnp.stack(x)[:, :-1] for x in zip(*sums, strict=True))
+    totals, own = (jnp.stack(x) for x in zip(*sums, strict=True))
     return totals, own
+
+
+def _squares(
+    totals: jax.Array, own: jax.Array, terms: ParticleTerms
+) -> tuple[jax.Array, jax.Array]:
+    r"""``(V - 1, b)`` the predictive cdf :math:`\bar F(v)` and ``(b,)``
+    :math:`\sum_v \widehat{\bar F(v)^2}` from distinct pairs of particles
+    (each stratum's draws weighted :math:`\omega_s / M`, the pairs within a
+    stratum times :math:`M / (M - 1)`), from :func:`_cdf_sums`."""
+    k = terms.num_strata
+    m = terms.weights.log_predictive.shape[0] // k
+    if k == 1:
+        square = jnp.sum(jnp.square(totals[0]), axis=0) - own[0]
+        return totals[0] / m, square / (m * (m - 1))
+    w = stratum_weights(terms) / m  # (K, b), each draw's weight
+    mean = jnp.sum(w[:, None] * totals, axis=0)
+    w2 = jnp.square(w)
+    between = jnp.sum(jnp.square(mean), axis=0) - jnp.sum(w2 * own, axis=0)
+    within = jnp.sum(w2 * (jnp.sum(jnp.square(totals), axis=1) - own), axis=0)
+    return mean, between + within / (m - 1)
 
 
 def pmf_crps(terms: ParticleTerms) -> jax.Array:
@@ -53,12 +74,6 @@ def pmf_crps(terms: ParticleTerms) -> jax.Array:
             "score='quadratic', which scores them jointly."
         )
     below = jnp.cumsum(below[:-1, :, 0], axis=0).astype(pmf.dtype)  # 1{y <= v}
-    v, k, m = strata(terms)
-    totals, own = _cdf_sums(terms, pmf, k)
-    if k == 1:
-        mean = totals[0] / m
-        square = jnp.sum(jnp.square(totals[0]) - own[0], axis=0) / (m * (m - 1))
-    else:
-        mean, total, within = weighted_strata((totals, own), v, m)
-        square = total + within / (m - 1)
+    totals, own = _cdf_sums(terms, pmf, terms.num_strata)
+    mean, square = _squares(totals, own, terms)
     return -(square - 2.0 * jnp.sum(mean * below, axis=0) + jnp.sum(below, axis=0))
