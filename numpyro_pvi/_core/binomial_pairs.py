@@ -66,7 +66,7 @@ from numpyro_pvi._core.binomial_recurrence import (
     recurrence_pairs,
     recurrence_particles,
 )
-from numpyro_pvi._core.pmf import integer_power
+from numpyro_pvi._core.pmf import UNROLLED_SUPPORT, integer_power
 
 __all__ = [
     "POLYNOMIAL_SUPPORT",
@@ -119,17 +119,18 @@ def _horner(coefficients: list[jax.Array], y: jax.Array) -> tuple[jax.Array, jax
     return value, slope
 
 
-def _pairs(
+def _moments(
     first: _Particles,
     second: _Particles,
     count: jax.Array,
     squares: list[jax.Array],
     gradient: bool,
 ) -> tuple[jax.Array, ...]:
-    r"""The overlaps of ``first[m]`` and ``second[m]``, and with ``gradient``
-    their partial derivatives in the two logits (after the overlaps)."""
-    u_a, low_a, a_a, c_a, np_a = first
-    u_b, low_b, a_b, c_b, np_b = second
+    r"""The overlaps :math:`O` of ``first[m]`` and ``second[m]``, and with
+    ``gradient`` their first moments :math:`O^{(1)} = \sum_k k f_a(k)
+    f_b(k)` (:func:`_pairs` turns them into partial derivatives)."""
+    u_a, low_a, a_a, c_a, _ = first
+    u_b, low_b, a_b, c_b, _ = second
     same = low_a == low_b
     high, small = jnp.maximum(u_a, u_b), jnp.minimum(u_a, u_b)
     y = jnp.where(same, u_a * u_b, small / jnp.where(high > 0, high, 1.0))
@@ -141,8 +142,31 @@ def _pairs(
         return (overlap,)
     t = anchor * y * slope
     sum_negative = jnp.where(same, low_a, low_a == a_first)  # l_a + l_b <= 0
-    first_moment = jnp.where(sum_negative, t, count * overlap - t)
-    return overlap, first_moment - np_a * overlap, first_moment - np_b * overlap
+    return overlap, jnp.where(sum_negative, t, count * overlap - t)
+
+
+def _derivatives(
+    overlap: jax.Array, moment: jax.Array, np_a: jax.Array, np_b: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    r"""The overlaps and their partial derivatives in the two logits,
+    :math:`O^{(1)} - n p\, O`, from :func:`_moments`."""
+    return overlap, moment - np_a * overlap, moment - np_b * overlap
+
+
+def _pairs(
+    first: _Particles,
+    second: _Particles,
+    count: jax.Array,
+    squares: list[jax.Array],
+    gradient: bool,
+) -> tuple[jax.Array, ...]:
+    r"""The overlaps of ``first[m]`` and ``second[m]``, and with ``gradient``
+    their partial derivatives in the two logits (after the overlaps)."""
+    out = _moments(first, second, count, squares, gradient)
+    if not gradient:
+        return out
+    overlap, moment = out
+    return _derivatives(overlap, moment, first[-1], second[-1])
 
 
 def _kernel(
@@ -219,7 +243,25 @@ def _overlaps(
     logits: jax.Array, count: jax.Array, size: int, gradient: bool
 ) -> tuple[jax.Array, ...]:
     """The overlaps ``(M, b)``, with ``gradient`` also their partial
-    derivatives in the first and in the second logits of each pair."""
+    derivatives in the first and in the second logits of each pair. The
+    polynomial's blocks beyond :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT`
+    values return the overlaps and first moments only, the derivatives
+    formed after the loop: each of a block's outputs is its own fusion,
+    which evaluates the polynomial again (two outputs instead of three; for
+    shorter polynomials the pass after the loop costs more than that
+    saves)."""
+    if gradient and UNROLLED_SUPPORT < size <= POLYNOMIAL_SUPPORT:
+        squares = _squared_binomials(count, size)
+        particles = _particles(_cyclic(logits), count, size)
+        overlap, moment = (
+            _rows(x)
+            for x in _over_blocks(
+                lambda a, b: _moments(a, b, count, squares, True),
+                particles,
+                logits.shape[0],
+            )
+        )
+        return _derivatives(overlap, moment, particles[-1][:-1], particles[-1][1:])
     particles_of, pairs = _kernel(count, size)
     return tuple(
         _rows(x)

@@ -327,8 +327,8 @@ def binomial_cdf_sums(
     :param size: ``K``, at most :data:`CDF_SUMS_SUPPORT`.
     """
     if size == 1:  # every count 0: no value below the last
-        zeros = jnp.zeros((0,) + logits.shape[1:], logits.dtype)
-        return zeros, jnp.zeros(logits.shape[1:], logits.dtype)
+        empty = jnp.zeros((0,) + logits.shape[1:], logits.dtype)
+        return empty, jnp.zeros(logits.shape[1:], logits.dtype)
     if size <= UNROLLED_SUPPORT:
         return _unrolled_cdf_sums(logits, count, size)
     values = size - 1

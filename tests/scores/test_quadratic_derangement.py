@@ -51,6 +51,7 @@ def _next_overlaps_by_definition(logits, count, size):
         (2, 16, False),  # blocks of 1
         (5, 16, False),  # blocks of 1
         (48, 16, False),  # blocks of 8
+        (48, 41, False),  # moments in blocks of 8, derivatives after the loop
         (5, POLYNOMIAL_SUPPORT, False),  # the polynomial's largest support
         # the recurrence from here on (a loop: also on the second JAX)
         pytest.param(5, POLYNOMIAL_SUPPORT + 1, False, marks=pytest.mark.py312),
