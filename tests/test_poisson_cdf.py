@@ -162,3 +162,21 @@ def test_the_quantile_search_starts_within_one_count():
         # two counts at most below a mean rate of 1, where (z² - 1)/6 overshoots
         bound = 1 if mean >= 1 else 2
         assert np.max(gap) <= bound, (u[gap > bound], rate[gap > bound])
+
+
+@pytest.mark.parametrize("shape", [(3, 4097), (10_003,)])
+def test_blocks_end_at_the_last_value(shape):
+    """More values than a block, not a multiple of it: the last block,
+    overlapping the one before it, gives every value (against one pass over
+    all of them), and the last values are not left at the loop's zeros."""
+    from numpyro_pvi._core import poisson_cdf
+
+    assert math.prod(shape) > poisson_cdf.BLOCK
+    keys = jax.random.split(jax.random.PRNGKey(5), 2)
+    rate = jnp.exp(3.0 * jax.random.normal(keys[0], shape))
+    n = jnp.floor(2.0 * rate * jax.random.uniform(keys[1], shape))
+    got = poisson_cdf_pmf(rate, n)
+    want = jax.jit(poisson_cdf._cdf_pmf)(rate, n)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=PMF_RTOL, atol=CDF_ATOL)
+        assert np.mean(np.asarray(w).reshape(-1)[-100:] > 1e-3) > 0.5  # not vacuous

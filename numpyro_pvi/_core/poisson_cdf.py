@@ -187,9 +187,13 @@ def poisson_cdf_pmf(rate: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array
     r""":math:`F_\lambda(n)` and :math:`p_\lambda(n)` at integer-valued
     ``n`` (0 for ``n < 0``) and rates ``rate >= 0``, elementwise
     (broadcasting); not differentiated (``stop_gradient``). Evaluated in a
-    ``lax.map`` over blocks of :data:`BLOCK` values: callers read both
-    arrays, and XLA would otherwise keep each term of the sums as an array
-    of the full size to share it between them."""
+    loop over blocks of :data:`BLOCK` values: callers read both arrays, and
+    XLA would otherwise keep each term of the sums as an array of the full
+    size to share it between them. The last block ends at the last value,
+    overlapping the one before it (computed again, to the same values):
+    padded inputs and sliced outputs were four copies of the full size,
+    past the 32 MiB of temporaries glibc reuses between steps
+    (``benchmarks/RESULTS.md``)."""
     dtype = jnp.promote_types(jnp.result_type(rate, n), jnp.float32)
     rate, n = jnp.broadcast_arrays(
         stop_gradient(jnp.asarray(rate, dtype)), stop_gradient(jnp.asarray(n, dtype))
@@ -197,11 +201,19 @@ def poisson_cdf_pmf(rate: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array
     size = rate.size
     if size <= BLOCK:
         return _cdf_pmf(rate, n)
-    pad = -size % BLOCK
-    blocks = [jnp.pad(x.reshape(-1), (0, pad)).reshape(-1, BLOCK) for x in (rate, n)]
-    cdf, pmf = lax.map(lambda b: _cdf_pmf(*b), tuple(blocks))
-    cdf = cdf.reshape(-1)[:size].reshape(rate.shape)
-    return cdf, pmf.reshape(-1)[:size].reshape(rate.shape)
+    flat = (rate.reshape(-1), n.reshape(-1))
+
+    def step(i: jax.Array, out: tuple[jax.Array, jax.Array]):
+        start = jnp.minimum(i * BLOCK, size - BLOCK)
+        values = _cdf_pmf(*(lax.dynamic_slice_in_dim(x, start, BLOCK) for x in flat))
+        return tuple(
+            lax.dynamic_update_slice_in_dim(o, v, start, 0)
+            for o, v in zip(out, values, strict=True)
+        )
+
+    zeros = (jnp.zeros(size, dtype), jnp.zeros(size, dtype))
+    cdf, pmf = lax.fori_loop(0, -(-size // BLOCK), step, zeros)
+    return cdf.reshape(rate.shape), pmf.reshape(rate.shape)
 
 
 def _cdf_pmf(rate: jax.Array, n: jax.Array) -> tuple[jax.Array, jax.Array]:
