@@ -16,7 +16,9 @@ change without deprecation.
   :mod:`~numpyro_pvi._core.moment_matching`: held-out estimates, Pareto
   smoothing in JAX, moment matching of far observations.
 - :mod:`~numpyro_pvi._core.structure`, :mod:`~numpyro_pvi._core.validation`:
-  the model's structure, argument checks with their messages.
+  the model's structure, argument checks with their messages;
+  :mod:`~numpyro_pvi._core.autoguide_setup`: an autoguide's prototype,
+  built eagerly or inside a trace.
 - :mod:`~numpyro_pvi._core.recipes`, :mod:`~numpyro_pvi._core.deprecation`:
   the option values of the procedures that fit, and the one shim that
   translates the call shapes of earlier versions.
@@ -24,6 +26,11 @@ change without deprecation.
 """
 
 from numpyro_pvi._core import deprecation, pmf
+from numpyro_pvi._core.autoguide_setup import (
+    needs_prototype,
+    set_up_autoguide,
+    traceable_guide,
+)
 from numpyro_pvi._core.binomial_pairs import (
     POLYNOMIAL_SUPPORT,
     binomial_next_overlaps,
@@ -192,6 +199,7 @@ __all__ = [
     "mixture_terms",
     "model_structure",
     "moment_matcher",
+    "needs_prototype",
     "obs_mask_site",
     "observed_sites",
     "simulation_law",
@@ -211,6 +219,7 @@ __all__ = [
     "replay_trace",
     "resolve_observed_sites",
     "seed_plates",
+    "set_up_autoguide",
     "single_draw_outcome",
     "split_arrays",
     "structured_draws",
@@ -225,6 +234,7 @@ __all__ = [
     "CDF_SUMS_SUPPORT",
     "UNROLLED_SUPPORT",
     "svi_scan",
+    "traceable_guide",
     "unpack_latent",
     "validate_latent_sites",
     "warn_laplace_held_out",

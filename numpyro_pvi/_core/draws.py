@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from numpyro_pvi._core.autoguide_setup import traceable_guide
 from numpyro_pvi._core.laplace import laplace_posterior
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.structure import check_full_data, replay_trace
@@ -284,7 +285,7 @@ def _constant_program(
     if key is not None and key in _CONSTANT_PROGRAMS:
         _CONSTANT_PROGRAMS.move_to_end(key)
         return _CONSTANT_PROGRAMS[key]
-    program = jax.jit(lambda k, p, *i: fn(k, p, args, kwargs, *i, **static))
+    program = jax.jit(lambda k, p, *i: fn(k, p, args, kwargs, *i, **_traceable(static)))
     if key is not None:
         _CONSTANT_PROGRAMS[key] = program
         if len(_CONSTANT_PROGRAMS) > _MAX_CONSTANT_PROGRAMS:
@@ -325,7 +326,17 @@ def _cached_program(
     options: tuple,
 ) -> Any:
     args, kwargs = join_arrays(structure, dynamic)
-    return fn(rng_key, param_map, args, kwargs, *inputs, **dict(options))
+    return fn(rng_key, param_map, args, kwargs, *inputs, **_traceable(dict(options)))
+
+
+def _traceable(options: dict[str, Any]) -> dict[str, Any]:
+    """The options with a ``guide`` that can be called in this trace: an
+    autoguide that has not built its prototype builds it on a copy
+    (:func:`~numpyro_pvi._core.autoguide_setup.traceable_guide`), so that
+    a program may be compiled around a guide no one has run yet."""
+    if "guide" not in options:
+        return options
+    return {**options, "guide": traceable_guide(options["guide"])}
 
 
 def split_arrays(args: tuple, kwargs: dict) -> tuple[tuple[Any, tuple], list]:

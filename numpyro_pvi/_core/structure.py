@@ -17,9 +17,9 @@ import numpy as np
 import numpyro.distributions as dist
 from jax import random
 from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistribution
-from numpyro.handlers import block, replay, seed, substitute, trace
-from numpyro.infer.autoguide import AutoGuide
+from numpyro.handlers import replay, seed, substitute, trace
 
+from numpyro_pvi._core.autoguide_setup import set_up_autoguide, traceable_guide
 from numpyro_pvi._core.observed import simulation_law
 from numpyro_pvi._core.site_laws import (
     describe,
@@ -28,7 +28,6 @@ from numpyro_pvi._core.site_laws import (
     sampler_failure,
 )
 from numpyro_pvi._core.trace_checks import explained_failure
-from numpyro_pvi.distributions import simulators_without_density
 
 
 def replay_trace(
@@ -39,6 +38,8 @@ def replay_trace(
     args: tuple,
     kwargs: dict,
     function: str = "tracing",
+    *,
+    eager_prototype: bool = True,
 ) -> dict[str, Any]:
     """The structure of one trace of ``model`` replayed against ``guide``
     (``function``: the caller's name, for messages).
@@ -49,13 +50,22 @@ def replay_trace(
     ``args`` (sizes), ``fn.event_dim``, ``fn.support.is_discrete`` and a
     ``value`` with the right shape and dtype but no data (read values from
     an evaluated trace).
+
+    :param eager_prototype: an autoguide that has not built its prototype
+        builds it first, outside the trace, for the programs the caller
+        compiles next (:func:`~numpyro_pvi._core.autoguide_setup.set_up_autoguide`);
+        ``False``: a copy of it builds it inside the trace and ``guide`` is
+        left as it was (``param_map`` may then hold shapes only,
+        :class:`jax.ShapeDtypeStruct`).
     """
-    _set_up_autoguide(guide, rng_key, param_map, args, kwargs)
+    if eager_prototype:
+        set_up_autoguide(guide, rng_key, param_map, args, kwargs)
     captured = {}
 
     def run(key: jax.Array, params: dict[str, jax.Array]) -> int:
         model_key, guide_key = random.split(key)
-        seeded_guide = substitute(seed(guide, guide_key), data=params)
+        traced = guide if eager_prototype else traceable_guide(guide)
+        seeded_guide = substitute(seed(traced, guide_key), data=params)
         with explained_failure(function, "guide"):
             guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
         seeded = substitute(replay(seed(model, model_key), guide_trace), data=params)
@@ -66,25 +76,6 @@ def replay_trace(
 
     jax.eval_shape(run, rng_key, param_map)
     return captured["trace"]
-
-
-def _set_up_autoguide(
-    guide: Callable,
-    rng_key: jax.Array,
-    param_map: dict[str, jax.Array],
-    args: tuple,
-    kwargs: dict,
-) -> None:
-    """Run an autoguide that has not run yet once, outside any trace.
-
-    An autoguide builds its prototype (a trace of the model) on its first
-    call and keeps it; built under ``jit`` or ``eval_shape`` it would keep
-    tracers. ``SVI.init`` builds it for fitted guides; a guide given only its
-    parameters (e.g. loaded from disk) is built here.
-    """
-    if isinstance(guide, AutoGuide) and guide.prototype_trace is None:
-        with simulators_without_density(), block():
-            substitute(seed(guide, rng_key), data=param_map)(*args, **kwargs)
 
 
 class _Support(NamedTuple):

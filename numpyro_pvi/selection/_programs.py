@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from numpyro.handlers import seed, trace
-from numpyro.infer import SVI
+from numpyro.infer import SVI, Trace_ELBO
 
 from numpyro_pvi._core import (
     CONCRETE_VALUE_ERRORS,
@@ -25,6 +25,7 @@ from numpyro_pvi._core import (
     feasible_improper,
     join_arrays,
     split_arrays,
+    traceable_guide,
 )
 from numpyro_pvi.selection._candidates import Grid
 from numpyro_pvi.selection._folds import mask_observations
@@ -73,6 +74,41 @@ def model_data(
     except Exception:  # noqa: BLE001 - the programs will say what is wrong
         pass
     return data
+
+
+def initial_params(
+    model: Callable,
+    guide: Callable,
+    optim: Any,
+    args: tuple,
+    kwargs: dict,
+    rng_key: jax.Array,
+    *,
+    eager: bool = False,
+) -> Any:
+    """The shapes of the guide's initial parameters, from ``SVI.init``
+    traced abstractly: an autoguide that has not built its prototype builds
+    it in that trace, on a copy, and so does every program that fits or
+    scores (:func:`~numpyro_pvi._core.traceable_guide`), where built
+    eagerly it cost more than the programs' compilation
+    (``benchmarks/RESULTS.md``). With ``eager``, or where the abstract
+    trace fails (a guide that cannot be copied or built under a trace),
+    ``SVI.init`` runs eagerly, as ``SVI.run`` runs it: it builds the guide's
+    prototype (the programs then use it) and raises NumPyro's own errors,
+    such as initial values of zero density, which its search for valid
+    initial values cannot raise inside a trace."""
+
+    def init(key: jax.Array) -> Any:
+        svi = SVI(model, traceable_guide(guide), optim, loss=Trace_ELBO())
+        return svi.get_params(svi.init(key, *args, **kwargs))
+
+    if not eager:
+        try:
+            return jax.eval_shape(init, rng_key)
+        except Exception:  # noqa: BLE001 - the eager call below says what is wrong
+            pass
+    svi = SVI(model, guide, optim, loss=Trace_ELBO())
+    return svi.get_params(svi.init(rng_key, *args, **kwargs))
 
 
 #: Per-observation particle terms (``M × b`` per fit) a ``vmap``-ped batch of
@@ -151,10 +187,10 @@ def lower_grid(
         cpu=jax.default_backend() == "cpu",
     )
 
-    def svi(value: jax.Array, fold: jax.Array, keeps: jax.Array) -> SVI:
+    def svi(value: jax.Array, fold: jax.Array, keeps: jax.Array, g: Callable) -> SVI:
         assert plate.selector is not None  # cross-validation has a data plate
         masked = mask_observations(model, keep=keeps[fold], data_plate=plate.selector)
-        return SVI(masked, guide, optim, loss=grid.make_loss(value))
+        return SVI(masked, g, optim, loss=grid.make_loss(value))
 
     def over_fits(one: Callable, xs: tuple) -> Any:
         batch = layout.batch if layout.batch > 1 else None
@@ -164,17 +200,19 @@ def lower_grid(
     # run the same program (cached when a compilation cache is on)
     def init(values, folds, keeps, key, dynamic: list):  # noqa: ANN001, ANN202
         args, kwargs = data.rebuild(dynamic)
+        g = traceable_guide(guide)  # the prototype stays in this trace
 
         def one(value: jax.Array, fold: jax.Array) -> Any:
-            return svi(value, fold, keeps).init(key, *args, **kwargs)
+            return svi(value, fold, keeps, g).init(key, *args, **kwargs)
 
         return over_fits(one, (values, folds))
 
     def run(states, n, values, folds, keeps, key, dynamic: list):  # noqa: ANN001, ANN202
         args, kwargs = data.rebuild(dynamic)
+        g = traceable_guide(guide)
 
         def one(value: jax.Array, fold: jax.Array, state: Any) -> Any:
-            s = svi(value, fold, keeps)
+            s = svi(value, fold, keeps, g)
             s.init(key, *args, **kwargs)  # sets s up; the result is unused
 
             def step(_: Any, carry: tuple) -> tuple:

@@ -25,6 +25,7 @@ from numpyro_pvi._core import (
     observation_subset,
     pair_gain,
     particle_terms,
+    traceable_guide,
 )
 from numpyro_pvi.evaluation import PointwiseEstimate
 from numpyro_pvi.scores import Score
@@ -126,7 +127,7 @@ def _at_observations(
 
         def scorer(key: jax.Array, params: Any, dynamic: list, index: jax.Array):  # noqa: ANN202
             args, kwargs = data.rebuild(dynamic)
-            terms = draw(key, params, model, guide, args, kwargs)
+            terms = draw(key, params, model, traceable_guide(guide), args, kwargs)
             return reduce(*(observation_subset(t, index) for t in terms))
 
         return scorer
@@ -134,6 +135,7 @@ def _at_observations(
 
     def batched(key: jax.Array, params: Any, dynamic: list, index: jax.Array):  # noqa: ANN202
         args, kwargs = data.rebuild(dynamic)
+        traced = traceable_guide(guide)  # the prototype stays in this trace
 
         def batch(idx: jax.Array) -> Any:
             sub = {plate.name: idx}
@@ -141,7 +143,7 @@ def _at_observations(
                 key,
                 params,
                 substitute(model, data=sub),
-                substitute(guide, data=sub),
+                substitute(traced, data=sub),
                 args,
                 kwargs,
             )

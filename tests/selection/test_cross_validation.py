@@ -597,3 +597,83 @@ def test_a_score_that_needs_the_arguments_values_gets_them_as_constants():
             scores[0][name], scores[1][name], rtol=1e-5, atol=2e-6
         )
     assert np.isfinite(scores[0]["pointwise"]).all()
+
+
+class _Uncopyable(AutoNormal):
+    """An autoguide ``copy.deepcopy`` refuses (it holds, say, a lock)."""
+
+    def __deepcopy__(self, memo):
+        raise TypeError("this guide cannot be copied")
+
+
+class _EagerOnly(AutoNormal):
+    """An autoguide whose prototype reads a value in Python: it can only be
+    built outside a trace."""
+
+    def _setup_prototype(self, *args, **kwargs):
+        super()._setup_prototype(*args, **kwargs)
+        self.first_value = float(self._init_locs["theta"])
+
+
+def _scores_with(guide, y):
+    scores = cross_validate(
+        random.PRNGKey(1),
+        one_site,
+        guide,
+        optax.adam(0.05),
+        y,
+        fit=FitRecipe(num_steps=STEPS, num_draws=DRAWS, progress_bar=False),
+        candidates=CANDIDATES,
+        num_folds=4,
+    ).scores
+    return scores["pointwise"]
+
+
+@pytest.mark.numerics
+def test_the_programs_build_the_guides_prototype(monkeypatch):
+    """An autoguide that has not run yet builds its prototype in the
+    programs' traces (nothing runs eagerly; the user's guide is left as it
+    was), with the same scores as when it was built eagerly from the same key
+    before (as ``SVI.init`` builds it); a guide that cannot be copied, or
+    whose prototype cannot be built under a trace, is built eagerly instead,
+    to the same scores. The outlier's scores are moment-matched, in
+    programs that build the prototype the same way."""
+    matched, build = [], _held_out_scores.moment_matcher
+
+    def matcher(*args, **kwargs):
+        matched.append(args[3].prototype_trace is None)  # the guide, as given
+        return build(*args, **kwargs)
+
+    y = _data(one_site, outlier=True)
+    fresh = AutoNormal(one_site)
+    with monkeypatch.context() as m:
+        m.setattr(_held_out_scores, "moment_matcher", matcher)
+        traced = _scores_with(fresh, y)
+    assert matched and all(matched)  # the outlier's draws, moved
+    assert fresh.prototype_trace is None
+    built = AutoNormal(one_site)
+    _, fit_key, _ = random.split(random.PRNGKey(1), 3)
+    SVI(one_site, built, optax.adam(0.05), loss=Trace_ELBO()).init(fit_key, y)
+    tol = dict(rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(traced, _scores_with(built, y), **tol)
+    assert np.isfinite(traced).all()
+    for guide in (_Uncopyable(one_site), _EagerOnly(one_site)):
+        np.testing.assert_allclose(traced, _scores_with(guide, y), **tol)
+        assert guide.prototype_trace is not None  # built eagerly
+
+
+def _no_valid_start(y):
+    """Every initial value of ``theta`` (uniform on (-2, 2)) has zero density."""
+    theta = numpyro.sample("theta", dist.Normal(0.0, 3.0))
+    numpyro.factor("far", jnp.where(theta > 100.0, 0.0, -jnp.inf))
+    with numpyro.plate("obs", y.shape[0]):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+
+def test_invalid_initial_values_raise_numpyros_error():
+    """The search for valid initial values runs in the programs, where it
+    cannot raise; fits that start from invalid values (their losses
+    infinite, their gradients finite) end in NumPyro's own error, as
+    ``SVI.run`` raises it, not in scores that ignore the factor."""
+    with pytest.raises(RuntimeError, match="Cannot find valid initial parameters"):
+        _cv(_no_valid_start, _data(one_site))
