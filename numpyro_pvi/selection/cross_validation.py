@@ -211,7 +211,7 @@ def cross_validate(
     small compiled program per operation (2.5 s for a regression's
     autoguide in a fresh process); the guide passed in is left as it was.
     On four posteriordb models (8 candidates, 5 folds, 2000 steps, 2 CPU
-    cores) this is 5.5 to 7.4 times faster than the 40 fits done one
+    cores) this is 5.5 to 8.6 times faster than the 40 fits done one
     ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
     ``benchmarks/cv_speed.py``).
 
