@@ -19,6 +19,7 @@ from numpyro_pvi._core import (
     check_full_data,
     check_int,
     deprecation,
+    estimate_with_total,
     find_data_plate,
     good_k,
     guide_draws,
@@ -44,6 +45,18 @@ class PointwiseEstimate:
 
 
 @dataclasses.dataclass(frozen=True)
+class EstimateWithTotal:
+    """``score``'s per-observation estimate and the standard error of their
+    sum over the observations whose k̂ is below ``reliable_k``."""
+
+    score: Score
+    reliable_k: float
+
+    def __call__(self, terms: ParticleTerms) -> tuple[Pointwise, jax.Array]:
+        return estimate_with_total(self.score, terms, reliable_k=self.reliable_k)
+
+
+@dataclasses.dataclass(frozen=True)
 class PredictiveScore:
     r"""Per-observation held-out scores of a fitted guide's posterior
     predictive, each with its Monte Carlo error.
@@ -65,6 +78,13 @@ class PredictiveScore:
     :ivar good_k: the threshold of k̂ for ``num_draws`` draws.
     :ivar name: the score's name.
     :ivar num_draws: draws of the guide per estimate.
+    :ivar total_se: the Monte Carlo standard error of :attr:`total`. The
+        estimates share the draws, so their errors are correlated: it is the
+        error of their sum over the draws (by the delta method for the log
+        score, from batch means for the others), with the variances of the
+        observations re-estimated from fresh draws (``adapted``) or flagged
+        unreliable added as independent. Not ``sqrt(sum(se**2))``, which
+        treats the estimates as independent and can be many times smaller.
     """
 
     score: np.ndarray
@@ -75,16 +95,12 @@ class PredictiveScore:
     good_k: float
     name: str
     num_draws: int
+    total_se: float
 
     @property
     def total(self) -> float:
         """The score of the data set: the sum over the observations."""
         return float(np.sum(self.score, dtype=float))
-
-    @property
-    def total_se(self) -> float:
-        """Its Monte Carlo standard error (independent estimates)."""
-        return float(np.sqrt(np.sum(np.square(np.asarray(self.se, float)))))
 
     @property
     def unreliable(self) -> np.ndarray:
@@ -187,7 +203,8 @@ def predictive_score(
     tr = replay_trace(rng_key, params, model, guide, args, kwargs, where)
     check_full_data(tr, where)
     match_key = jax.random.fold_in(rng_key, 1)
-    pointwise = guide_draws(
+    threshold = good_k(num_draws)
+    pointwise, shared_se = guide_draws(
         rng_key,
         params,
         model,
@@ -195,11 +212,13 @@ def predictive_score(
         args,
         kwargs,
         ParticleSpec(num_draws, score.requires, data_plate, objective=where),
-        reduce=PointwiseEstimate(score),
+        reduce=EstimateWithTotal(score, threshold),
     )
     pointwise = Pointwise(*(np.asarray(x) for x in pointwise))
     adapted = np.zeros(pointwise.score.shape, bool)
-    threshold = good_k(num_draws)
+    # the log score's observations with a large k̂ are estimated apart
+    apart = pointwise.observed & ~(pointwise.pareto_k < threshold)
+    apart &= isinstance(score, LogScore)
     if moment_match and isinstance(score, LogScore):
         pointwise, adapted = match_unreliable(
             pointwise,
@@ -224,9 +243,19 @@ def predictive_score(
         threshold,
         score.name,
         num_draws,
+        _total_se(shared_se, np.asarray(apart), np.asarray(pointwise.se)),
     )
     warn_unreliable(result, find_data_plate(tr, data_plate), where)
     return result
+
+
+def _total_se(shared_se: Any, apart: np.ndarray, se: np.ndarray) -> float:
+    """The standard error of the sum: that of the observations sharing the
+    draws, and as independent those ``apart`` from them (k̂ at least the
+    threshold: re-estimated from fresh draws, or unreliable), in float64
+    (a diverged fit's squares overflow float32)."""
+    apart_var = np.sum(np.square(np.asarray(se, float)[apart]))
+    return float(np.sqrt(float(shared_se) ** 2 + apart_var))
 
 
 def match_unreliable(

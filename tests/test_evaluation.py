@@ -121,13 +121,58 @@ def test_standard_errors_cover_the_exact_scores():
     z = (scores.score - _exact(y, 0.3, 0.8)) / scores.se
     coverage = np.mean(np.abs(z) < 2)
     assert 0.9 < coverage <= 1.0, coverage
-    assert scores.total_se == pytest.approx(np.sqrt(np.sum(scores.se**2)))
+
+
+def _mixture_params(y):
+    guide = AutoGaussianMixture(normal_model, num_components=2)
+    svi = SVI(normal_model, guide, optax.adam(0.1), StratifiedELBO())
+    params = svi.get_params(svi.init(random.PRNGKey(0), y))
+    locs = params["auto_locs"]  # the components apart
+    return guide, {**params, "auto_locs": locs + jnp.array([[-0.4], [0.4]])}
+
+
+@pytest.mark.parametrize(
+    "score, guide",
+    [("log", "normal"), ("crps", "normal"), ("log", "mixture"), ("crps", "mixture")],
+)
+def test_the_totals_standard_error_is_the_spread_of_its_estimates(score, guide):
+    """Every observation is scored from the same draws: the data set's
+    total has the spread ``total_se`` says over 60 keys, several times the
+    spread the observations' errors would give were they independent
+    (``sqrt(sum(se**2))``). Tolerance: the spread of 60 estimates is within
+    10% of the truth (one standard error), bounds at about 3.5. The data
+    lie off the fit's predictive (held-out data of a misspecified model),
+    where the errors are correlated: a draw of θ moves every estimate the
+    same way (on data from the predictive itself they nearly cancel)."""
+    y = jnp.asarray(1.5 + 1.28 * np.random.default_rng(0).standard_normal(400))
+    if guide == "normal":
+        guide, params = normal_guide, {"m": jnp.asarray(0.3), "s": jnp.asarray(0.8)}
+    else:
+        guide, params = _mixture_params(y)
+    results = [
+        predictive_score(
+            random.PRNGKey(k),
+            params,
+            normal_model,
+            guide,
+            y,
+            score=score,
+            num_draws=200,
+        )
+        for k in range(60)
+    ]
+    totals = np.array([r.total for r in results])
+    claimed = np.sqrt(np.mean([r.total_se**2 for r in results]))
+    independent = np.sqrt(np.mean([np.sum(r.se.astype(float) ** 2) for r in results]))
+    ratio = totals.std(ddof=1) / claimed
+    assert 0.7 < ratio < 1.4, (ratio, totals.std(ddof=1), claimed)
+    assert totals.std(ddof=1) > 3 * independent, (totals.std(ddof=1), independent)
 
 
 def test_totals_of_scores_whose_squares_overflow_float32():
     """The data set's score and its standard error are summed in float64:
     float32 squares overflow above 1.8e19 (a fit that diverged)."""
-    from numpyro_pvi.evaluation import PredictiveScore
+    from numpyro_pvi.evaluation import PredictiveScore, _total_se
 
     n = 4
     scores = PredictiveScore(
@@ -139,10 +184,11 @@ def test_totals_of_scores_whose_squares_overflow_float32():
         0.7,
         "log",
         100,
+        _total_se(np.float32(1e20), np.ones(n, bool), np.full(n, 1e20, np.float32)),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert scores.total_se == pytest.approx(2e20, rel=1e-6)
+        assert scores.total_se == pytest.approx(np.sqrt(5) * 1e20, rel=1e-6)
         assert scores.total == pytest.approx(-4e20, rel=1e-6)
 
 

@@ -61,6 +61,7 @@ from numpyro_pvi._core.folds import fold_ids
 from numpyro_pvi._core.gamma_draws import standard_gamma
 from numpyro_pvi._core.held_out import (
     Pointwise,
+    estimate_with_total,
     log_sum_estimate,
     mixture_terms,
     observation_subset,
@@ -209,6 +210,7 @@ __all__ = [
     "pmf",
     "observation_subset",
     "pair_gain",
+    "estimate_with_total",
     "pointwise_estimate",
     "psis_smooth",
     "good_k",

@@ -22,6 +22,11 @@ estimated from each, :math:`\mathrm{sd}/\sqrt B`. It is the error of the
 mean of the batch estimates, a slight overestimate for the all-pairs
 estimators, which also average over pairs across batches. k̂ is NaN (not an
 importance-sampling estimate).
+
+**The data set's score**, the sum over the observations, has an error that
+is not the sum of theirs: every observation is estimated from the same
+draws, so a draw that moves every prediction moves every estimate
+(:func:`estimate_with_total`).
 """
 
 from __future__ import annotations
@@ -99,13 +104,27 @@ def log_sum_estimate(
     variance of the logarithm. Contributions equal up to rounding (a guide
     at a point) have k̂ = ``-inf``: the estimate is exact.
     """
+    estimate, k, w = _log_sum_parts(log_contrib)
+    return estimate, jnp.sqrt(_strata_variance(w, num_strata)), k
+
+
+def _log_sum_parts(log_contrib: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    r"""``log Σ_s c_s``, k̂ and the ``(S,)`` Pareto-smoothed normalised
+    contributions :math:`\tilde c_s`."""
     estimate = jax.nn.logsumexp(log_contrib)
     log_weight, k = psis_smooth(log_contrib)
     k = jnp.where(_constant(log_contrib), -jnp.inf, k)
-    w = jnp.exp(log_weight).reshape(num_strata, -1)
+    return estimate, k, jnp.exp(log_weight)
+
+
+def _strata_variance(w: jax.Array, num_strata: int) -> jax.Array:
+    r""":math:`\sum_k [\sum_m w_{km}^2 - (\sum_m w_{km})^2 / M]` of ``(K M,)``
+    values: the variance of their sum, ``M`` i.i.d. draws in each of ``K``
+    independent strata (clipped at zero)."""
+    w = w.reshape(num_strata, -1)
     m = w.shape[1]
     var = jnp.sum(jnp.square(w)) - jnp.sum(jnp.square(jnp.sum(w, axis=1))) / m
-    return estimate, jnp.sqrt(jnp.maximum(var, 0.0)), k
+    return jnp.maximum(var, 0.0)
 
 
 def _constant(log_values: jax.Array) -> jax.Array:
@@ -186,30 +205,34 @@ def observation_subset(terms: ParticleTerms, index: jax.Array) -> ParticleTerms:
     return terms._replace(**fields)
 
 
-def _batch_means(score: Score, terms: ParticleTerms) -> jax.Array:
-    """``(b,)`` the batch-means standard error of ``score``'s estimate."""
-    k = terms.num_strata
-    m = terms.weights.log_predictive.shape[0] // k
-    batches = min(NUM_BATCHES, m // max(score.min_particles, 2))
-    if batches < 2:
-        return jnp.full(terms.weights.log_predictive.shape[1], jnp.nan)
-    size = m // batches
-    start = jnp.arange(k)[:, None] * m + jnp.arange(size)[None, :]  # (K, size)
-    index = (start[None] + (jnp.arange(batches) * size)[:, None, None]).reshape(
-        batches, -1
-    )
-    estimates = jax.lax.map(
-        lambda idx: score.estimate(particle_subset(terms, idx)), index
-    )
-    return jnp.std(estimates, axis=0, ddof=1) / math.sqrt(batches)
-
-
 def pointwise_estimate(score: Score, terms: ParticleTerms) -> Pointwise:
     """``score``'s per-observation estimate with its Monte Carlo error.
 
     :param score: the score.
     :param terms: the particle terms of the fitted guide's draws.
     :return: :class:`Pointwise` over the observations of the terms.
+    """
+    return estimate_with_total(score, terms, reliable_k=math.inf)[0]
+
+
+def estimate_with_total(
+    score: Score, terms: ParticleTerms, *, reliable_k: float
+) -> tuple[Pointwise, jax.Array]:
+    r""":func:`pointwise_estimate` and the Monte Carlo standard error of the
+    sum of the estimates over the observations, which share the draws.
+
+    Every observation is estimated from the same draws, so their errors are
+    correlated and the sum's variance is not the sum of their variances: a
+    draw that moves every prediction moves every estimate. For the log score
+    the sum's error is, by the delta method, that of :math:`\sum_s W_s` with
+    :math:`W_s = \sum_i \tilde c_{is}` (the smoothed normalised weights of
+    draw :math:`s` summed over the observations), over the observations
+    with k̂ below ``reliable_k`` (the others are re-estimated from fresh
+    draws or named unreliable: their variances are added apart). For the
+    other scores it is the batch-means error of the batches' sums over the
+    observed observations.
+
+    :return: the :class:`Pointwise` estimates and the sum's standard error.
     """
     b = terms.weights.log_predictive.shape[1]
     observed = jnp.ones(b, bool) if terms.mask is None else terms.mask
@@ -218,17 +241,20 @@ def pointwise_estimate(score: Score, terms: ParticleTerms) -> Pointwise:
     if isinstance(score, LogScore):
         log_lik = present(terms.log_lik, "log_lik")
         log_contrib = log_lik + terms.weights.log_predictive  # (S, b)
-        estimate, se, k = jax.vmap(
-            lambda c: log_sum_estimate(c, terms.num_strata), in_axes=1
-        )(log_contrib)
+        estimate, k, w = jax.vmap(_log_sum_parts, in_axes=1)(log_contrib)
+        se = jax.vmap(lambda x: jnp.sqrt(_strata_variance(x, terms.num_strata)))(w)
+        shared = jnp.sum(jnp.where((observed & (k < reliable_k))[:, None], w, 0), 0)
+        total_se = jnp.sqrt(_strata_variance(shared, terms.num_strata))
     else:
         estimate = score.estimate(terms)
-        se = _batch_means(score, terms)
+        batches = _batch_estimates(score, terms)
+        se = _batch_se(batches)
+        total_se = _batch_se(jnp.sum(jnp.where(observed, batches, 0), axis=1))
         k = jnp.full(b, jnp.nan, dtype=estimate.dtype)
     estimate = observation_scores(estimate, terms)
     se = jnp.where(observed, se, 0.0)
     k = jnp.where(observed, k, jnp.nan)
-    return Pointwise(estimate, se, k, observed)
+    return Pointwise(estimate, se, k, observed), total_se
 
 
 def mixture_terms(a: ParticleTerms, b: ParticleTerms, weight: float) -> ParticleTerms:
@@ -272,3 +298,31 @@ def pair_gain(score: Score, a: ParticleTerms, b: ParticleTerms) -> jax.Array:
     mid = score.estimate(mixture_terms(a, b, 0.5))
     gain = 4.0 * (mid - 0.5 * (score.estimate(a) + score.estimate(b)))
     return observation_scores(gain, a)
+
+
+def _batch_estimates(score: Score, terms: ParticleTerms) -> jax.Array:
+    """``(B, b)`` ``score``'s estimate from each of ``B`` batches of the
+    draws (every stratum's draws split alike); ``(1, b)`` of NaN when the
+    draws make fewer than two batches."""
+    k = terms.num_strata
+    m = terms.weights.log_predictive.shape[0] // k
+    batches = min(NUM_BATCHES, m // max(score.min_particles, 2))
+    if batches < 2:
+        return jnp.full((1, terms.weights.log_predictive.shape[1]), jnp.nan)
+    size = m // batches
+    start = jnp.arange(k)[:, None] * m + jnp.arange(size)[None, :]  # (K, size)
+    index = (start[None] + (jnp.arange(batches) * size)[:, None, None]).reshape(
+        batches, -1
+    )
+    return jax.lax.map(lambda idx: score.estimate(particle_subset(terms, idx)), index)
+
+
+def _batch_se(estimates: jax.Array) -> jax.Array:
+    """The batch-means standard error along the leading axis, scaled so that
+    estimates around 1e20 (a fit that diverged) do not overflow float32's
+    squares (NaN for a single batch)."""
+    centred = estimates - jnp.mean(estimates, axis=0)
+    scale = jnp.max(jnp.abs(centred), axis=0)
+    scale = jnp.where(scale > 0, scale, 1.0)
+    num = estimates.shape[0]
+    return scale * jnp.std(centred / scale, axis=0, ddof=1) / math.sqrt(num)

@@ -302,7 +302,7 @@ def test_crps_cross_validation_keeps_pair_gains_from_the_same_draws():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("score", ["log", "crps"])
-def test_stacked_predictive_scores_at_least_the_chosen_candidate_held_out(score):
+def test_stacked_predictive_keeps_its_estimated_gain_held_out(score):
     x, y = _data(jax.random.PRNGKey(0), 150)
     x_test, y_test = _data(jax.random.PRNGKey(1), 3000)
     guide = AutoNormal(_model)
@@ -336,18 +336,27 @@ def test_stacked_predictive_scores_at_least_the_chosen_candidate_held_out(score)
     mixed = predictive_score(
         key, stacked.params, _model, stacked.guide, x_test, y_test, score=score
     )
-    chosen = stacked.candidate_params.get(cv.best_label)
-    if chosen is None:  # the chosen candidate's weight was below min_weight
-        chosen = _refit(cv, guide, optim, x, y, recipe)
+    best = stacked.stacking.single  # the candidate stacking compares with
+    chosen = stacked.candidate_params.get(best)
+    if chosen is None:  # its weight was below min_weight
+        chosen = _refit(cv.candidates[best], guide, optim, x, y, recipe)
     single = predictive_score(key, chosen, _model, guide, x_test, y_test, score=score)
     diff = np.asarray(mixed.score) - np.asarray(single.score)
-    # paired over the test points, plus both estimates' Monte Carlo error
-    se = np.sqrt(diff.var(ddof=1) * diff.size + mixed.total_se**2 + single.total_se**2)
-    assert diff.sum() > -3.0 * se, (diff.sum(), se, stacked.stacking)
+    n = diff.size
+    # the gain per test point, paired over the points, with both estimates'
+    # Monte Carlo errors (their totals': every point shares the draws)
+    test_se = np.sqrt(diff.var(ddof=1) * n + mixed.total_se**2 + single.total_se**2)
+    test_se /= n
+    # stacking's own estimate of the gain (optimistic: its weights maximise
+    # it) is not undercut by more than the two estimates' errors allow (it
+    # would be, were the stacked draws all VI's)
+    claimed = stacked.stacking.mean - stacked.stacking.single_mean
+    bound = claimed - 3.0 * np.hypot(stacked.stacking.se, test_se)
+    assert diff.mean() > bound, (diff.mean(), bound, stacked.stacking)
 
 
-def _refit(cv, guide, optim, x, y, recipe):
-    svi = numpyro.infer.SVI(_model, guide, optim, loss=cv.best)
+def _refit(loss, guide, optim, x, y, recipe):
+    svi = numpyro.infer.SVI(_model, guide, optim, loss=loss)
     return svi.run(
         jax.random.PRNGKey(5), recipe.num_steps, x, y, progress_bar=False
     ).params
