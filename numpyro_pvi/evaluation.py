@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -267,8 +268,9 @@ def match_unreliable(
 ) -> tuple[Pointwise, np.ndarray]:
     """Re-estimate the observations with k̂ ≥ ``threshold`` by moment
     matching (``matcher()`` builds the matcher once, when one is needed),
-    keeping a new estimate where its weights have a finite mean (k̂ < 1)
-    and a lighter tail than the first estimate's (a k̂ still at least
+    keeping a new estimate where its weights have a lighter tail than the
+    first estimate's and a finite mean (k̂ < 1), or, where neither has a
+    mean, where it is larger (:func:`_improves`; a k̂ still at least
     ``threshold`` is named by :func:`warn_unreliable`). Largest k̂ first,
     within the matcher's budget of evaluations
     (:data:`~numpyro_pvi._core.moment_matching.BUDGET`).
@@ -291,13 +293,25 @@ def match_unreliable(
         )
         return pointwise, adapted
     for i, matched in zip(flagged, built.match(flagged, threshold), strict=True):
-        # fresh draws, moved or not: kept when their weights have a finite
-        # mean (k̂ < 1) and a lighter tail than the first; two estimates
-        # whose weights have no mean cannot be ranked by their k̂
-        if matched is not None and matched.pareto_k < min(1.0, k[i]):
+        if matched is not None and _improves(matched, k[i], score[i]):
             score[i], se[i], k[i] = matched.score, matched.se, matched.pareto_k
             adapted[i] = True
     return Pointwise(score, se, k, observed), adapted
+
+
+def _improves(matched: Any, old_k: float, old_score: float) -> bool:
+    """Whether a moment-matched estimate (fresh draws, moved or not)
+    replaces the first: a lighter tail of weights when either has a mean
+    (k̂ < 1); where neither has (k̂ ≥ 1: k̂ cannot rank them), the larger
+    estimate, as the matching itself ranks its steps: an
+    importance-sampling estimate whose weights have no mean falls far short
+    of the integral, and the draws that find more of it are closer to the
+    target (a flow guide matched toward y = 40 in float64: k̂ 2.16 and 21
+    nats short before, 1.31 and 2.7 nats short after)."""
+    old_k = math.inf if math.isnan(old_k) else old_k  # no k̂: no mean
+    if min(matched.pareto_k, old_k) >= 1.0:
+        return bool(matched.score > old_score or math.isnan(old_score))
+    return bool(matched.pareto_k < old_k)
 
 
 def warn_unreliable(result: PredictiveScore, plate: str | None, where: str) -> None:

@@ -86,6 +86,45 @@ def _exact(y, loc, scale):
     return norm.logpdf(np.asarray(y), loc, np.sqrt(1 + scale**2))
 
 
+@pytest.mark.parametrize(
+    "old_k, new_k, new_score, kept",
+    [
+        (2.16, 1.31, -765.4, True),  # neither has a mean: the larger estimate
+        (2.16, 1.31, -790.0, False),
+        (2.16, 0.50, -800.0, True),  # a mean, where the first had none
+        (0.80, 1.20, -700.0, False),  # the first has a mean, the new none
+        (0.80, 0.60, -800.0, True),  # a lighter tail
+        (np.nan, 1.50, -790.0, True),  # the first had no k̂ (no estimate)
+        (2.16, np.nan, np.nan, False),
+    ],
+)
+def test_a_moment_matched_estimate_replaces_the_first_when_it_is_better(
+    old_k, new_k, new_score, kept
+):
+    """Ranked as the matching ranks its steps: by k̂ when either estimate's
+    weights have a mean (k̂ < 1), else by the estimate (one whose weights
+    have no mean falls short of the integral)."""
+    from numpyro_pvi._core import Pointwise
+    from numpyro_pvi._core.moment_matching import Matched
+    from numpyro_pvi.evaluation import match_unreliable
+
+    class Matcher:
+        def match(self, indices, threshold):
+            return [Matched(new_score, 0.1, new_k, 3) for _ in indices]
+
+    old_score = -783.7 if np.isfinite(old_k) else np.nan
+    first = Pointwise(
+        np.array([old_score, -1.0]),
+        np.array([0.5, 0.01]),
+        np.array([old_k, 0.2]),
+        np.array([True, True]),
+    )
+    out, adapted = match_unreliable(first, 0.67, Matcher)
+    np.testing.assert_array_equal(adapted, [kept, False])
+    expected = new_score if kept else old_score
+    np.testing.assert_array_equal(out.score, [expected, -1.0])
+
+
 @pytest.mark.parametrize("scale", [1.0, 0.3])
 def test_far_observation_within_one_nat_for_narrow_and_wide_guides(scale):
     """The issue's case: y = 40 under N(θ, 1), guide N(1, s²). Plain: −649
@@ -276,33 +315,39 @@ def test_moment_matching_with_mixture_and_flow_guides():
         )
 
 
-def test_guide_without_continuous_draws_is_named_in_the_warning():
-    """A discrete guide site: no moment matching, and the estimates say so."""
+def test_guide_with_a_discrete_site_is_named_in_the_warning():
+    """A discrete guide site: no moment matching, and the estimates say so.
+    The observation at 40, far from the guide's continuous draws, has a
+    heavy tail of weights whatever the draws (k̂ far above good_k), unlike a
+    rare atom of a discrete guide, which 1000 draws may miss."""
 
     def discrete_model(y):
         z = numpyro.sample("z", dist.Categorical(probs=jnp.array([0.5, 0.5])))
+        theta = numpyro.sample("theta", dist.Normal(0.0, 10.0))
         with numpyro.plate("n", y.shape[0]):
-            numpyro.sample("y", dist.Normal(3.0 * z, 1.0), obs=y)
+            numpyro.sample("y", dist.Normal(theta + 3.0 * z, 1.0), obs=y)
 
     def discrete_guide(y):
         numpyro.sample(
             "z", dist.Categorical(probs=numpyro.param("p", jnp.array([0.9, 0.1])))
         )
+        numpyro.sample("theta", dist.Normal(numpyro.param("m", 0.0), 1.0))
 
-    params = {"p": jnp.array([0.999, 0.001])}
+    params = {"p": jnp.array([0.7, 0.3]), "m": jnp.asarray(0.0)}
     with pytest.warns(UserWarning) as record:
         scores = predictive_score(
             random.PRNGKey(0),
             params,
             discrete_model,
             discrete_guide,
-            jnp.array([3.0, 0.0]),
+            jnp.array([40.0, 0.0]),
         )
     messages = " ".join(str(w.message) for w in record)
     assert (
         "Moment matching is not available" in messages and "'z' is discrete" in messages
     )
     assert not scores.adapted.any()
+    assert scores.pareto_k[0] > 1.0 and list(scores.unreliable) == [0]
 
 
 @pytest.mark.slow
