@@ -87,19 +87,33 @@ def sampler_failure(fn: Distribution) -> str | None:
         jax.eval_shape(fn.sample, random.PRNGKey(0))
     except Exception as err:  # noqa: BLE001 - the sampler's own error, reported
         first = (str(err).splitlines() or [""])[0]
-        counts = getattr(base, "total_count", None)
-        hint = (
-            f" (its total_count is {jnp.result_type(counts)}: pass integer counts)"
-            if counts is not None
-            and not jnp.issubdtype(jnp.result_type(counts), jnp.integer)
-            else ""
-        )
         return (
             f"its sampler raises {type(err).__name__} ({first!r}) at these "
             "arguments, as it does under numpyro.infer.Predictive; pass "
-            f"arguments its sampler accepts{hint}"
+            f"arguments its sampler accepts{_counts_hint(base)}"
         )
     return None
+
+
+def _counts_hint(base: Distribution) -> str:
+    """What to change in a count distribution's ``total_count`` that its
+    sampler rejects: float counts (``BetaBinomial`` indexes with them), or
+    integers narrower than JAX's default under ``jax_enable_x64`` (NumPyro's
+    binomial sampler mixes its own int64 counter with them)."""
+    counts = getattr(base, "total_count", None)
+    if counts is None:
+        return ""
+    dtype = jnp.result_type(counts)
+    if not jnp.issubdtype(dtype, jnp.integer):
+        return f" (its total_count is {dtype}: pass integer counts)"
+    default = jnp.result_type(int)
+    if dtype != default:
+        return (
+            f" (its total_count is {dtype}, JAX's default integer is {default}: "
+            f"pass the counts as {default}, e.g. jnp.asarray(counts, "
+            f"dtype=jnp.{default}))"
+        )
+    return ""
 
 
 def no_sampler(name: str, fn: Distribution, why: str) -> str:

@@ -74,6 +74,40 @@ SAMPLER = (
 )
 
 
+def binomial(n, y=None):
+    b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+    with numpyro.plate("obs", n.shape[0]):
+        numpyro.sample("y", dist.Binomial(n, logits=b), obs=y)
+
+
+def binomial_guide(n, y=None):
+    numpyro.sample("b", dist.Normal(numpyro.param("m", 0.0), 0.3))
+
+
+def test_narrow_integer_counts_under_x64_get_the_width_that_works():
+    """Under jax_enable_x64 NumPyro's binomial sampler fails on int32 counts
+    (an int64 counter of its own meets them in a lax.cond; so does NumPyro's
+    Predictive): the refusal names the width to pass, and that width
+    works."""
+    import jax
+
+    with jax.enable_x64(True):
+        key, params, y = random.PRNGKey(0), {"m": jnp.asarray(0.5)}, Y.astype(int)
+        narrow, wide = N.astype(jnp.int32), N.astype(jnp.int64)
+        message = (
+            r"'y' \(BinomialLogits\).*its total_count is int32, JAX's default "
+            r"integer is int64: pass the counts as int64"
+        )
+        with pytest.raises(ValueError, match=message):
+            predictive_score(
+                key, params, binomial, binomial_guide, narrow, y, score="crps"
+            )
+        scores = predictive_score(
+            key, params, binomial, binomial_guide, wide, y, score="crps"
+        )
+        assert np.isfinite(scores.score).all()
+
+
 @pytest.mark.parametrize("score", ["crps", "energy"])
 def test_a_sampler_that_fails_is_named_with_its_error(score):
     """NumPyro's BetaBinomial sampler indexes with total_count: a float one
