@@ -248,11 +248,14 @@ def test_rejection_gradient_unbiased_for_a_data_set():
     np.testing.assert_allclose(g["loc"].mean(), exact["loc"], rtol=0.1)
 
 
-def _fit_sd(y, score="log", steps=3000, m=32):
+def _fit_sd(y, score="log", steps=3000, m=32, decay=False):
+    # decay=True: the last iterate is the optimum, not one draw around it (at
+    # a constant step size of 0.02 the iterates spread by 3.6%)
+    lr = optax.exponential_decay(0.02, steps, 0.01) if decay else 0.02
     svi = SVI(
         normal_model,
         scalar_guide,
-        optax.adam(0.02),
+        optax.adam(lr),
         PredictiveELBO(score, num_particles=m, regularizer=None),
     )
     res = svi.run(random.PRNGKey(0), steps, y, progress_bar=False)
@@ -261,9 +264,11 @@ def _fit_sd(y, score="log", steps=3000, m=32):
 
 @pytest.mark.optimized  # 2 x 3000 steps on 2000 observations
 def test_pvi_normal_toy_recovers_sqrt3_and_zero():
-    """Lai & Yao (2024), Fig. 2: q's sd -> sqrt(sigma^2 - 1)."""
+    """Lai & Yao (2024), Fig. 2: q's sd -> sqrt(sigma^2 - 1). The objective
+    with M = 128 particles has its optimum about 1% wider (0.8-1.9% over six
+    keys in float32 and float64; 3% at M = 32)."""
     y = 2.0 * random.normal(random.PRNGKey(0), (2000,))
-    sd, res = _fit_sd(y)
+    sd, res = _fit_sd(y, m=128, decay=True)
     # the finite-sample optimum is sqrt(var(y) - 1)
     target = np.sqrt(np.var(np.asarray(y)) - 1)
     assert abs(sd - np.sqrt(3)) < 0.1 * np.sqrt(3)

@@ -550,11 +550,18 @@ def test_eight_schools_softcvi_covers_reference_draws_better():
 
         return float(jnp.mean(jax.vmap(one)(draws)))
 
+    # each fit run to its optimum (a decaying step size, 6000 steps): at 2000
+    # steps of a constant 0.01 the difference is the optimiser's noise, of
+    # either sign over keys (-0.18 to +0.31), and at 2000 or 4000 decaying
+    # steps SoftCVI has not converged; at 6000 it is ahead by 0.16 to 0.31
+    # on each of six keys, in float32 and float64
     scores = {}
     for name, loss in [("elbo", Trace_ELBO(8)), ("softcvi", SoftCVIELBO(8, 0.75))]:
         guide = AutoNormal(eight_schools)
-        svi = SVI(eight_schools, guide, optax.adam(1e-2), loss)
-        result = svi.run(random.PRNGKey(0), 2000, sigma, y, progress_bar=False)
+        optim = optax.adam(optax.cosine_decay_schedule(1e-2, 6000))
+        result = SVI(eight_schools, guide, optim, loss).run(
+            random.PRNGKey(0), 6000, sigma, y, progress_bar=False
+        )
         scores[name] = mean_log_q(guide, result.params)
     assert scores["softcvi"] > scores["elbo"], scores
 
