@@ -456,7 +456,7 @@ def test_loss_drift_separates_falling_from_fluctuating_losses():
 @pytest.mark.slow
 def test_vsbc_flags_unconverged_replications_and_says_so():
     def simple(y=None):
-        t = numpyro.sample("t", dist.Normal(0.0, 3.0))
+        t = numpyro.sample("t", dist.Normal(0.0, 10.0))
         with numpyro.plate("n", 10):
             numpyro.sample("y", dist.Normal(t, 1.0), obs=y)
 
@@ -475,7 +475,9 @@ def test_vsbc_flags_unconverged_replications_and_says_so():
     assert record[0].filename == __file__  # points at the user's call
     stats = idata.vsbc_fit_stats
     unconverged = int((~stats["converged"].values).sum())
-    assert unconverged >= 6  # θ* near the initial value converges early
+    # θ* near the initial value converges early: a prior sd of 10 puts few
+    # there (at 3, float64's draws put 4 of 8)
+    assert unconverged >= 6
     assert idata.vsbc_symmetry.attrs["num_unconverged"] == unconverged
     assert "num_extreme" in idata.vsbc_symmetry
     axes = diagnostics.plot_vsbc(idata)
