@@ -246,11 +246,20 @@ def test_zero_gradient_at_exact_posterior(gaussian_target, loss):
 def test_fit_recovers_the_gaussian_posterior(gaussian_target, loss):
     y, _, exact = gaussian_target
     guide = AutoFlow(_normal_means, num_layers=2, hidden_dim=8)
+    init = None
+    if isinstance(loss, SoftCVIELBO):
+        # from a short ELBO fit, as SoftCVIELBO's docstring advises: from
+        # random initial values it stalls for about half of the keys
+        # (benchmarks/softcvi_start.py; this key's did in float64)
+        elbo = SVI(_normal_means, guide, optax.adam(1e-2), Trace_ELBO(8))
+        init = elbo.run(random.PRNGKey(0), 300, y, progress_bar=False).params
     # a decaying step size: the last iterate is the optimum, not Adam's noise
     svi = SVI(
         _normal_means, guide, optax.adam(optax.cosine_decay_schedule(1e-2, 2000)), loss
     )
-    params = svi.run(random.PRNGKey(0), 2000, y, progress_bar=False).params
+    params = svi.run(
+        random.PRNGKey(0), 2000, y, progress_bar=False, init_params=init
+    ).params
     draws = guide.sample_posterior(random.PRNGKey(1), params, sample_shape=(4000,))
     sd = float(exact["auto_scale"][0])
     # tolerances: a few Monte Carlo standard errors plus the fit's own error
