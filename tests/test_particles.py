@@ -382,7 +382,8 @@ def _binomial_model(y):
 @pytest.mark.parametrize("request_name", sorted(FIELDS))
 def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
     """``particles.FIELDS`` is the protocol: a request fills its fields and
-    no other optional field (``mask`` and ``entropy`` are every call's)."""
+    no other optional field (``mask``, ``entropy`` and ``observation_sites``
+    are every call's)."""
     model = {
         LOG_PMF: _bernoulli_model,
         PMF: _bernoulli_model,
@@ -395,7 +396,11 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
     terms = _terms(
         model, AutoNormal(model), y, num_particles=2, requests=(request_name,)
     )
-    optional = set(ParticleTerms._field_defaults) - {"mask", "entropy"}
+    optional = set(ParticleTerms._field_defaults) - {
+        "mask",
+        "entropy",
+        "observation_sites",
+    }
     filled = {f for f in optional if getattr(terms, f) is not None}
     if terms.weights.observation is not None:
         filled.add("weights.observation")

@@ -116,6 +116,7 @@ from numpyro_pvi._core.site_laws import (
     no_sampler,
     sampler_failure,
 )
+from numpyro_pvi._core.site_values import observation_layout
 from numpyro_pvi._core.structure import (
     check_full_data,
     feasible_improper,
@@ -148,6 +149,7 @@ from numpyro_pvi._core.validation import (
 
 __all__ = [
     "normal_abs_mean",
+    "observation_layout",
     "normal_strata_crps",
     "approximate_loo_log_weights",
     "MIN_TAIL",

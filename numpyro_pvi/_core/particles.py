@@ -48,6 +48,7 @@ from numpyro_pvi._core.site_support import (
 )
 from numpyro_pvi._core.site_values import (
     observation_mask,
+    observation_widths,
     observed_values,
 )
 from numpyro_pvi._core.structure import check_fixed_observations
@@ -77,6 +78,7 @@ from numpyro_pvi.particles import (
     StratifiedGuide,
     Weights,
 )
+from numpyro_pvi.particles.terms import ObservationSites
 
 #: The requests whose fields include the observed values ``y_obs``.
 _OBSERVED_VALUES = frozenset(
@@ -215,6 +217,7 @@ def particle_terms(
         observed=shared.observed,
         entropy=None if strata is None else strata.entropy_term(param_map),
         mutable_state=shared.mutable,
+        observation_sites=ObservationSites(shared.widths),
         **per_particle,
     )
 
@@ -233,6 +236,7 @@ class _Shared:
     log_omega: jax.Array | None  # (b, K) strata weights per observation
     obs_support: jax.Array | None  # (K, b, c) observed value in the support
     mutable: dict[str, Any] | None  # numpyro.mutable sites after this trace
+    widths: tuple[tuple[str, int], ...]  # (site, values per observation)
 
 
 @dataclass(frozen=True)
@@ -304,6 +308,7 @@ class _ParticleTracer:
             log_omega,
             support,
             _mutable_values(guide_trace, model_trace),
+            observation_widths(observed, plate) if observed else (),
         )
 
     def _strata_weights(

@@ -255,16 +255,46 @@ def observed_values(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Arr
     )
 
 
+def observation_widths(
+    observed: list[dict[str, Any]], plate: DataPlate
+) -> tuple[tuple[str, int], ...]:
+    """``(site, values)`` for each observed site: how many values of one
+    observation (a row of :func:`observed_values`) it holds, from the shapes
+    alone."""
+    return tuple(
+        (
+            s["name"],
+            per_observation(
+                np.zeros(jnp.shape(s["value"]), bool), plate, s["fn"].event_dim, np
+            ).shape[1],
+        )
+        for s in observed
+    )
+
+
+def observation_layout(sites: tuple[tuple[str, int], ...]) -> str:
+    """The observed sites that form one observation and how many values
+    each gives it (:func:`observation_widths`), for messages: ``"'Y': 20
+    values"``, ``"'y_2', 'y_3', ..., 'y_11': 1 value each (10 sites)"``."""
+    if not sites:
+        return "the observed sites"
+
+    def values(width: int) -> str:
+        return f"{width} value{'' if width == 1 else 's'}"
+
+    widths = {width for _, width in sites}
+    if len(sites) > 1 and len(widths) == 1:
+        names = [f"'{name}'" for name, _ in sites]
+        if len(names) > 4:
+            names = [*names[:2], "...", names[-1]]
+        return f"{', '.join(names)}: {values(sites[0][1])} each ({len(sites)} sites)"
+    return ", ".join(f"'{name}': {values(width)}" for name, width in sites)
+
+
 def scalar_observation(observed: list[dict[str, Any]], plate: DataPlate) -> bool:
     """Whether one observation is one value (the observed sites' components
     in a row of :func:`observed_values`), from the shapes alone."""
-    widths = [
-        per_observation(
-            np.zeros(jnp.shape(s["value"]), bool), plate, s["fn"].event_dim, np
-        ).shape[1]
-        for s in observed
-    ]
-    return sum(widths) == 1
+    return sum(width for _, width in observation_widths(observed, plate)) == 1
 
 
 def simulated_values(

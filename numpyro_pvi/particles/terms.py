@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import jax
 
-__all__ = ["ParticleTerms", "Weights", "require_iid"]
+__all__ = ["ObservationSites", "ParticleTerms", "Weights", "require_iid"]
 
 
 class Weights(NamedTuple):
@@ -31,6 +31,15 @@ class Weights(NamedTuple):
     particle: jax.Array
     log_predictive: jax.Array
     observation: jax.Array | None = None
+
+
+@jax.tree_util.register_static
+class ObservationSites(tuple):
+    """``((site, values), ...)``: the observed sites that form one
+    observation and how many values each gives it. Static under JAX's
+    transformations (a pytree without leaves): site names are not arrays."""
+
+    __slots__ = ()
 
 
 class ParticleTerms(NamedTuple):
@@ -128,6 +137,11 @@ class ParticleTerms(NamedTuple):
         guide and model after one trace of them (a batch-norm layer's running
         statistics), what an objective returns as its mutable state (as
         ``Trace_ELBO`` does with one particle); ``None`` without any.
+    :ivar observation_sites: ``((site, values), ...)`` the observed sites of
+        the data plate in the order of ``y_obs``'s columns, each with the
+        number of values it gives one observation (Python integers, from the
+        shapes: for messages that name the sites); always filled by
+        :func:`~numpyro_pvi.particles.particle_terms`.
     """
 
     log_prior: jax.Array
@@ -160,6 +174,7 @@ class ParticleTerms(NamedTuple):
     observed: dict[str, jax.Array] | None = None
     entropy: jax.Array | None = None
     mutable_state: dict[str, Any] | None = None
+    observation_sites: ObservationSites = ObservationSites()
 
 
 def require_iid(terms: ParticleTerms, name: str) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from numpyro_pvi._core import observation_layout
 from numpyro_pvi.particles import (
     BINOMIAL,
     PMF,
@@ -325,11 +326,14 @@ class CRPS(Score):
             y_sim, y_obs = simulations(terms, self.name)
         if y_obs.shape[-1] != 1:
             raise ValueError(
-                f"score='crps' is for scalar observations, but one observation "
-                f"has {y_obs.shape[-1]} values (a vector-valued site, several "
-                "observed sites per index, or scalar observed sites outside any "
-                "plate, which form one observation together): use score='energy' "
-                "(EnergyScore), the multivariate generalisation."
+                f"score='crps' is for scalar observations, but each observation "
+                f"has {y_obs.shape[-1]} values "
+                f"({observation_layout(terms.observation_sites)}; a vector-valued "
+                "site, several observed sites at one index of the data plate, or "
+                "scalar observed sites outside any plate form one observation "
+                "together). Use "
+                "score='energy' (EnergyScore, the multivariate generalisation) or "
+                "'log' for these observations."
             )
         if exact:
             return closed_form(terms)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import CDF_SUMS_SUPPORT, binomial_cdf_sums
+from numpyro_pvi._core import CDF_SUMS_SUPPORT, binomial_cdf_sums, observation_layout
 from numpyro_pvi.particles import ParticleTerms, present
 from numpyro_pvi.scores.base import stratum_weights
 from numpyro_pvi.scores.pair_sums import stratum_sums
@@ -67,11 +67,14 @@ def pmf_crps(terms: ParticleTerms) -> jax.Array:
     below = present(terms.obs_support, "obs_support")  # (V, b, c)
     if pmf.shape[-1] != 1:
         raise ValueError(
-            f"CRPS(estimator='pmf') is for scalar observations, but one "
-            f"observation has {pmf.shape[-1]} values (a vector-valued site, "
-            "several observed sites per index, or scalar observed sites outside "
-            "any plate, which form one observation together): use "
-            "score='quadratic', which scores them jointly."
+            f"CRPS(estimator='pmf') is for scalar observations, but each "
+            f"observation has {pmf.shape[-1]} values "
+            f"({observation_layout(terms.observation_sites)}; a vector-valued "
+            "site, several observed sites at one index of the data plate, or "
+            "scalar observed sites outside any plate form one observation "
+            "together). Use "
+            "score='quadratic' (which scores them jointly) or 'log' for these "
+            "observations."
         )
     below = jnp.cumsum(below[:-1, :, 0], axis=0).astype(pmf.dtype)  # 1{y <= v}
     totals, own = _cdf_sums(terms, pmf, terms.num_strata)

@@ -415,7 +415,7 @@ def test_scalar_sites_without_a_plate_form_one_observation():
     likelihood written as one site with one event (the same loss and score
     at the same key); written with ``scan`` (the example's other version),
     one observation per step, as in a plate. The CRPS, for scalar
-    observations, refuses and names the energy score, which fits; the
+    observations, refuses, names the sites and the energy score, which fits; the
     quadratic score's refusal advises only scores that fit."""
     rng = np.random.default_rng(0)
     y = np.zeros(12, np.float32)
@@ -455,7 +455,8 @@ def test_scalar_sites_without_a_plate_form_one_observation():
         )
         return svi.run(random.PRNGKey(0), 5, y, progress_bar=False).losses
 
-    with pytest.raises(ValueError, match="one observation has 10 values.*'energy'"):
+    crps = r"each observation has 10 values \('y_2', 'y_3', \.\.\., 'y_11'.*'energy'"
+    with pytest.raises(ValueError, match=crps):
         fit("crps")
     with pytest.raises(ValueError, match="'y_2'.*Use score='log' or 'energy' for"):
         fit("quadratic")

@@ -19,7 +19,7 @@ from conftest import X64, run_particles
 from jax import random
 from jax.scipy.stats import norm
 from numpyro.infer import SVI
-from numpyro.infer.autoguide import AutoDelta
+from numpyro.infer.autoguide import AutoDelta, AutoNormal
 
 from numpyro_pvi import PredictiveELBO, predictive_score, scores
 from numpyro_pvi.particles import ParticleTerms, Weights
@@ -785,7 +785,7 @@ def test_quadratic_score_rejects_infinite_support():
 
 def test_crps_rejects_vector_observations_and_points_to_energy():
     x = jnp.zeros((4, 3, 2))
-    with pytest.raises(ValueError, match="use score='energy'"):
+    with pytest.raises(ValueError, match="Use score='energy'"):
         CRPS().estimate(_terms(y_sim=x, y_obs=jnp.zeros((3, 2))))
 
 
@@ -887,3 +887,76 @@ def test_a_factor_in_the_data_plate_is_part_of_the_observation():
                 random.PRNGKey(0), params, censored_model, guide, y, censored,
                 score=score, num_draws=2,
             )  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+# observations of several values: the scalar scores name the sites
+# --------------------------------------------------------------------------
+
+
+def gp_model(X, Y):
+    """NumPyro's examples/gp.py (model; kernel inlined): one observation,
+    a MultivariateNormal of the whole series."""
+    var = numpyro.sample("kernel_var", dist.LogNormal(0.0, 10.0))
+    noise = numpyro.sample("kernel_noise", dist.LogNormal(0.0, 10.0))
+    length = numpyro.sample("kernel_length", dist.LogNormal(0.0, 10.0))
+    k = var * jnp.exp(-0.5 * jnp.power((X[:, None] - X) / length, 2.0))
+    k += (noise + 1.0e-6) * jnp.eye(X.shape[0])
+    numpyro.sample(
+        "Y",
+        dist.MultivariateNormal(loc=jnp.zeros(X.shape[0]), covariance_matrix=k),
+        obs=Y,
+    )
+
+
+def two_counts_per_index(y, z):
+    p = numpyro.sample("p", dist.Beta(2.0, 2.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Bernoulli(p), obs=y)
+        numpyro.sample("z", dist.Binomial(3, p), obs=z)
+
+
+MULTI_VALUED = {
+    "gp": (gp_model, (jnp.linspace(-1.0, 1.0, 20), jnp.cos(jnp.arange(20.0))), "crps"),
+    "pmf": (
+        two_counts_per_index,
+        (jnp.array([0.0, 1.0, 1.0]), jnp.array([0.0, 2.0, 3.0])),
+        scores.CRPS(estimator="pmf"),
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "case, layout, advice",
+    [
+        ("gp", "'Y': 20 values", ("energy", "log")),
+        ("pmf", "'y', 'z': 1 value each (2 sites)", ("quadratic", "log")),
+    ],
+    ids=["gp", "two sites"],
+)
+def test_scalar_scores_of_several_values_name_the_sites_and_the_advice_fits(
+    case, layout, advice
+):
+    """The CRPS of an observation of several values is refused in training
+    and held out, naming the observed sites that form it (NumPyro's GP
+    example as written, two sites per index; the AR(2) example's loop of
+    sites in ``tests/examples/test_programs.py``); every score advised
+    fits."""
+    model, args, score = MULTI_VALUED[case]
+    guide = AutoNormal(model)
+    optim = optax.adam(0.01)
+    with pytest.raises(ValueError, match=re.escape(layout)) as refusal:
+        SVI(model, guide, optim, PredictiveELBO(score, num_particles=2)).run(
+            random.PRNGKey(0), 2, *args, progress_bar=False
+        )
+    assert "is for scalar observations" in str(refusal.value)
+    for name in advice:
+        assert f"'{name}'" in str(refusal.value)
+        result = SVI(model, guide, optim, PredictiveELBO(name, num_particles=2)).run(
+            random.PRNGKey(0), 3, *args, progress_bar=False
+        )
+        assert np.all(np.isfinite(result.losses)), name
+    with pytest.raises(ValueError, match=re.escape(layout)):
+        predictive_score(
+            random.PRNGKey(1), result.params, model, guide, *args, score=score
+        )
