@@ -35,9 +35,15 @@ from numpyro_pvi.particles.reductions import (
     predictive_log_density,
 )
 from numpyro_pvi.particles.stratified import StratifiedGuide
-from numpyro_pvi.particles.terms import ParticleTerms, Weights, require_iid
+from numpyro_pvi.particles.terms import (
+    ObservationSites,
+    ParticleTerms,
+    Weights,
+    require_iid,
+)
 
 __all__ = [
+    "ObservationSites",
     "BINOMIAL",
     "FIELDS",
     "GUIDE_DRAWS",

@@ -140,8 +140,8 @@ class ParticleTerms(NamedTuple):
     :ivar observation_sites: ``((site, values), ...)`` the observed sites of
         the data plate in the order of ``y_obs``'s columns, each with the
         number of values it gives one observation (Python integers, from the
-        shapes: for messages that name the sites); always filled by
-        :func:`~numpyro_pvi.particles.particle_terms`.
+        shapes: for messages that name the sites), :class:`ObservationSites`;
+        filled by every call of the particle machinery.
     """
 
     log_prior: jax.Array
