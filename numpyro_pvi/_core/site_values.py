@@ -291,6 +291,12 @@ def observation_layout(sites: tuple[tuple[str, int], ...]) -> str:
     return ", ".join(f"'{name}': {values(width)}" for name, width in sites)
 
 
+def site_names(sites: tuple[tuple[str, int], ...]) -> str:
+    """The names of :func:`observation_widths`' sites, for messages:
+    ``"'y'"``, ``"'y', 'z'"`` (``"the observed sites"`` without any)."""
+    return ", ".join(f"'{name}'" for name, _ in sites) or "the observed sites"
+
+
 def scalar_observation(observed: list[dict[str, Any]], plate: DataPlate) -> bool:
     """Whether one observation is one value (the observed sites' components
     in a row of :func:`observed_values`), from the shapes alone."""

@@ -7,6 +7,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
+from numpyro_pvi._core import site_names
 from numpyro_pvi.particles import (
     LOG_LIK,
     ParticleTerms,
@@ -155,7 +156,8 @@ def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]
     if terms.y_sim is None and why is not None:
         raise ValueError(
             f"score={score!r} with this estimator compares simulated observations "
-            f"with the observed ones, and {why}. Use the CRPS in closed form "
+            f"with the observed ones, and {why} (observed site(s) "
+            f"{site_names(terms.observation_sites)}). Use the CRPS in closed form "
             "(score='crps', estimator 'auto' or 'closed-form'; "
             "EnergyScore(beta=1.0) on scalar observations is the same), or "
             "score='log'."

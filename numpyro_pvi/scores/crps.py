@@ -10,7 +10,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import observation_layout
+from numpyro_pvi._core import observation_layout, site_names
 from numpyro_pvi.particles import (
     BINOMIAL,
     PMF,
@@ -318,7 +318,8 @@ class CRPS(Score):
                 "request 'y_loc_scale', 'y_log_loc_scale', 'y_poisson' or "
                 "'y_normal_mixture'; "
                 "use estimator='all-pairs' or 'derangement' (from simulations) "
-                "for other likelihoods."
+                "for other likelihoods (observed site(s) "
+                f"{site_names(terms.observation_sites)})."
             )
         if exact:
             y_obs = present(terms.y_obs, "y_obs")

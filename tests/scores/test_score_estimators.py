@@ -364,7 +364,7 @@ def test_auto_uses_simulations_without_a_normal_likelihood(model):
         values[estimator] = loss.loss(key, params, model, normal_guide, Y)
     np.testing.assert_allclose(values["auto"], values["all-pairs"], rtol=1e-6)
     loss = PredictiveELBO(CRPS(estimator="closed-form"), num_particles=4)
-    with pytest.raises(ValueError, match="closed-form.*Normal likelihood"):
+    with pytest.raises(ValueError, match="closed-form.*Normal likelihood.*site.*'y'"):
         loss.loss(key, params, model, normal_guide, Y)
 
 
