@@ -116,7 +116,11 @@ from numpyro_pvi._core.site_laws import (
     no_sampler,
     sampler_failure,
 )
-from numpyro_pvi._core.site_values import observation_layout, site_names
+from numpyro_pvi._core.site_values import (
+    observation_layout,
+    single_observation,
+    site_names,
+)
 from numpyro_pvi._core.structure import (
     check_full_data,
     feasible_improper,
@@ -150,6 +154,7 @@ from numpyro_pvi._core.validation import (
 __all__ = [
     "normal_abs_mean",
     "observation_layout",
+    "single_observation",
     "site_names",
     "normal_strata_crps",
     "approximate_loo_log_weights",

@@ -39,6 +39,7 @@ from numpyro.distributions import (
 
 from numpyro_pvi._core.data_plate import DataPlate, per_observation
 from numpyro_pvi._core.fast_draws import fast_draw, has_fast_draw
+from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.site_laws import (
     WRAPPERS,
     censoring_refusal,
@@ -295,6 +296,24 @@ def site_names(sites: tuple[tuple[str, int], ...]) -> str:
     """The names of :func:`observation_widths`' sites, for messages:
     ``"'y'"``, ``"'y', 'z'"`` (``"the observed sites"`` without any)."""
     return ", ".join(f"'{name}'" for name, _ in sites) or "the observed sites"
+
+
+def single_observation(model_trace: dict[str, Any], where: str, cannot: str) -> str:
+    """The refusal of ``where`` for a model whose data form one observation
+    (no data plate): which observed sites form it and how many values each
+    gives it, why, and what to do; ``cannot`` says what one observation
+    cannot be (``"folded"``, ``"held out"``)."""
+    plate = DataPlate(None, 0, 1, 0)
+    layout = observation_layout(observation_widths(observed_sites(model_trace), plate))
+    return (
+        f"{where}: the data form one observation in all ({layout}; no "
+        "numpyro.plate and no batch dimension of an observed site holds them), "
+        f"and one observation cannot be {cannot}. Put independent observations "
+        "in a numpyro.plate (or observe them as an array along a batch "
+        "dimension); a joint distribution of the whole data set (e.g. a "
+        "MultivariateNormal of a series or a Gaussian process) is one "
+        "observation."
+    )
 
 
 def scalar_observation(observed: list[dict[str, Any]], plate: DataPlate) -> bool:

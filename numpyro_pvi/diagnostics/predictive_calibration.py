@@ -33,6 +33,7 @@ from numpyro_pvi._core import (
     deprecation,
     model_structure,
     plate_of,
+    single_observation,
 )
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs
@@ -274,11 +275,7 @@ def calibration_arrays(
     )
     plate = plate_of(model_trace, data_plate)
     if plate.name is None:
-        raise ValueError(
-            f"{_WHERE}: the observed values are scalars, one observation in all, "
-            "so none can be held out; observe the data as an array (in a "
-            "numpyro.plate, or along a batch dimension)."
-        )
+        raise ValueError(single_observation(model_trace, _WHERE, "held out"))
     if isinstance(loss, PredictiveELBO):
         check_same_plate(model_trace, plate, loss.data_plate, f"{_WHERE}: {loss!r}")
     inject = data_injector(

@@ -25,6 +25,7 @@ from numpyro_pvi._core import (
     needs_prototype,
     plate_of,
     replay_trace,
+    single_observation,
     warn_laplace_held_out,
 )
 from numpyro_pvi.predictive import PredictiveELBO
@@ -383,11 +384,7 @@ def _data_plate(
             what = f"cross_validate: candidate {label!r} ({loss!r})"
             check_same_plate(tr, plate, loss.data_plate, what)
     if plate.name is None:
-        raise ValueError(
-            "cross_validate: the observed values are scalars, one observation in "
-            "all, so there is nothing to fold; observe the data as an array (in "
-            "a numpyro.plate, or along a batch dimension)."
-        )
+        raise ValueError(single_observation(tr, "cross_validate", "folded"))
     if num_folds > plate.size:
         raise ValueError(
             f"cross_validate: num_folds={num_folds} is larger than the "

@@ -295,7 +295,7 @@ def subsampled(y=None):
 @pytest.mark.parametrize(
     "model, generator, match",
     [
-        (no_plate, None, "scalars, one observation in all"),
+        (no_plate, None, r"one observation in all \('y': 1 value;"),
         (subsampled, None, "plate 'data' is subsampled"),
         (normal_model, lambda key: {"z": jnp.zeros(N)}, "observed site 'y'"),
         (normal_model, lambda key: {"y": jnp.zeros(3)}, r"shape \(200,\)"),

@@ -463,6 +463,56 @@ def test_scalar_sites_without_a_plate_form_one_observation():
     assert np.all(np.isfinite(fit("energy")))
 
 
+@pytest.mark.parametrize(
+    "model, layout",
+    [
+        (ar2_for_loop, "'y_2', 'y_3', ..., 'y_11': 1 value each (10 sites)"),
+        (ar2_one_site, "'y': 10 values"),
+    ],
+    ids=["loop of scalar sites", "one event"],
+)
+def test_procedures_that_hold_out_refuse_one_observation_naming_its_sites(
+    model, layout
+):
+    """Without a data plate the data are one observation: cross-validation
+    and the predictive calibration refuse it before fitting, naming the
+    observed sites that form it (the loop's ten scalar sites, or one site's
+    event) and the plate that would make observations of them."""
+    y = jnp.sin(jnp.arange(12.0))
+    optim = optax.adam(0.01)
+    calls = {
+        "cross_validate: .*cannot be folded": lambda: cross_validate(
+            random.PRNGKey(0),
+            model,
+            AutoNormal(model),
+            optim,
+            y,
+            fit=FitRecipe(num_steps=2, num_draws=10, progress_bar=False),
+            candidates=[Trace_ELBO()],
+            num_folds=2,
+        ),
+        "predictive_calibration: .*cannot be held out": lambda: (
+            diagnostics.predictive_calibration(
+                random.PRNGKey(0),
+                model,
+                AutoNormal(model),
+                optim,
+                Trace_ELBO(),
+                y,
+                replications=Replications(
+                    num_simulations=2, num_svi_steps=2, progress_bar=False
+                ),
+            )
+        ),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match=what) as refusal:
+            call()
+        message = str(refusal.value)
+        assert f"one observation in all ({layout};" in message, message
+        assert "numpyro.plate" in message
+
+
 def test_an_event_of_independent_values_without_a_plate_says_so():
     """``Normal(...).to_event(1)`` in no plate: one observation (as NumPyro's
     log_likelihood counts it), with a warning naming the site and the plate
