@@ -174,6 +174,7 @@ def _mixture_params(y):
     "score, guide",
     [("log", "normal"), ("crps", "normal"), ("log", "mixture"), ("crps", "mixture")],
 )
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_the_totals_standard_error_is_the_spread_of_its_estimates(score, guide):
     """Every observation is scored from the same draws: the data set's
     total has the spread ``total_se`` says over 60 keys, several times the

@@ -61,6 +61,7 @@ def _gradients(loss, y=Y, num_keys=NUM_KEYS):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("m", [1, 8])
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_gradient_is_unbiased_with_an_outlier(m):
     # q(y_i) = N(y_i; loc, √2): d/dloc Σ_i log q(y_i) = Σ_i (y_i - loc) / 2 = 2
     grads = _gradients(_loss(m))

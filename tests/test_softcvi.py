@@ -122,6 +122,7 @@ def test_zero_gradient_at_exact_posterior(regression, loss):
     assert _max_abs(grads) < ZERO_TOL
 
 
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_plain_snis_gradient_is_not_zero_at_exact_posterior(regression):
     x, y, guide, exact, _ = regression
     grads = _grads(SNISForwardKL(8), exact, linreg, guide, x, y)

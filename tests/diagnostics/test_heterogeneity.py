@@ -50,6 +50,7 @@ def _fit(loss, **kwargs):
         pytest.param(True, marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_binary_logistic_regression_flags_nothing_and_says_why(binomial):
     """A new user's case: PVI-Log leaves coefficients near their prior sd
     (the null predictor among them) because a binary outcome's predictive

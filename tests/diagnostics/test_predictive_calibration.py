@@ -65,6 +65,7 @@ LOSSES = {"VI": Trace_ELBO(), "PVI-Log": PredictiveELBO("log", num_particles=8)}
         ("PVI-Log", None, "ok"),
     ],
 )
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_known_answers_lai_yao_toy(loss, generator, dispersion):
     """Misspecified (truth N(0, 2²)): VI's predictive N(ȳ, 1 + 1/n) is too
     narrow by about 2 (spread ratio 1.8, capped by the ranks at 0 and L),
@@ -113,6 +114,7 @@ def test_layout_and_plots_agree_with_the_verdicts():
 
 
 @pytest.mark.slow
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_pit_equals_the_closed_form_of_a_conjugate_normal_fit():
     """q(θ) = N(m, s²) and y ~ N(θ, 1): the predictive of y_j is
     N(m, 1 + s²), so E[rank / L] = Φ((y_j - m) / √(1 + s²)); tolerance four
@@ -151,6 +153,7 @@ def count_model(y=None):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_discrete_outcomes_use_the_randomised_pit():
     """Poisson counts near 1.6: about a quarter of the posterior-predictive
     draws tie with the held-out count; the ties are split at random, and the
@@ -231,6 +234,7 @@ def test_sequential_equals_vectorized():
 
 
 @pytest.mark.slow
+@pytest.mark.optimized  # 2 x 100 fits of 400 steps
 def test_mixture_guide_on_the_misspecified_toy():
     """A two-component mixture guide, fitted with the stratified ELBO (its VI)
     and with PVI-Log: the PIT draws are i.i.d. from the mixture's

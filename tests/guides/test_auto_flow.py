@@ -133,6 +133,7 @@ def test_guide_density_includes_the_constraining_jacobian():
     np.testing.assert_allclose(log_q, expected, rtol=1e-4 if not X64 else 1e-9)
 
 
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_density_integrates_to_one_in_1d():
     guide, params = _random_flow(1, spread=0.3)
     q = _posterior(guide, params)

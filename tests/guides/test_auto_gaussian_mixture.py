@@ -556,6 +556,7 @@ def _score_terms(key, guide, params, model, x, y, m, score):
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("m", [2, 5])
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_stratified_crps_and_energy_are_unbiased(m):
     """Mean over keys of the stratified CRPS = closed-form CRPS of the mixture
     predictive; the 1-D energy score with beta = 1 is the same estimate with

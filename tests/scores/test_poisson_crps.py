@@ -171,6 +171,7 @@ def _simulated(rate, y, num_strata, omega, num_sims):
 
 
 @pytest.mark.parametrize("num_strata, m", CASES)
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_value_and_gradient_are_unbiased(num_strata, m):
     # averaged over the draws, the estimate and its gradient in the rates are
     # the exact pair expectations' (within 4.5 Monte Carlo standard errors)
@@ -196,6 +197,7 @@ def _exact_zero_inflated_pair(a, b):
     )
 
 
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_zero_inflated_value_and_gradient_are_unbiased():
     # as above with gates, under two strata: gradients in rates and gates
     rate, y, omega = _case(2, 3)
@@ -224,6 +226,7 @@ def test_zero_inflated_value_and_gradient_are_unbiased():
         assert float(jnp.max(z)) < 4.5, z
 
 
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_gradient_without_the_poisson_identity_is_biased():
     # power: the draws held fixed (no gradient in the drawn rate) miss half
     # of each pair's gradient, far beyond the Monte Carlo error
@@ -256,6 +259,7 @@ def regression(x, y=None, mask=True):
         numpyro.sample("y", dist.Poisson(jnp.exp(a + b * x)).mask(mask), obs=y)
 
 
+@pytest.mark.optimized  # run time dominates (benchmarks/RESULTS.md)
 def test_fit_recovers_the_rates():
     # the CRPS's minimiser on 400 counts from a known regression
     x = jnp.linspace(-1.0, 1.0, 400)
