@@ -13,6 +13,7 @@ from numpyro.infer.autoguide import AutoDelta, AutoNormal
 from numpyro_pvi.particles import (
     BINOMIAL,
     FIELDS,
+    FINITE_PMF,
     LOG_LIK,
     LOG_PMF,
     LOG_Q_FIXED,
@@ -388,6 +389,7 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
         LOG_PMF: _bernoulli_model,
         PMF: _bernoulli_model,
         BINOMIAL: _binomial_model,
+        FINITE_PMF: _binomial_model,
         Y_LOG_LOC_SCALE: _lognormal_model,
         Y_NORMAL_MIXTURE: _normal_mixture_model,
         Y_POISSON: _zero_inflated_poisson_model,
@@ -405,6 +407,29 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
     if terms.weights.observation is not None:
         filled.add("weights.observation")
     assert filled == set(FIELDS[request_name])
+
+
+@pytest.mark.parametrize(
+    "model, filled",
+    [
+        (_normal_model, False),  # no finite support
+        (_zero_inflated_poisson_model, False),  # an infinite one
+        (_bernoulli_model, True),
+    ],
+)
+def test_the_finite_pmf_request_fills_only_a_finite_support(model, filled):
+    """``finite_pmf`` fills the pmf of a finite support and leaves other
+    likelihoods' fields ``None`` instead of refusing them, as ``pmf`` does."""
+    y = jnp.array([0.0, 1.0, 1.0, 0.0])
+    terms = _terms(model, AutoNormal(model), y, num_particles=2, requests=(FINITE_PMF,))
+    assert (terms.pmf is not None) is filled
+    assert (terms.obs_support is not None) is filled
+    if filled:  # (M, V, b, c): the Bernoulli's two values at each observation
+        assert terms.pmf.shape == (2, 2, 4, 1)
+        np.testing.assert_allclose(terms.pmf.sum(1), 1.0, rtol=1e-6)
+    else:  # where the request pmf refuses the likelihood
+        with pytest.raises(ValueError, match="no finite support to enumerate"):
+            _terms(model, AutoNormal(model), y, num_particles=2, requests=(PMF,))
 
 
 def test_the_per_particle_fields_are_the_tables_less_the_shared_ones():

@@ -24,6 +24,7 @@ from numpyro_pvi._core.poisson import (
 )
 from numpyro_pvi._core.site_support import (
     binomial_logits_count,
+    ordered_pmf,
     site_log_pmf,
     site_pmf,
 )
@@ -39,6 +40,7 @@ from numpyro_pvi._core.tracing import (
 )
 from numpyro_pvi.particles import (
     BINOMIAL,
+    FINITE_PMF,
     GUIDE_DRAWS,
     LATENTS,
     LOG_LIK,
@@ -68,6 +70,7 @@ class Particle:
     model_trace: dict[str, Any]
     keys: jax.Array  # _particle_keys
     masks: Any  # obs_mask latents
+    requests: frozenset[str]  # what the caller asked for
 
     def guide_values(self) -> dict[str, jax.Array]:
         return guide_sample_values(self.guide, self.guide_trace)
@@ -83,17 +86,21 @@ def _log_lik(p: Particle) -> dict[str, jax.Array]:
 
 
 def _y_sim(p: Particle) -> dict[str, jax.Array | None]:
-    if (
-        p.reparam
-        and scalar_observation(p.observed, p.plate)
-        and (
-            normal_mixture(p.observed, p.plate) is not None
-            or poisson_likelihoods(p.observed)
+    if scalar_observation(p.observed, p.plate) and (
+        (FINITE_PMF in p.requests and ordered_pmf(p.observed))
+        or (
+            p.reparam
+            and (
+                normal_mixture(p.observed, p.plate) is not None
+                or poisson_likelihoods(p.observed)
+            )
         )
     ):
-        # no reparameterised draw (a discrete component or count): the
-        # scores of scalar observations take the closed form, or say so
-        # (scores.base.simulations); others refuse the site (_site_draw)
+        # read from the pmf instead (no draw: its sampler may not take these
+        # arguments), or no reparameterised draw (a discrete component or
+        # count): the scores of scalar observations take the closed form, or
+        # say so (scores.base.simulations); others refuse the site
+        # (_site_draw)
         return {"y_sim": None}
     return {"y_sim": simulated_values(p.observed, p.plate, p.keys[2], p.reparam)}
 
@@ -123,6 +130,21 @@ def _y_poisson(p: Particle) -> dict[str, jax.Array | None]:
     return {"y_rate": rate, "y_gate": gate, "y_count_sim": counts}
 
 
+def _pmf(p: Particle) -> dict[str, jax.Array | None]:
+    logits, count = binomial_logits_count(p.observed, p.plate)
+    return {"pmf": site_pmf(p.observed, p.plate), **_binomial(logits, count)}
+
+
+def _finite_pmf(p: Particle) -> dict[str, jax.Array | None]:
+    if not ordered_pmf(p.observed):
+        return {"pmf": None, **_binomial(None, None)}
+    return _pmf(p)
+
+
+def _binomial(logits: Any, count: Any) -> dict[str, Any]:
+    return {"binomial_logits": logits, "binomial_count": count}
+
+
 def _log_q_fixed(p: Particle) -> dict[str, jax.Array]:
     fixed = p.guide_values()
     log_q = guide_log_density(
@@ -144,13 +166,8 @@ PER_PARTICLE: dict[str, Callable[[Particle], dict[str, Any]]] = {
     Y_POISSON: _y_poisson,
     LOG_PMF: lambda p: {"log_pmf": site_log_pmf(p.observed, p.plate)},
     PMF: lambda p: {"pmf": site_pmf(p.observed, p.plate)},
-    BINOMIAL: lambda p: dict(
-        zip(
-            ("binomial_logits", "binomial_count"),
-            binomial_logits_count(p.observed, p.plate),
-            strict=True,
-        )
-    ),
+    BINOMIAL: lambda p: _binomial(*binomial_logits_count(p.observed, p.plate)),
+    FINITE_PMF: _finite_pmf,
     LOG_Q_FIXED: _log_q_fixed,
     GUIDE_DRAWS: lambda p: {"guide_draws": p.guide_values()},
     LATENTS: lambda p: {

@@ -45,6 +45,7 @@ from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.site_support import (
     check_pmf_size,
     observed_support,
+    ordered_pmf,
 )
 from numpyro_pvi._core.site_values import (
     observation_mask,
@@ -62,6 +63,7 @@ from numpyro_pvi._core.tracing import (
 )
 from numpyro_pvi.particles import (
     BINOMIAL,
+    FINITE_PMF,
     LOG_LIK,
     LOG_PMF,
     OBS_WEIGHT,
@@ -291,7 +293,9 @@ class _ParticleTracer:
         if self.strata is not None:
             log_omega_bar, log_omega = self._strata_weights(model_trace, plate)
         support = None
-        if requests & {LOG_PMF, PMF, BINOMIAL}:
+        if requests & {LOG_PMF, PMF, BINOMIAL} or (
+            FINITE_PMF in requests and ordered_pmf(observed)
+        ):
             strata = 1 if self.strata is None else self.strata.num_strata
             check_pmf_size(observed, plate, strata * spec.num_particles)
             support = observed_support(observed, plate)
@@ -368,6 +372,7 @@ class _ParticleTracer:
             model_trace,
             keys,
             masks,
+            requests,
         )
         for request in sorted(requests & PER_PARTICLE.keys()):
             with jax.named_scope(request):

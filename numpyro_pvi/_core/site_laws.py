@@ -11,8 +11,11 @@ import jax
 import jax.numpy as jnp
 from jax import random
 from numpyro.distributions import (
+    BetaBinomial,
     BinomialLogits,
     BinomialProbs,
+    CategoricalLogits,
+    CategoricalProbs,
     Distribution,
     ExpandedDistribution,
     GammaPoisson,
@@ -25,6 +28,7 @@ from numpyro.distributions import (
     MixtureGeneral,
     MixtureSameFamily,
     Normal,
+    OrderedLogistic,
     Poisson,
     RightCensoredDistribution,
     TransformedDistribution,
@@ -32,6 +36,11 @@ from numpyro.distributions import (
     ZeroInflatedProbs,
 )
 
+#: Likelihoods of counts out of ``total_count`` trials: their support is
+#: ``0, ..., max(total_count)``, read from concrete counts (NumPyro's
+#: ``enumerate_support`` of a ``BetaBinomial`` fails under ``jit`` once its
+#: concentrations are traced, and neither enumerates counts that vary).
+COUNTS = (BinomialLogits, BinomialProbs, BetaBinomial)
 #: Distributions that wrap another without changing its family.
 WRAPPERS = (ExpandedDistribution, Independent, MaskedDistribution)
 
@@ -144,12 +153,34 @@ def working_scores(site: dict[str, Any]) -> list[str]:
         names += ["crps", "energy"] if base.event_dim == 0 else ["energy"]
     elif poisson_counts(zero_inflated_base(base)) or normal_mixture_parts(base):
         names.append("crps")  # in closed form: _core/poisson.py, normal_mixture.py
-    finite = getattr(fn, "has_enumerate_support", False)
-    if finite and (
-        isinstance(base, (BinomialLogits, BinomialProbs)) or _enumerates(base)
-    ):
+    elif base.event_dim == 0 and ordered_support(site):
+        names.append("crps")  # from the pmf: scores/crps_pmf.py
+    if _finite(site):
         names.append("quadratic")
     return names
+
+
+def _finite(site: dict[str, Any]) -> bool:
+    """Whether a site's likelihood has a finite support to enumerate."""
+    fn, base = site["fn"], innermost(site["fn"])
+    return getattr(fn, "has_enumerate_support", False) and (
+        isinstance(base, COUNTS) or _enumerates(base)
+    )
+
+
+def ordered_support(site: dict[str, Any]) -> bool:
+    """Whether an observed site's likelihood has a finite support of
+    consecutive integers whose order means something, where the CRPS from
+    the pmf (``CRPS()``'s default for it) is the ranked probability score:
+    every finite support to enumerate (binary outcomes, counts of trials,
+    ``OrderedLogistic``'s categories, ...) but that of a ``Categorical``,
+    whose categories need not be ordered (``CRPS(estimator='pmf')`` reads
+    them as ordered when asked to), and none of a censored likelihood."""
+    base = innermost(site["fn"])
+    nominal = isinstance(base, (CategoricalLogits, CategoricalProbs))
+    if nominal and not isinstance(base, OrderedLogistic):
+        return False
+    return not is_censored(site["fn"]) and _finite(site)
 
 
 def normal_mixture_parts(base: Distribution) -> list[Distribution] | None:
@@ -204,9 +235,10 @@ def score_advice(site: dict[str, Any], scalar: bool) -> str:
     listed = ", ".join(repr(n) for n in names[:-1])
     listed = f"{listed} or {names[-1]!r}" if listed else repr(names[0])
     if scalar and "quadratic" in names and "crps" not in names:
-        # a finite support: the CRPS from its pmf, without simulations
+        # categories that need not be ordered: the CRPS from the pmf on request
         return (
-            f"Use score={listed} for this likelihood, or "
-            "score=CRPS(estimator='pmf') for its CRPS from the pmf."
+            f"Use score={listed} for this likelihood, or, if its categories "
+            "are ordered, score=CRPS(estimator='pmf') for its CRPS from the "
+            "pmf (the ranked probability score)."
         )
     return f"Use score={listed} for this likelihood."

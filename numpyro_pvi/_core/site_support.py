@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import concrete_or_error
 from numpyro.distributions import (
-    BetaBinomial,
     BinomialLogits,
     BinomialProbs,
     Distribution,
@@ -30,10 +29,12 @@ from numpyro.distributions import (
 from numpyro_pvi._core.data_plate import DataPlate
 from numpyro_pvi._core.pmf import UNROLLED_SUPPORT, support_log_pmf, support_pmf
 from numpyro_pvi._core.site_laws import (
+    COUNTS,
     censoring_refusal,
     describe,
     innermost,
     is_censored,
+    ordered_support,
     score_advice,
 )
 from numpyro_pvi._core.site_values import (
@@ -82,13 +83,6 @@ def _enumerable(
         support,
         lambda x: component_rows(x, components, plate),
     )
-
-
-#: Likelihoods of counts out of ``total_count`` trials: their support is
-#: ``0, ..., max(total_count)``, read from concrete counts (NumPyro's
-#: ``enumerate_support`` of a ``BetaBinomial`` fails under ``jit`` once its
-#: concentrations are traced).
-COUNTS = (BinomialLogits, BinomialProbs, BetaBinomial)
 
 
 def _count_size(site: dict[str, Any], base: Distribution) -> int:
@@ -268,6 +262,13 @@ def binomial_logits_count(
     return logits, count
 
 
+def ordered_pmf(observed: list[dict[str, Any]]) -> bool:
+    """Whether every observed site's likelihood has a finite support of
+    ordered values (:func:`~numpyro_pvi._core.site_laws.ordered_support`):
+    where the request ``finite_pmf`` fills the pmf."""
+    return bool(observed) and all(ordered_support(s) for s in observed)
+
+
 def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:
     """``(K, b, c)`` whether each observed scalar component equals each value
     of its finite support (laid out like :func:`site_log_pmf` and
@@ -321,9 +322,17 @@ def check_pmf_size(
     is made. Binomial sites of one component per observation and at most
     :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` values are exempt: their
     score reads particle sums, never the pmf."""
+    refusal = _pmf_refusal(observed, plate, num_draws)
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+def _pmf_refusal(
+    observed: list[dict[str, Any]], plate: DataPlate, num_draws: int
+) -> str | None:
     shapes = [_pmf_shape(s, plate) for s in observed]
     if not shapes or any(x is None for x in shapes):
-        return
+        return None
     k = max(x[0] for x in cast(list, shapes))
     c = sum(x[1] for x in cast(list, shapes))
     binomial = all(
@@ -331,20 +340,20 @@ def check_pmf_size(
         for s in observed
     )
     if binomial and c == 1 and k <= UNROLLED_SUPPORT:
-        return
+        return None
     b = plate.subsample_size if plate.name is not None else 1
     size = num_draws * k * b * c
     nbytes = size * jnp.dtype(jnp.result_type(float)).itemsize
     memory = _memory_bytes()
     if memory is None or 4 * nbytes <= memory:
-        return
+        return None
     names = ", ".join(f"'{s['name']}'" for s in observed)
-    raise ValueError(
+    return (
         f"The pmf over the finite support of {names} (what the quadratic score "
-        f"reads) has {k:,} values at each of {b:,} observations ({c} "
-        f"component(s) each) for each of {num_draws:,} draws: {size:,} "
-        f"probabilities, {nbytes / 2**30:,.1f} GiB in one array, more than a "
-        f"quarter of this device's {memory / 2**30:,.0f} GiB. Use score='log', "
-        "fewer particles (or draws), or a subsample of the observations "
-        "(numpyro.plate(..., subsample_size=...))."
+        f"and the CRPS from the pmf read) has {k:,} values at each of {b:,} "
+        f"observations ({c} component(s) each) for each of {num_draws:,} draws: "
+        f"{size:,} probabilities, {nbytes / 2**30:,.1f} GiB in one array, more "
+        f"than a quarter of this device's {memory / 2**30:,.0f} GiB. Use "
+        "score='log', fewer particles (or draws), or a subsample of the "
+        "observations (numpyro.plate(..., subsample_size=...))."
     )

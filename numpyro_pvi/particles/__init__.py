@@ -46,6 +46,7 @@ __all__ = [
     "ObservationSites",
     "BINOMIAL",
     "FIELDS",
+    "FINITE_PMF",
     "GUIDE_DRAWS",
     "LATENTS",
     "LOG_LIK",
@@ -102,6 +103,11 @@ PMF = "pmf"
 #: Logits and total counts of Binomial likelihoods, ``binomial_logits`` and
 #: ``binomial_count`` (with ``obs_support``).
 BINOMIAL = "binomial"
+#: What ``pmf`` and ``binomial`` fill, where every observed site's likelihood
+#: has a finite support of ordered values (binary outcomes, counts of
+#: trials, ordered categories: what the CRPS from the pmf compares), and
+#: ``None`` for any other likelihood: a request that does not refuse one.
+FINITE_PMF = "finite_pmf"
 #: ``log q`` at the draws with their gradient stopped, ``log_q_fixed``.
 LOG_Q_FIXED = "log_q_fixed"
 #: The model's latent values, ``latents``.
@@ -135,6 +141,9 @@ OBSERVED = "observed"
 #: ``pmf``                ``pmf``, ``obs_support``
 #: ``binomial``           ``binomial_logits``, ``binomial_count``,
 #:                        ``obs_support``
+#: ``finite_pmf``         ``pmf``, ``binomial_logits``,
+#:                        ``binomial_count``, ``obs_support`` (or
+#:                        ``None``)
 #: ``log_q_fixed``        ``log_q_fixed``
 #: ``latents``            ``latents``
 #: ``weight``             ``weights.observation``
@@ -152,6 +161,7 @@ FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
         LOG_PMF: ("log_pmf", "obs_support"),
         PMF: ("pmf", "obs_support"),
         BINOMIAL: ("binomial_logits", "binomial_count", "obs_support"),
+        FINITE_PMF: ("pmf", "binomial_logits", "binomial_count", "obs_support"),
         LOG_Q_FIXED: ("log_q_fixed",),
         LATENTS: ("latents",),
         OBS_WEIGHT: ("weights.observation",),

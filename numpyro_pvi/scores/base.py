@@ -145,22 +145,34 @@ class LogScore(Score):
 def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]:
     """The simulated and the observed values, ``(M, b, d)`` and ``(b, d)``,
     as floating-point arrays (counts are simulated as integers)."""
+    closed_form = (
+        "Use the CRPS in closed form (score='crps', estimator 'auto' or "
+        "'closed-form'; EnergyScore(beta=1.0) on scalar observations is the "
+        "same), or score='log'."
+    )
     closed = {
         "the observed site's Normal mixture (MixtureSameFamily or "
         "MixtureGeneral) has no reparameterised sampler (its component is a "
-        "discrete draw)": terms.y_mix_loc,
+        "discrete draw)": (terms.y_mix_loc, closed_form),
         "the observed Poisson or negative-binomial counts have no "
-        "reparameterised sampler (a count is a discrete draw)": terms.y_rate,
+        "reparameterised sampler (a count is a discrete draw)": (
+            terms.y_rate,
+            closed_form,
+        ),
+        "the observed values of a finite support have no reparameterised "
+        "sampler (a draw is a discrete value)": (
+            terms.obs_support,  # the request finite_pmf, filled
+            "Use the CRPS from the pmf (score='crps', estimator 'auto' or "
+            "'pmf'; EnergyScore(beta=1.0) on scalar observations is the same), "
+            "score='quadratic' or score='log'.",
+        ),
     }
-    why = next((k for k, v in closed.items() if v is not None), None)
+    why = next((k for k, (v, _) in closed.items() if v is not None), None)
     if terms.y_sim is None and why is not None:
         raise ValueError(
             f"score={score!r} with this estimator compares simulated observations "
             f"with the observed ones, and {why} (observed site(s) "
-            f"{site_names(terms.observation_sites)}). Use the CRPS in closed form "
-            "(score='crps', estimator 'auto' or 'closed-form'; "
-            "EnergyScore(beta=1.0) on scalar observations is the same), or "
-            "score='log'."
+            f"{site_names(terms.observation_sites)}). {closed[why][1]}"
         )
     if terms.y_sim is None or terms.y_obs is None:
         raise ValueError(

@@ -1,5 +1,6 @@
-"""The CRPS, from reparameterised simulations or, for Normal, LogNormal,
-Normal-mixture, Poisson and negative-binomial likelihoods, in closed form;
+"""The CRPS, from reparameterised simulations, from the pmf of a finite
+support or, for Normal, LogNormal, Normal-mixture, Poisson and
+negative-binomial likelihoods, in closed form;
 its estimators serve the energy score of scalar observations
 (:mod:`~numpyro_pvi.scores.energy`)."""
 
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 from numpyro_pvi._core import observation_layout, site_names
 from numpyro_pvi.particles import (
     BINOMIAL,
+    FINITE_PMF,
     PMF,
     Y_LOC_SCALE,
     Y_LOG_LOC_SCALE,
@@ -25,7 +27,7 @@ from numpyro_pvi.particles import (
 )
 from numpyro_pvi.scores.base import Score, simulations, strata
 from numpyro_pvi.scores.crps_closed_form import closed_form, has_closed_form
-from numpyro_pvi.scores.crps_pmf import pmf_crps
+from numpyro_pvi.scores.crps_pmf import has_ordered_pmf, pmf_crps
 from numpyro_pvi.scores.pair_sums import (
     crps_fair,
     next_pair_score,
@@ -72,6 +74,18 @@ def all_pairs(terms: ParticleTerms, x: jax.Array, y: jax.Array) -> jax.Array:
     v_k = v.reshape(k, m, -1)[:, 0, :]  # w_k(x_i) / M
     correction = jnp.sum(jnp.square(v_k) * within, axis=0) / (m - 1)
     return -abs_err + between + correction
+
+
+def estimator_requests(estimator: str) -> frozenset[str]:
+    """What the CRPS (and the energy score) requests with ``estimator``:
+    the pmf only, or the simulations and every closed form's parameters
+    (the ones the estimate does not read are dropped by XLA's dead-code
+    elimination when the step is compiled), with ``"auto"`` the pmf of an
+    ordered finite support as well (in place of its simulations)."""
+    if estimator == "pmf":
+        return frozenset({PMF, BINOMIAL})
+    closed = {Y_SIM, Y_LOC_SCALE, Y_LOG_LOC_SCALE, Y_NORMAL_MIXTURE, Y_POISSON}
+    return frozenset(closed | {FINITE_PMF} if estimator == "auto" else closed)
 
 
 class CRPS(Score):
@@ -250,7 +264,13 @@ class CRPS(Score):
     a :class:`~numpyro.distributions.LogNormal`, or every one a
     :class:`~numpyro.distributions.Poisson` or negative binomial, possibly
     zero-inflated (possibly expanded, ``.to_event`` or masked), or the one
-    observed site a Normal mixture, and ``"all-pairs"`` otherwise.
+    observed site a Normal mixture; ``"pmf"`` when every observed site has
+    a finite support of ordered values (Bernoulli, Binomial,
+    ``BetaBinomial``, ``OrderedLogistic``, ...: none has a reparameterised
+    sampler, and the pmf's estimate is the all-pairs one averaged over its
+    simulations); and ``"all-pairs"`` otherwise. A ``Categorical``'s
+    categories need not be ordered, so the default refuses it and names
+    ``estimator="pmf"``, which reads them as ordered.
     ``benchmarks/RESULTS.md`` compares the estimators by efficiency.
 
     :param str estimator: ``"auto"`` (default), ``"all-pairs"``,
@@ -283,19 +303,14 @@ class CRPS(Score):
     """
 
     name = "crps"
-    # both are requested: the one the estimator does not read is dropped by
-    # XLA's dead-code elimination when the step is compiled
-    requires = frozenset(
-        {Y_SIM, Y_LOC_SCALE, Y_LOG_LOC_SCALE, Y_NORMAL_MIXTURE, Y_POISSON}
-    )
+    requires = estimator_requests("auto")
     min_particles = 2
     mixture_is_quadratic = True
     default_estimator = "auto"
 
     def __init__(self, *, estimator: str = default_estimator) -> None:
         self.estimator = check_estimator(estimator, "CRPS", ESTIMATORS)
-        if self.estimator == "pmf":  # no simulations and no Normal parameters
-            self.requires = frozenset({PMF, BINOMIAL})
+        self.requires = estimator_requests(self.estimator)
 
     def __repr__(self) -> str:
         if self.estimator == self.default_estimator:
@@ -303,7 +318,9 @@ class CRPS(Score):
         return f"CRPS(estimator={self.estimator!r})"
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
-        if self.estimator == "pmf":
+        if self.estimator == "pmf" or (
+            self.estimator == "auto" and has_ordered_pmf(terms)
+        ):
             return pmf_crps(terms)
         exact = self.estimator == "closed-form" or (
             self.estimator == "auto" and has_closed_form(terms)

@@ -12,7 +12,7 @@ from numpyro_pvi.scores.base import stratum_weights
 from numpyro_pvi.scores.pair_sums import stratum_sums
 from numpyro_pvi.scores.quadratic import binomial_closed_form
 
-__all__ = ["pmf_crps"]
+__all__ = ["has_ordered_pmf", "pmf_crps"]
 
 
 def _cdf_sums(
@@ -57,6 +57,14 @@ def _squares(
     return mean, between + within / (m - 1)
 
 
+def has_ordered_pmf(terms: ParticleTerms) -> bool:
+    """Whether the terms carry the pmf of a finite support of ordered values
+    (the request ``finite_pmf`` fills it only for such likelihoods)."""
+    return terms.obs_support is not None and (
+        terms.pmf is not None or terms.binomial_logits is not None
+    )
+
+
 def pmf_crps(terms: ParticleTerms) -> jax.Array:
     r"""``(b,)`` the fair CRPS from the pmf over a finite support of
     consecutive integers, :math:`-\sum_v (F(v) - 1\{y_i \le v\})^2` with
@@ -67,7 +75,7 @@ def pmf_crps(terms: ParticleTerms) -> jax.Array:
     below = present(terms.obs_support, "obs_support")  # (V, b, c)
     if pmf.shape[-1] != 1:
         raise ValueError(
-            f"CRPS(estimator='pmf') is for scalar observations, but each "
+            f"The CRPS from the pmf is for scalar observations, but each "
             f"observation has {pmf.shape[-1]} values "
             f"({observation_layout(terms.observation_sites)}; a vector-valued "
             "site, several observed sites at one index of the data plate, or "

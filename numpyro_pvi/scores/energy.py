@@ -10,13 +10,14 @@ import jax.numpy as jnp
 from numpyro_pvi.particles import ParticleTerms, particle_sum
 from numpyro_pvi.scores.base import Score, simulations, strata
 from numpyro_pvi.scores.crps import (
-    CRPS,
     ESTIMATORS,
     all_pairs,
     check_estimator,
     derangement,
+    estimator_requests,
 )
 from numpyro_pvi.scores.crps_closed_form import closed_form, has_closed_form
+from numpyro_pvi.scores.crps_pmf import has_ordered_pmf, pmf_crps
 from numpyro_pvi.scores.pair_sums import pair_norm_sum
 
 __all__ = ["EnergyScore"]
@@ -69,8 +70,9 @@ class EnergyScore(Score):
     observed site a Normal mixture), the closed form
     (both expectations over :math:`y` exact, no simulations),
     so that ``PredictiveELBO("energy")`` and ``PredictiveELBO("crps")`` are
-    the same objective on scalar observations. Otherwise ``"auto"`` is
-    ``"all-pairs"``.
+    the same objective on scalar observations; where every observed site
+    has a finite support of ordered values, the CRPS from the pmf, as
+    ``CRPS()`` takes it. Otherwise ``"auto"`` is ``"all-pairs"``.
 
     ``estimator="derangement"`` pairs each draw with the next one only, as
     for :class:`CRPS`: unbiased, :math:`O(M b\, d)`, more variance.
@@ -90,7 +92,7 @@ class EnergyScore(Score):
     name = "energy"
     # as for the CRPS: the closed form's request is dropped by XLA where the
     # estimate does not read it
-    requires = CRPS.requires
+    requires = estimator_requests("auto")
     min_particles = 2
     mixture_is_quadratic = True
     default_estimator = "auto"
@@ -111,12 +113,17 @@ class EnergyScore(Score):
             )
         self.beta = beta
         self.estimator = check_estimator(estimator, "EnergyScore", ESTIMATORS[:3])
+        # the pmf serves beta = 1 only (the CRPS of scalar observations)
+        auto = self.estimator == "auto" and beta == 1.0
+        self.requires = estimator_requests("auto" if auto else "all-pairs")
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         scalar = terms.y_obs is not None and terms.y_obs.shape[-1] == 1
         is_crps = self.beta == 1.0 and scalar
         if is_crps and self.estimator == "auto" and has_closed_form(terms):
             return closed_form(terms)
+        if self.beta == 1.0 and self.estimator == "auto" and has_ordered_pmf(terms):
+            return pmf_crps(terms)  # refuses observations of several values
         y_sim, y_obs = simulations(terms, self.name)
         if self.estimator == "derangement":
             return derangement(

@@ -3,7 +3,8 @@ NumPyro's ``BetaBinomial`` (over-dispersed counts). Its quadratic score
 enumerates ``0, ..., max(total_count)`` from the concrete counts, as a
 Binomial's does (NumPyro's own ``enumerate_support`` fails under ``jit``
 once the concentrations are traced); its sampler fails on a float
-``total_count``, which every simulating function names."""
+``total_count``, which every simulating function names, and which the
+CRPS from the pmf does not need."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +18,7 @@ from numpyro.infer.autoguide import AutoDelta, AutoNormal
 from scipy.stats import betabinom
 
 from numpyro_pvi import PredictiveELBO, Replications, diagnostics, predictive_score
+from numpyro_pvi.scores import CRPS, EnergyScore
 from tests.arviz_generation import group, group_names
 
 pytestmark = pytest.mark.py312
@@ -87,8 +89,8 @@ def binomial_guide(n, y=None):
 def test_narrow_integer_counts_under_x64_get_the_width_that_works():
     """Under jax_enable_x64 NumPyro's binomial sampler fails on int32 counts
     (an int64 counter of its own meets them in a lax.cond; so does NumPyro's
-    Predictive): the refusal names the width to pass, and that width
-    works."""
+    Predictive): the refusal of a score that simulates names the width to
+    pass, and that width works."""
     import jax
 
     with jax.enable_x64(True):
@@ -98,26 +100,42 @@ def test_narrow_integer_counts_under_x64_get_the_width_that_works():
             r"'y' \(BinomialLogits\).*its total_count is int32, JAX's default "
             r"integer is int64: pass the counts as int64"
         )
+        simulating = CRPS(estimator="all-pairs")
         with pytest.raises(ValueError, match=message):
             predictive_score(
-                key, params, binomial, binomial_guide, narrow, y, score="crps"
+                key, params, binomial, binomial_guide, narrow, y, score=simulating
             )
         scores = predictive_score(
-            key, params, binomial, binomial_guide, wide, y, score="crps"
+            key, params, binomial, binomial_guide, wide, y, score=simulating
         )
         assert np.isfinite(scores.score).all()
+        # the CRPS from the pmf (the default) draws nothing: both widths
+        for counts in (narrow, wide):
+            scores = predictive_score(
+                key, params, binomial, binomial_guide, counts, y, score="crps"
+            )
+            assert np.isfinite(scores.score).all()
 
 
-@pytest.mark.parametrize("score", ["crps", "energy"])
+@pytest.mark.parametrize(
+    "score", [CRPS(estimator="all-pairs"), EnergyScore(0.5)], ids=["crps", "energy"]
+)
 def test_a_sampler_that_fails_is_named_with_its_error(score):
     """NumPyro's BetaBinomial sampler indexes with total_count: a float one
-    fails (so does NumPyro's Predictive); the log score, which does not
-    simulate, takes it."""
+    fails (so does NumPyro's Predictive); the scores that simulate name it,
+    the log score and the CRPS from the pmf (the default ``"crps"``, and
+    ``"energy"`` with beta = 1), which do not simulate, take it."""
     key = random.PRNGKey(0)
     guide = AutoDelta(beta_binomial)
-    assert np.isfinite(
-        predictive_score(key, PARAMS, beta_binomial, guide, FLOAT_COUNTS, Y).score
-    ).all()
+    for name in ("log", "crps", "energy"):
+        scores = predictive_score(
+            key, PARAMS, beta_binomial, guide, FLOAT_COUNTS, Y, score=name
+        )
+        assert np.isfinite(scores.score).all(), name
+        loss = PredictiveELBO(name).loss(
+            key, PARAMS, beta_binomial, AutoNormal(beta_binomial), FLOAT_COUNTS, Y
+        )
+        assert np.isfinite(loss), name
     with pytest.raises(ValueError, match=SAMPLER):
         predictive_score(
             key, PARAMS, beta_binomial, guide, FLOAT_COUNTS, Y, score=score

@@ -2,7 +2,8 @@
 against scoringrules' Binomial CRPS, against the simulated all-pairs
 estimate it averages (with and without a mixture guide's strata, varying
 total counts), and fitted with Binomial and Bernoulli likelihoods, a mask
-and an outlier; the refusals name it as a remedy."""
+and an outlier; the default CRPS of ordered finite supports (and the
+energy score's), and the refusal of a Categorical's, which names it."""
 
 import math
 
@@ -178,16 +179,75 @@ def test_bernoulli_crps_is_half_the_brier_score():
     np.testing.assert_allclose(2.0 * crps, quadratic - 1.0, rtol=1e-5, atol=1e-6)
 
 
-def test_the_default_crps_names_it_for_a_finite_support():
-    guide = AutoNormal(binomial_model)
+def ordinal_model(x, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.OrderedLogistic(w * x, jnp.array([-1.0, 1.0])), obs=y)
+
+
+def beta_binomial_model(x, counts, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    c = numpyro.sample("c", dist.LogNormal(1.0, 0.5))
+    p = jax.nn.sigmoid(w * x)
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.BetaBinomial(c * p, c * (1 - p), counts), obs=y)
+
+
+def categorical_model(x, y=None):
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Categorical(logits=w * x[:, None]), obs=y)
+
+
+@pytest.mark.parametrize(
+    "model, args",
+    [
+        (binomial_model, (X, COUNTS, Y)),  # 9 values, a mask of 1s
+        (bernoulli_model, (X, (X > 0).astype(jnp.int32))),
+        (ordinal_model, (X, jnp.minimum(Y, 2))),  # ordered categories
+        (beta_binomial_model, (X, COUNTS, Y)),
+    ],
+)
+@pytest.mark.parametrize("score", ["crps", "energy"])
+def test_the_default_crps_of_a_finite_support_is_the_crps_from_the_pmf(
+    model, args, score
+):
+    # PredictiveELBO("crps") as users write it: the same loss and gradient
+    # as CRPS(estimator="pmf") (no simulations: a discrete draw has no
+    # gradient); the energy score of scalar values with beta = 1 likewise
+    guide = AutoNormal(model)
+    svi = SVI(model, guide, optax.sgd(0.0), PredictiveELBO("log"))
+    params = svi.get_params(svi.init(random.PRNGKey(9), *args))
+
+    def value_and_grad(loss):
+        return jax.value_and_grad(
+            lambda p: loss.loss(random.PRNGKey(10), p, model, guide, *args)
+        )(params)
+
+    value, grad = value_and_grad(PredictiveELBO(score, num_particles=4))
+    want, want_grad = value_and_grad(PredictiveELBO(PMF_CRPS, num_particles=4))
+    np.testing.assert_allclose(value, want, rtol=RTOL)
+    for name in want_grad:
+        np.testing.assert_allclose(grad[name], want_grad[name], rtol=RTOL, atol=1e-7)
+    # and it fits
+    result = SVI(model, guide, optax.adam(0.05), PredictiveELBO(score)).run(
+        random.PRNGKey(11), 50, *args, progress_bar=False
+    )
+    assert np.all(np.isfinite(result.losses))
+
+
+def test_categories_that_need_not_be_ordered_are_refused_with_the_pmf_on_request():
+    # a Categorical's categories may be nominal: the default CRPS does not
+    # read them as ordered, and names the estimator that does
+    y = (X > 0).astype(jnp.int32) + (X > 0.5)
+    guide = AutoNormal(categorical_model)
+    svi = SVI(categorical_model, guide, optax.sgd(0.0), PredictiveELBO("log"))
+    params = svi.get_params(svi.init(random.PRNGKey(9), X, y))
     loss = PredictiveELBO("crps", num_particles=4)
-    svi = SVI(binomial_model, guide, optax.sgd(0.0), PredictiveELBO("log"))
-    params = svi.get_params(svi.init(random.PRNGKey(9), X, COUNTS, Y))
-    with pytest.raises(ValueError, match=r"CRPS\(estimator='pmf'\)"):
-        loss.loss(random.PRNGKey(10), params, binomial_model, guide, X, COUNTS, Y)
-    # and the remedy works
+    with pytest.raises(ValueError, match=r"'y'.*if its categories are ordered"):
+        loss.loss(random.PRNGKey(10), params, categorical_model, guide, X, y)
     remedy = PredictiveELBO(PMF_CRPS, num_particles=4)
-    value = remedy.loss(random.PRNGKey(10), params, binomial_model, guide, X, COUNTS, Y)
+    value = remedy.loss(random.PRNGKey(10), params, categorical_model, guide, X, y)
     assert np.isfinite(float(value))
 
 
