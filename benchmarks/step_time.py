@@ -100,6 +100,10 @@ FINITE_SUPPORT = (
     "binomial_200_counts",
 )
 
+#: The models with a finite support of ordered values (the CRPS's from the
+#: pmf by default; a Categorical's classes need not be ordered).
+ORDERED_FINITE = tuple(m for m in FINITE_SUPPORT if m != "softmax")
+
 #: The models with a reparameterised likelihood (the CRPS's and the energy
 #: score's; from "student" on, simulated through Student-t or Gamma laws).
 REPARAMETERISED = (
@@ -133,7 +137,7 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "pvi_crps",
             lambda m: PredictiveELBO("crps", num_particles=m),
-            models=(*REPARAMETERISED, *CLOSED_FORM_ONLY),
+            models=(*REPARAMETERISED, *CLOSED_FORM_ONLY, *ORDERED_FINITE),
         ),
         Objective(
             "pvi_crps_derangement",
@@ -148,7 +152,7 @@ OBJECTIVES: dict[str, Objective] = {
         Objective(
             "pvi_energy",
             lambda m: PredictiveELBO("energy", num_particles=m),
-            models=(*REPARAMETERISED, *CLOSED_FORM_ONLY, "trivariate"),
+            models=(*REPARAMETERISED, *CLOSED_FORM_ONLY, *ORDERED_FINITE, "trivariate"),
         ),
         Objective(
             "pvi_quadratic",
