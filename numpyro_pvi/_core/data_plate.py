@@ -129,7 +129,13 @@ def plate_of(model_trace: dict[str, Any], data_plate: str | int | None) -> DataP
                 raise ValueError(
                     "The observed sites share several plates "
                     f"{sorted(f.name for f in shared)}; pass data_plate=... to "
-                    "say which one indexes the observations."
+                    "say which one indexes the observations. At each of its "
+                    "indices, the values along the other plates form one "
+                    "observation, scored jointly (score='log' or 'energy'; the "
+                    "CRPS compares one value per observation). To score every "
+                    "value alone, observe them in one plate: the values "
+                    "flattened (y.reshape(-1)) in a plate of that size, the "
+                    "other plates' latents indexed by arrays of their indices."
                 )
             shared = set(subsampled)
         (frame,) = shared

@@ -342,6 +342,59 @@ def test_a_batch_dimension_other_than_the_last_can_be_named():
     assert whole.score.shape == (1,)
 
 
+def _grid_model(y):
+    # observations in two nested plates: a group's values along the data
+    with numpyro.plate("groups", 3, dim=-2):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        with numpyro.plate("data", y.shape[1], dim=-1):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+def _flat_model(group, y):
+    # the same likelihood with every value in one plate
+    with numpyro.plate("groups", 3):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+    with numpyro.plate("cells", y.shape[0]):
+        numpyro.sample("y", dist.Normal(mu[group], 1.0), obs=y)
+
+
+def test_observations_in_several_plates_are_refused_with_both_remedies_working():
+    """Both plates hold the observed site: the refusal says what choosing one
+    means and how to score every value alone, and both work."""
+    y = jnp.asarray(np.random.default_rng(0).normal(size=(3, 4)), jnp.float32)
+    guide = AutoNormal(_grid_model)
+    svi = SVI(_grid_model, guide, optax.adam(0.01), Trace_ELBO())
+    params = svi.get_params(svi.init(random.PRNGKey(0), y))
+    with pytest.raises(
+        ValueError,
+        match=r"several plates \['data', 'groups'\].*"
+        r"values along the other plates form one observation.*"
+        r"observe them in one plate",
+    ):
+        predictive_score(random.PRNGKey(1), params, _grid_model, guide, y)
+    # one plate named: each of its indices is one observation of 3 values
+    joint = predictive_score(
+        random.PRNGKey(1), params, _grid_model, guide, y, data_plate="data"
+    )
+    assert joint.score.shape == (4,) and np.isfinite(joint.score).all()
+    # every value alone, the CRPS included
+    group = jnp.repeat(jnp.arange(3), 4)
+    flat = AutoNormal(_flat_model)
+    svi = SVI(_flat_model, flat, optax.adam(0.01), PredictiveELBO("crps"))
+    result = svi.run(random.PRNGKey(2), 20, group, y.reshape(-1), progress_bar=False)
+    assert np.isfinite(result.losses).all()
+    scores = predictive_score(
+        random.PRNGKey(1),
+        result.params,
+        _flat_model,
+        flat,
+        group,
+        y.reshape(-1),
+        score="crps",
+    )
+    assert scores.score.shape == (12,) and np.isfinite(scores.score).all()
+
+
 def ar2_for_loop(y):
     """NumPyro's ``examples/ar2.py``, ``ar2_for_loop``, as written (commit
     0b935d48): one scalar observed site per time step, no plate."""
