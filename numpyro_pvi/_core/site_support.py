@@ -92,11 +92,12 @@ def _count_size(site: dict[str, Any], base: Distribution) -> int:
     total_count = concrete_or_error(
         np.asarray,
         base.total_count,
-        f"The quadratic score enumerates the support 0, ..., max(total_count) "
-        f"of the {family} site '{site['name']}', whose size must be known when "
-        "the program is compiled, but total_count is a traced value here (an "
-        "argument of a jitted function). Close over total_count instead (as "
-        "SVI.run does with the model's arguments), or use score='log'.",
+        f"The scores from the pmf (the quadratic score, the CRPS of counts) "
+        f"enumerate the support 0, ..., max(total_count) of the {family} site "
+        f"'{site['name']}', whose size must be known when the program is "
+        "compiled, but total_count is a traced value here (an argument of a "
+        "jitted function). Close over total_count instead (as SVI.run does "
+        "with the model's arguments), or use score='log'.",
     )
     return int(np.max(total_count)) + 1
 

@@ -320,3 +320,29 @@ def test_binomial_cdfs_from_the_logits_equal_the_pmfs_value_and_gradient(
         for c in (False, True)
     ]
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-4, atol=atol)
+
+
+@pytest.mark.parametrize("score", ["crps", "quadratic"])
+def test_traced_total_counts_are_refused_with_a_remedy_that_works(score):
+    # the support's size is read from the counts: under a jitted function
+    # that takes them as an argument they are traced; closed over, they work
+    guide = AutoNormal(binomial_model)
+    svi = SVI(binomial_model, guide, optax.sgd(0.0), PredictiveELBO("log"))
+    params = svi.get_params(svi.init(random.PRNGKey(9), X, COUNTS, Y))
+    loss = PredictiveELBO(score, num_particles=4)
+
+    @jax.jit
+    def traced(counts):
+        return loss.loss(
+            random.PRNGKey(10), params, binomial_model, guide, X, counts, Y
+        )
+
+    message = r"'y'.*total_count is a traced value.*Close over"
+    with pytest.raises(jax.errors.ConcretizationTypeError, match=message):
+        traced(COUNTS)
+    closed = jax.jit(
+        lambda: loss.loss(
+            random.PRNGKey(10), params, binomial_model, guide, X, COUNTS, Y
+        )
+    )
+    assert np.isfinite(float(closed()))
