@@ -46,6 +46,7 @@ from numpyro_pvi._core.site_support import (
     check_pmf_size,
     observed_support,
     ordered_pmf,
+    warn_long_support,
 )
 from numpyro_pvi._core.site_values import (
     observation_mask,
@@ -293,12 +294,13 @@ class _ParticleTracer:
         if self.strata is not None:
             log_omega_bar, log_omega = self._strata_weights(model_trace, plate)
         support = None
-        if requests & {LOG_PMF, PMF, BINOMIAL} or (
-            FINITE_PMF in requests and ordered_pmf(observed)
-        ):
+        finite = FINITE_PMF in requests and ordered_pmf(observed)
+        if requests & {LOG_PMF, PMF, BINOMIAL} or finite:
             strata = 1 if self.strata is None else self.strata.num_strata
             check_pmf_size(observed, plate, strata * spec.num_particles)
             support = observed_support(observed, plate)
+        if finite and not requests & {LOG_PMF, PMF, BINOMIAL}:
+            warn_long_support(observed, plate)  # the CRPS by default
         return _Shared(
             plate,
             [s["name"] for s in observed],

@@ -13,6 +13,7 @@ conventions of :mod:`~numpyro_pvi._core.site_values`).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -27,7 +28,12 @@ from numpyro.distributions import (
 )
 
 from numpyro_pvi._core.data_plate import DataPlate
-from numpyro_pvi._core.pmf import UNROLLED_SUPPORT, support_log_pmf, support_pmf
+from numpyro_pvi._core.pmf import (
+    CDF_SUMS_SUPPORT,
+    UNROLLED_SUPPORT,
+    support_log_pmf,
+    support_pmf,
+)
 from numpyro_pvi._core.site_laws import (
     COUNTS,
     censoring_refusal,
@@ -268,6 +274,31 @@ def ordered_pmf(observed: list[dict[str, Any]]) -> bool:
     ordered values (:func:`~numpyro_pvi._core.site_laws.ordered_support`):
     where the request ``finite_pmf`` fills the pmf."""
     return bool(observed) and all(ordered_support(s) for s in observed)
+
+
+def warn_long_support(observed: list[dict[str, Any]], plate: DataPlate) -> None:
+    """Warn where the CRPS from the pmf, taken by default for an ordered
+    finite support (the request ``finite_pmf``), sums over more than
+    :data:`~numpyro_pvi._core.pmf.CDF_SUMS_SUPPORT` values: a term per
+    support value, particle and observation, read from the ``(M, K, b)``
+    pmf (a Binomial of 200 trials: 400-900 times a ``Trace_ELBO`` step,
+    ``benchmarks/RESULTS.md``)."""
+    shapes = [_pmf_shape(s, plate) for s in observed]
+    if any(x is None for x in shapes):
+        return
+    k = max(x[0] for x in cast(list, shapes))
+    if k <= CDF_SUMS_SUPPORT:
+        return
+    names = ", ".join(f"'{s['name']}'" for s in observed)
+    warnings.warn(
+        f"The CRPS of {names} is computed from the pmf over its {k} support "
+        "values: a term per value, particle and observation (on a Binomial "
+        "regression of 200 trials, 400 to 900 times the cost of a Trace_ELBO "
+        "step). For counts of many trials, score='quadratic' (its default "
+        "takes Binomials in closed form) or score='log' are far cheaper.",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Array:

@@ -256,7 +256,8 @@ class CRPS(Score):
     without the ``(M, V, b)`` pmf. One core: 0.7–0.8× ``Trace_ELBO`` on a
     logistic regression, 2.5–4.3× on a Binomial of 10 trials (the quadratic
     score 1.9–2.6×), 15–21× on 40 trials (a term per value, particle and
-    observation); from the pmf, longer supports are memory-bound
+    observation); from the pmf, longer supports are memory-bound: 420–940×
+    on 200 trials, where the default warns and names the quadratic score
     (``benchmarks/RESULTS.md``).
 
     ``estimator="auto"`` (the default) is ``"closed-form"`` when every

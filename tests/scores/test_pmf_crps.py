@@ -6,6 +6,7 @@ and an outlier; the default CRPS of ordered finite supports (and the
 energy score's), and the refusal of a Categorical's, which names it."""
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -346,3 +347,25 @@ def test_traced_total_counts_are_refused_with_a_remedy_that_works(score):
         )
     )
     assert np.isfinite(float(closed()))
+
+
+def test_the_default_crps_of_a_long_support_says_what_it_costs():
+    # beyond 48 support values the pmf is summed value by value: the default
+    # says so (and what is cheaper); 8 trials, or the estimator asked for by
+    # name, pass quietly
+    many = COUNTS * 8  # up to 64 trials
+    guide = AutoNormal(binomial_model)
+    svi = SVI(binomial_model, guide, optax.sgd(0.0), PredictiveELBO("log"))
+    params = svi.get_params(svi.init(random.PRNGKey(9), X, many, Y))
+
+    def loss(score, counts):
+        return PredictiveELBO(score, num_particles=4).loss(
+            random.PRNGKey(10), params, binomial_model, guide, X, counts, Y
+        )
+
+    with pytest.warns(UserWarning, match=r"'y'.*65 support values.*'quadratic'"):
+        assert np.isfinite(float(loss("crps", many)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loss("crps", COUNTS)
+        loss(PMF_CRPS, many)
