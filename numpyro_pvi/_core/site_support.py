@@ -354,17 +354,9 @@ def check_pmf_size(
     is made. Binomial sites of one component per observation and at most
     :data:`~numpyro_pvi._core.pmf.UNROLLED_SUPPORT` values are exempt: their
     score reads particle sums, never the pmf."""
-    refusal = _pmf_refusal(observed, plate, num_draws)
-    if refusal is not None:
-        raise ValueError(refusal)
-
-
-def _pmf_refusal(
-    observed: list[dict[str, Any]], plate: DataPlate, num_draws: int
-) -> str | None:
     shapes = [_pmf_shape(s, plate) for s in observed]
     if not shapes or any(x is None for x in shapes):
-        return None
+        return
     k = max(x[0] for x in cast(list, shapes))
     c = sum(x[1] for x in cast(list, shapes))
     binomial = all(
@@ -372,15 +364,15 @@ def _pmf_refusal(
         for s in observed
     )
     if binomial and c == 1 and k <= UNROLLED_SUPPORT:
-        return None
+        return
     b = plate.subsample_size if plate.name is not None else 1
     size = num_draws * k * b * c
     nbytes = size * jnp.dtype(jnp.result_type(float)).itemsize
     memory = _memory_bytes()
     if memory is None or 4 * nbytes <= memory:
-        return None
+        return
     names = ", ".join(f"'{s['name']}'" for s in observed)
-    return (
+    raise ValueError(
         f"The pmf over the finite support of {names} (what the quadratic score "
         f"and the CRPS from the pmf read) has {k:,} values at each of {b:,} "
         f"observations ({c} component(s) each) for each of {num_draws:,} draws: "
