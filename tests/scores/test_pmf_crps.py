@@ -230,11 +230,11 @@ def test_the_default_crps_of_a_finite_support_is_the_crps_from_the_pmf(
     np.testing.assert_allclose(value, want, rtol=RTOL)
     for name in want_grad:
         np.testing.assert_allclose(grad[name], want_grad[name], rtol=RTOL, atol=1e-7)
-    # and it fits
-    result = SVI(model, guide, optax.adam(0.05), PredictiveELBO(score)).run(
-        random.PRNGKey(11), 50, *args, progress_bar=False
-    )
-    assert np.all(np.isfinite(result.losses))
+    if score == "crps":  # and it fits (the energy score is the same program)
+        result = SVI(model, guide, optax.adam(0.05), PredictiveELBO(score)).run(
+            random.PRNGKey(11), 50, *args, progress_bar=False
+        )
+        assert np.all(np.isfinite(result.losses))
 
 
 def test_categories_that_need_not_be_ordered_are_refused_with_the_pmf_on_request():
