@@ -68,6 +68,7 @@ from numpyro_pvi._core.held_out import (
     pair_gain,
     pointwise_estimate,
 )
+from numpyro_pvi._core.imputed import imputed_entries
 from numpyro_pvi._core.loo import (
     approximate_loo_log_weights,
     approximate_loo_pointwise,
@@ -202,6 +203,7 @@ __all__ = [
     "sampler_failure",
     "no_sampler",
     "join_arrays",
+    "imputed_entries",
     "latent_dependent_observations",
     "latent_sites",
     "log_sum_estimate",

@@ -22,6 +22,7 @@ import numpy as np
 from numpyro.distributions import Independent
 from numpyro.handlers import condition, seed, substitute, trace
 
+from numpyro_pvi._core.imputed import imputed_density
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.tracing import site_log_prob, sum_log_density
 from numpyro_pvi.particles import WHOLE_DATA
@@ -253,9 +254,11 @@ def data_sites(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The observed sites split into the observations' sites (inside the
     data plate) and the other observed sites, which are terms of the joint
-    density (scored by none of the predictive scores)."""
+    density (scored by none of the predictive scores), with the imputed
+    entries of sites that have them
+    (:func:`~numpyro_pvi._core.imputed.imputed_density`)."""
     if plate.name is None:
-        return observed, []
+        return observed, imputed_density(observed)
     if plate.batch:
         inside = [
             s
@@ -266,7 +269,8 @@ def data_sites(
     else:
         inside = [s for s in observed if plate.name in {f.name for f in _frames(s)}]
     names = {s["name"] for s in inside}
-    return inside, [s for s in observed if s["name"] not in names]
+    outside = [s for s in observed if s["name"] not in names]
+    return inside, outside + imputed_density(observed)
 
 
 def find_data_plate(

@@ -41,6 +41,7 @@ from numpyro_pvi._core.data_plate import (
     plate_of,
 )
 from numpyro_pvi._core.extractors import PER_PARTICLE, Particle
+from numpyro_pvi._core.imputed import data_value, with_imputed_entries
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.site_support import (
     check_pmf_size,
@@ -53,7 +54,10 @@ from numpyro_pvi._core.site_values import (
     observation_widths,
     observed_values,
 )
-from numpyro_pvi._core.structure import check_fixed_observations
+from numpyro_pvi._core.structure import (
+    latent_dependent_observations,
+    refuse_dependent_observations,
+)
 from numpyro_pvi._core.tracing import (
     guide_latent_log_density,
     latent_sites,
@@ -186,6 +190,11 @@ def particle_terms(
     :return: the terms, with a leading particle axis of ``num_particles``
         (``K * num_particles`` for ``K`` strata).
     """
+    dependent: list[str] = []
+    if spec.fixed_observations:  # the callers that score observations
+        dependent = latent_dependent_observations(model, args, kwargs)
+        model, imputed = with_imputed_entries(model, args, kwargs, dependent)
+        dependent = [n for n in dependent if n not in imputed]
     default_plate_key, rng_key = split_particle_key(rng_key)
     plate_key = default_plate_key if plate_key is None else plate_key
     strata = guide if spec.stratified and isinstance(guide, StratifiedGuide) else None
@@ -202,8 +211,9 @@ def particle_terms(
     keys = random.split(rng_key, num_strata * spec.num_particles)
     components = jnp.repeat(jnp.arange(num_strata), spec.num_particles)
     shared = tracer.shared(keys[0], components[0])
-    if spec.fixed_observations and shared.names:
-        check_fixed_observations(model, args, kwargs, shared.names, spec.objective)
+    refuse_dependent_observations(
+        [n for n in dependent if n in shared.names], spec.objective
+    )
     per_particle = spec.vectorize(
         lambda kc: tracer.particle(shared.plate, *kc), (keys, components)
     )
@@ -307,7 +317,7 @@ class _ParticleTracer:
             weight,
             observation_mask(observed, plate) if observed else None,
             observed_values(observed, plate) if requests & _OBSERVED_VALUES else None,
-            {s["name"]: s["value"] for s in observed_sites(model_trace)}
+            {s["name"]: data_value(s) for s in observed_sites(model_trace)}
             if OBSERVED in requests
             else None,
             log_omega_bar,

@@ -5,6 +5,8 @@ censoring, why it cannot be simulated, and the advice a refusal gives
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -226,19 +228,44 @@ def _enumerates(base: Distribution) -> bool:
     return True
 
 
-def score_advice(site: dict[str, Any], scalar: bool) -> str:
+def score_advice(
+    site: dict[str, Any], scalar: bool, together: Sequence[dict[str, Any]] = ()
+) -> str:
     """Which scores work for the site's likelihood, for a refusal (the CRPS
-    only where one observation is one value: ``scalar``)."""
+    only where one observation is one value: ``scalar``). ``together``: the
+    observed sites of the whole observation, which a score must apply to as
+    well (an observation of a Normal and a Bernoulli value is scored by the
+    log score only)."""
     names = [n for n in working_scores(site) if scalar or n != "crps"]
+    others = [s for s in together if s["name"] != site["name"]]
+    for other in others:
+        names = [n for n in names if n in working_scores(other)]
+    subject = "this likelihood"
+    if others:
+        listed_sites = ", ".join(f"'{s['name']}'" for s in others)
+        subject = f"this likelihood together with {listed_sites}"
     if not names:
-        return "No built-in score applies to this likelihood."
+        return f"No built-in score applies to {subject}."
     listed = ", ".join(repr(n) for n in names[:-1])
     listed = f"{listed} or {names[-1]!r}" if listed else repr(names[0])
     if scalar and "quadratic" in names and "crps" not in names:
         # categories that need not be ordered: the CRPS from the pmf on request
         return (
-            f"Use score={listed} for this likelihood, or, if its categories "
+            f"Use score={listed} for {subject}, or, if its categories "
             "are ordered, score=CRPS(estimator='pmf') for its CRPS from the "
             "pmf (the ranked probability score)."
         )
-    return f"Use score={listed} for this likelihood."
+    return f"Use score={listed} for {subject}."
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The advice of a refusal at an observed site of an observation:
+    :func:`score_advice` with the observation's shape (``scalar``: one value)
+    and its observed sites (``sites``)."""
+
+    scalar: bool
+    sites: tuple[dict[str, Any], ...] = ()
+
+    def __call__(self, site: dict[str, Any]) -> str:
+        return score_advice(site, self.scalar, self.sites)

@@ -36,41 +36,41 @@ from numpyro_pvi._core.pmf import (
 )
 from numpyro_pvi._core.site_laws import (
     COUNTS,
+    Advice,
     censoring_refusal,
     describe,
     innermost,
     is_censored,
     ordered_support,
-    score_advice,
 )
 from numpyro_pvi._core.site_values import (
     component_mask,
     component_rows,
-    scalar_observation,
+    observation_advice,
     site_components,
 )
 
 
 def _enumerable(
-    site: dict[str, Any], plate: DataPlate, scalar: bool
+    site: dict[str, Any], plate: DataPlate, advice: Advice
 ) -> tuple[Distribution, jax.Array, Callable[[jax.Array], jax.Array]]:
     """The innermost distribution of a site with a finite support, its
     support ``(K, 1, ..., 1[, event])`` and the map of an array over its
-    batch (and reinterpreted) dims to ``(b, c)`` rows (``scalar``: whether
-    one observation is one value, for the advice of a refusal)."""
+    batch (and reinterpreted) dims to ``(b, c)`` rows (``advice``: what a
+    refusal advises, :func:`~numpyro_pvi._core.site_values.observation_advice`)."""
     fn = site["fn"]
     if is_censored(fn):
         raise ValueError(
             censoring_refusal(site["name"], describe(fn))
             + " The scores from the pmf (the quadratic score, "
             "CRPS(estimator='pmf')), which compare the predictive pmf with "
-            "them, would be wrong. " + score_advice(site, scalar)
+            "them, would be wrong. " + advice(site)
         )
     if not getattr(fn, "has_enumerate_support", False):
         raise ValueError(
             f"Observed site '{site['name']}' ({describe(fn)}) has no finite "
             "support to enumerate, which the scores from the pmf (the quadratic "
-            "score, CRPS(estimator='pmf')) need. " + score_advice(site, scalar)
+            "score, CRPS(estimator='pmf')) need. " + advice(site)
         )
     # Independent (.to_event), Expanded and Masked wrappers: enumerate the
     # innermost distribution; reinterpreted batch dims become components of
@@ -82,7 +82,7 @@ def _enumerable(
         raise ValueError(
             f"Observed site '{site['name']}' ({describe(fn)}) cannot "
             "enumerate its support, which the scores from the pmf (the quadratic "
-            "score, CRPS(estimator='pmf')) need. " + score_advice(site, scalar)
+            "score, CRPS(estimator='pmf')) need. " + advice(site)
         ) from None
     return (
         components.base,
@@ -139,13 +139,13 @@ def _site_support(
     plate: DataPlate,
     pmf_fn: Callable,
     masked: tuple,
-    scalar: bool,
+    advice: Advice,
 ) -> list[jax.Array] | jax.Array:
     """``pmf_fn`` (:func:`~numpyro_pvi._core.pmf.support_log_pmf` or
     :func:`~numpyro_pvi._core.pmf.support_pmf`) of the site over its support: a
     list of ``K`` ``(b, c)`` arrays for short supports, else ``(K, b, c)``;
     a masked component is a point mass, ``masked = (first, rest)``."""
-    base, support, rows = _enumerable(site, plate, scalar)
+    base, support, rows = _enumerable(site, plate, advice)
     values = pmf_fn(base, support)
     values = (
         [rows(v) for v in values]
@@ -157,11 +157,11 @@ def _site_support(
 
 
 def _site_obs_support(
-    site: dict[str, Any], plate: DataPlate, scalar: bool
+    site: dict[str, Any], plate: DataPlate, advice: Advice
 ) -> jax.Array:
     """``(K, b, c)``: whether each observed component equals each support
     value (a masked component: the first value)."""
-    base, support, rows = _enumerable(site, plate, scalar)
+    base, support, rows = _enumerable(site, plate, advice)
     value = jnp.asarray(site["value"])
     event = support.shape[support.ndim - base.event_dim :]
     ones = (1,) * (value.ndim - base.event_dim)
@@ -212,10 +212,10 @@ def site_log_pmf(
     ``(b, c)`` arrays instead, which the particle machinery stacks after the
     particle axis: stacked per particle, the support axis lands outside the
     particle axis in memory and XLA transposes the whole array."""
-    scalar = scalar_observation(observed, plate)
+    advice = observation_advice(observed, plate)
     return _pad_support(
         [
-            _site_support(s, plate, support_log_pmf, (0.0, -jnp.inf), scalar)
+            _site_support(s, plate, support_log_pmf, (0.0, -jnp.inf), advice)
             for s in observed
         ]
     )
@@ -227,22 +227,22 @@ def site_pmf(
     """The pmf over the finite support, as probabilities (padding ``0``),
     laid out like :func:`site_log_pmf`; see
     :func:`~numpyro_pvi._core.pmf.support_pmf`."""
-    scalar = scalar_observation(observed, plate)
+    advice = observation_advice(observed, plate)
     return _pad_support(
-        [_site_support(s, plate, support_pmf, (1.0, 0.0), scalar) for s in observed],
+        [_site_support(s, plate, support_pmf, (1.0, 0.0), advice) for s in observed],
         0.0,
     )
 
 
 def _binomial_logits_count(
-    site: dict[str, Any], plate: DataPlate, scalar: bool
+    site: dict[str, Any], plate: DataPlate, advice: Advice
 ) -> tuple[jax.Array, jax.Array] | None:
     """``(b, c)`` logits and total counts of a Binomial site's components
     (``None`` for any other distribution); a masked component has count 0,
     the point mass at 0 of :func:`site_pmf`."""
     if not isinstance(innermost(site["fn"]), (BinomialLogits, BinomialProbs)):
         return None
-    base, _, rows = _enumerable(site, plate, scalar)
+    base, _, rows = _enumerable(site, plate, advice)
     logits = base.logits  # BinomialProbs: the logits of its clamped probs
     count = jnp.asarray(base.total_count, dtype=jnp.result_type(logits))
     logits, count = rows(logits), rows(jax.lax.stop_gradient(count))
@@ -259,8 +259,8 @@ def binomial_logits_count(
     like :func:`site_pmf`'s components, when all of them are Binomial (what
     :func:`~numpyro_pvi._core.pmf.binomial_support_sums` reads instead of
     the pmf); ``(None, None)`` otherwise."""
-    scalar = scalar_observation(observed, plate)
-    pairs = [_binomial_logits_count(s, plate, scalar) for s in observed]
+    advice = observation_advice(observed, plate)
+    pairs = [_binomial_logits_count(s, plate, advice) for s in observed]
     if not pairs or any(p is None for p in pairs):
         return None, None
     logits, count = (
@@ -305,9 +305,9 @@ def observed_support(observed: list[dict[str, Any]], plate: DataPlate) -> jax.Ar
     """``(K, b, c)`` whether each observed scalar component equals each value
     of its finite support (laid out like :func:`site_log_pmf` and
     :func:`site_pmf`, padding ``False``)."""
-    scalar = scalar_observation(observed, plate)
+    advice = observation_advice(observed, plate)
     support = _pad_support(
-        [_site_obs_support(s, plate, scalar) for s in observed], False
+        [_site_obs_support(s, plate, advice) for s in observed], False
     )
     return cast(jax.Array, support)
 

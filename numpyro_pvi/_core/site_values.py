@@ -42,13 +42,13 @@ from numpyro_pvi._core.fast_draws import fast_draw, has_fast_draw
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.site_laws import (
     WRAPPERS,
+    Advice,
     censoring_refusal,
     describe,
     innermost,
     is_censored,
     no_sampler,
     sampler_failure,
-    score_advice,
 )
 
 
@@ -141,33 +141,37 @@ def observation_mask(
 
 
 def _site_draw(
-    site: dict[str, Any], plate: DataPlate, key: jax.Array, reparam: bool, scalar: bool
+    site: dict[str, Any],
+    plate: DataPlate,
+    key: jax.Array,
+    reparam: bool,
+    advice: Advice,
 ) -> jax.Array:
     fn = site["fn"]
     if is_censored(fn):
         raise ValueError(
             censoring_refusal(site["name"], describe(fn))
             + " A score that compares them (crps, energy, quadratic) would be "
-            "wrong. " + score_advice(site, scalar)
+            "wrong. " + advice(site)
         )
     if isinstance(innermost(fn), Unit):
         raise ValueError(
             f"Observed site '{site['name']}' (a numpyro.factor) is a term of the "
             "log density, with no outcome to simulate, which this score "
-            "compares with the observations. " + score_advice(site, scalar)
+            "compares with the observations. " + advice(site)
         )
     why = sampler_failure(fn)
     if why is not None:
         raise ValueError(
             no_sampler(site["name"], fn, why)
             + " This score compares simulated outcomes with the observations. "
-            + score_advice(site, scalar)
+            + advice(site)
         )
     if reparam and not fn.has_rsample:
         raise ValueError(
             f"Observed site '{site['name']}' ({describe(fn)}) has no "
             "reparameterised sampler, which this score needs to differentiate "
-            "simulated observations. " + score_advice(site, scalar)
+            "simulated observations. " + advice(site)
         )
     draw = _vectorised_draw(fn, key)
     if draw is None:  # NumPyro's Delta(3.0) draws a Python float
@@ -322,16 +326,22 @@ def scalar_observation(observed: list[dict[str, Any]], plate: DataPlate) -> bool
     return sum(width for _, width in observation_widths(observed, plate)) == 1
 
 
+def observation_advice(observed: list[dict[str, Any]], plate: DataPlate) -> Advice:
+    """The advice of a refusal at one of the observed sites: the scores that
+    apply to all of them, the CRPS only where one observation is one value."""
+    return Advice(scalar_observation(observed, plate), tuple(observed))
+
+
 def simulated_values(
     observed: list[dict[str, Any]], plate: DataPlate, key: jax.Array, reparam: bool
 ) -> jax.Array:
     """``(b, d)`` one draw of every observed site given the latents, laid out
     like :func:`observed_values` (reparameterised when ``reparam``)."""
     keys = random.split(key, len(observed))
-    scalar = scalar_observation(observed, plate)
+    advice = observation_advice(observed, plate)
     return jnp.concatenate(
         [
-            _site_draw(s, plate, k, reparam, scalar)
+            _site_draw(s, plate, k, reparam, advice)
             for s, k in zip(observed, keys, strict=True)
         ],
         axis=1,

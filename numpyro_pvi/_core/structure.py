@@ -289,16 +289,15 @@ def latent_dependent_observations(
     return [name for name, is_batched in batched.items() if is_batched]
 
 
-def check_fixed_observations(
-    model: Callable, args: tuple, kwargs: dict, names: list[str], function: str
-) -> None:
-    """Raise if an observed site of ``names`` (the data plate's) observes a
-    value computed from the latent draws (:func:`latent_dependent_observations`):
-    each draw would score its own observations."""
-    dependent = latent_dependent_observations(model, args, kwargs, names)
-    if dependent:
+def refuse_dependent_observations(names: list[str], function: str) -> None:
+    """Raise if one of ``names``, observed sites of the data plate found by
+    :func:`latent_dependent_observations`, observes a value computed from
+    the latent draws: each draw would score its own observations. (A site
+    that fills some entries only, missing values imputed, is split by
+    :mod:`~numpyro_pvi._core.imputed` instead.)"""
+    if names:
         raise ValueError(
-            f"{function}: the observed site '{dependent[0]}' observes a value "
+            f"{function}: the observed site '{names[0]}' observes a value "
             "computed from the latent draws (it changes from draw to draw), so "
             "it is a term of the joint density rather than data, and a "
             "predictive score, which compares each draw's predictive with the "

@@ -23,8 +23,10 @@ from numpyro_pvi._core.data_plate import (
     plate_of,
     site_log_lik,
 )
+from numpyro_pvi._core.imputed import with_imputed_entries
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
+from numpyro_pvi._core.structure import latent_dependent_observations
 from numpyro_pvi._core.tracing import (
     guide_latent_log_density,
     is_sample_draw,
@@ -105,7 +107,10 @@ def _at_draws(key, params, args, kwargs, u, model, guide, plate):
     """``(S,)`` the guide's log density at the unconstrained draws ``u``
     ``(S, D)`` and ``(S, n)`` the log-likelihood of every observation."""
     layout = _layout(key, params, guide, args, kwargs)
-    seeded_model = seed_plates(model, key)
+    # imputed entries of observed sites: terms of the joint, not of log_lik
+    dependent = latent_dependent_observations(model, args, kwargs)
+    split, _ = with_imputed_entries(model, args, kwargs, dependent)
+    seeded_model = seed_plates(split, key)
 
     def one(u_s: jax.Array) -> tuple[jax.Array, jax.Array]:
         values, log_det = _unpack(u_s, layout)

@@ -18,6 +18,7 @@ from numpyro.primitives import Messenger
 
 from numpyro_pvi._core import (
     censoring_refusal,
+    imputed_entries,
     latent_dependent_observations,
     obs_mask_site,
     resolve_observed_sites,
@@ -234,11 +235,30 @@ def resolve_sites(
             "observed sites with `observed_sites=`."
         ) from None
     if observed_sites is None:
-        density_terms = set(latent_dependent_observations(model, args, kwargs))
+        density_terms = latent_dependent_observations(model, args, kwargs)
+        _refuse_imputed(model, args, kwargs, density_terms, function)
         observed = [name for name in observed if name not in density_terms]
     _refuse_factors(model_trace, observed, function, prior_draws)
     _refuse_unsampled(model_trace, observed, function)
     return list(observed), list(latent)
+
+
+def _refuse_imputed(
+    model: Callable, args: tuple, kwargs: dict, dependent: list[str], function: str
+) -> None:
+    """Raise where an observed site fills missing entries of its data with
+    latent draws (:func:`~numpyro_pvi._core.imputed.imputed_entries`), as
+    ``obs_mask=`` does: the procedures simulate complete data sets."""
+    imputed = imputed_entries(model, args, kwargs, dependent) if dependent else {}
+    for name, entries in imputed.items():
+        raise ValueError(
+            f"{function}: the model's site '{name}' fills {int(entries.sum())} "
+            "missing entries of its data with latent draws (imputed values), "
+            f"and {function} simulates complete data sets, which the "
+            "imputation does not describe. Check the fitting procedure on the "
+            "model of complete data (without the imputed site), and this fit "
+            "with diagnostics.psis and predictive_score, which take it."
+        )
 
 
 #: Why a procedure on simulated data sets cannot take a censored likelihood,

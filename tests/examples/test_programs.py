@@ -257,8 +257,13 @@ def test_procedures_that_fit_run_or_refuse_with_a_remedy(name):
                 )
             except ValueError as err:
                 # only an improper prior stops them, and the error says what
-                # to do; or, under jax_enable_x64, NumPyro's binomial sampler
-                # on the int32 counts the examples load (Predictive fails too)
+                # to do; or imputed entries (the functions it names ran in the
+                # fitted-guide test); or, under jax_enable_x64, NumPyro's
+                # binomial sampler on the int32 counts the examples load
+                # (Predictive fails too)
+                if "imputed values" in str(err):  # missing data filled by latents
+                    assert "'age'" in str(err) and "diagnostics.psis" in str(err)
+                    continue
                 if jax.config.jax_enable_x64 and "total_count is int32" in str(err):
                     assert "pass the counts as int64" in str(err), err
                     continue

@@ -19,6 +19,7 @@ to its model is a defect of the package, not of the program.
 
 from tests.programs import (
     baseball,
+    bayesian_imputation,
     bayesian_regression,
     beta_bernoulli,
     bnn,
@@ -43,5 +44,6 @@ PROGRAMS = {
         beta_bernoulli,
         ucbadmit,
         baseball,
+        bayesian_imputation,
     )
 }
