@@ -3,9 +3,10 @@ sequentially, vectorised or sharded over the local devices, in chunks."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -170,11 +171,52 @@ def dispatcher(one: Callable, chain_method: str | Callable) -> Callable:
     return lambda xs: sharded(jax.device_put(xs, sharding))
 
 
+#: What JAX raises where Python or NumPy meets a traced value.
+TRACER_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+def traced_argument_error(desc: str, err: Exception) -> ValueError:
+    """What JAX's error of Python on a traced value (``err``, one of
+    :data:`TRACER_ERRORS`) means while fitting simulated data sets, and the
+    remedy."""
+    return ValueError(
+        f"{desc}: the model ran Python or NumPy on a traced value while "
+        f"fitting a simulated data set ({type(err).__name__}). The "
+        "simulated data sets reach the model through its arguments named "
+        "after observed sites, as traced arrays, and a model that reads "
+        "such an argument with NumPy (np.isnan, np.unique), len() or an if "
+        "cannot take them. The observed sites are conditioned on the "
+        "simulated data in any case: unless the guide reads the data, keep "
+        "the model's own arguments with Replications("
+        "simulated_data_to_args=lambda data, *args, **kwargs: "
+        "(args, kwargs))."
+    )
+
+
+@contextlib.contextmanager
+def _traced_arguments(desc: str) -> Iterator[None]:
+    try:
+        yield
+    except TRACER_ERRORS as err:
+        raise traced_argument_error(desc, err) from err
+
+
 def run_replications(
-    one: Callable, inputs: Any, replications: Replications, *, desc: str = "VSBC"
+    one: Callable,
+    inputs: Any,
+    replications: Replications,
+    *,
+    desc: str = "VSBC",
+    function: str = "vsbc",
 ) -> Any:
     """Map ``one`` over the leading axis of ``inputs`` in equal, padded chunks,
-    as ``replications`` says (``desc`` labels the progress bar).
+    as ``replications`` says (``desc`` labels the progress bar, ``function``
+    names the caller in errors).
 
     The replication count is padded (by repeating the last replication) to a
     whole number of chunks, each a multiple of the device count when sharded,
@@ -205,7 +247,8 @@ def run_replications(
             chunk = jax.tree.map(
                 lambda x, c=c: x[c * chunk_size : (c + 1) * chunk_size], inputs
             )
-            outputs.append(jax.device_get(run(chunk)))
+            with _traced_arguments(function):
+                outputs.append(jax.device_get(run(chunk)))
             bar.update(min(chunk_size, num - c * chunk_size))
     return jax.tree.map(lambda *xs: np.concatenate(xs)[:num], *outputs)
 

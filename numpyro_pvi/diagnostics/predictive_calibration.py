@@ -305,7 +305,11 @@ def calibration_arrays(
     )
     keys = random.split(key_fit, r.num_simulations)
     ranks, final_loss, tail_loss, drift = run_replications(
-        one, (keys, data, index), r, desc="predictive calibration"
+        one,
+        (keys, data, index),
+        r,
+        desc="predictive calibration",
+        function="predictive_calibration",
     )
     columns = pit_columns(model_trace, in_plate(model_trace, observed, plate), plate)
     return CalibrationArrays(

@@ -36,10 +36,12 @@ from numpyro_pvi.diagnostics._idata import (
     site_dims,
 )
 from numpyro_pvi.diagnostics._replications import (
+    TRACER_ERRORS,
     check_verdict,
     loss_drift,
     replication_fn,
     run_replications,
+    traced_argument_error,
 )
 from numpyro_pvi.diagnostics._simulated_data import (
     data_injector,
@@ -138,6 +140,11 @@ def _at_true_values(name: str, f: Callable, theta: dict, data: dict) -> np.ndarr
     """``f(θ*, y)`` of every replication, or an error naming the quantity."""
     try:
         return np.asarray(jax.jit(jax.vmap(f))(theta, data))
+    except TRACER_ERRORS as err:  # the model (log_likelihood runs it) or f
+        raise traced_argument_error(
+            f"vsbc (test quantity '{name}', which must be written with jax.numpy)",
+            err,
+        ) from err
     except Exception as err:  # a user function: say which one failed
         raise ValueError(
             f"vsbc: test quantity '{name}' failed on the simulated data: "

@@ -718,3 +718,49 @@ def test_an_argument_that_is_not_the_observation_gets_a_remedy_that_works(functi
         warnings.simplefilter("ignore", UserWarning)  # few draws
         result = function(*call, Trace_ELBO(), y, replications=fix)
     assert result is not None
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("program-bayesian_imputation")
+@pytest.mark.parametrize(
+    "function", [diagnostics.vsbc, diagnostics.predictive_calibration]
+)
+def test_numpy_on_an_argument_that_carries_simulated_data_gets_a_remedy(function):
+    """The imputation notebook's model reads ``age`` with ``np.isnan``; the
+    procedures pass simulated data sets through the argument named after
+    the observed site, traced. Complete data (nothing imputed): refused,
+    naming the remedy, which runs."""
+    program = PROGRAMS["bayesian_imputation"]
+    args, kwargs = program._data(0, missing=0)
+
+    def run(**options):
+        replications = Replications(
+            num_simulations=2,
+            num_svi_steps=3,
+            num_draws=20,
+            progress_bar=False,
+            **options,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return function(
+                random.PRNGKey(2),
+                program.model,
+                program.make_guide(program.model),
+                optax.adam(0.01),
+                Trace_ELBO(),
+                *args,
+                replications=replications,
+                **kwargs,
+            )
+
+    with pytest.raises(ValueError, match="np.isnan") as refusal:
+        run()
+    assert "TracerArrayConversionError" in str(refusal.value)
+    remedy = re.search(
+        r"simulated_data_to_args=(lambda .*?\(args, kwargs\))", str(refusal.value)
+    )
+    assert remedy, refusal.value
+    result = run(simulated_data_to_args=eval(remedy.group(1)))  # as given
+    groups = result.groups() if callable(result.groups) else result.groups
+    assert len(list(groups)) >= 4
