@@ -7,6 +7,8 @@ model written with the split explicit (the observed site masked to the data,
 the imputed entries' density a ``numpyro.factor`` outside the data plate).
 """
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +19,7 @@ from jax import random
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PACmELBO, PredictiveELBO, diagnostics, predictive_score
+from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.scores import EnergyScore
 
 N, MISSING = 12, np.array([2, 5, 9])
@@ -30,8 +33,9 @@ def _data():
     return x, y
 
 
-def imputing(x, y):
-    """As NumPyro's notebook writes it, in a plate, with a second site."""
+def imputing(x, y=None):
+    """As NumPyro's notebook writes it, in a plate, with a second site (when
+    ``y`` is given)."""
     mu = numpyro.sample("mu", dist.Normal(0, 1))
     b = numpyro.sample("b", dist.Normal(0, 1))
     missing = np.nonzero(np.isnan(x))[0]
@@ -39,10 +43,11 @@ def imputing(x, y):
     x = jnp.asarray(x).at[missing].set(x_impute)
     with numpyro.plate("data", N):
         numpyro.sample("x", dist.Normal(mu, 1.0), obs=x)
-        numpyro.sample("y", dist.Normal(b * x, 0.5), obs=y)
+        if y is not None:
+            numpyro.sample("y", dist.Normal(b * x, 0.5), obs=y)
 
 
-def explicit(x, y):
+def explicit(x, y=None):
     """The same joint density with the split written out."""
     mu = numpyro.sample("mu", dist.Normal(0, 1))
     b = numpyro.sample("b", dist.Normal(0, 1))
@@ -54,22 +59,27 @@ def explicit(x, y):
     filled = data.at[missing].set(x_impute)
     with numpyro.plate("data", N):
         numpyro.sample("x", dist.Normal(mu, 1.0).mask(observed), obs=data)
-        numpyro.sample("y", dist.Normal(b * filled, 0.5), obs=y)
+        if y is not None:
+            numpyro.sample("y", dist.Normal(b * filled, 0.5), obs=y)
 
 
-def _fitted(shift=0.0):
-    """The data, AutoNormal on the imputing model and its initial
-    parameters moved by ``shift`` (the explicit model has the same latents,
-    so the same guide serves both)."""
+def _fitted(shift=0.0, make_guide=AutoNormal):
+    """The data, a guide of the imputing model and its initial parameters
+    moved by ``shift`` (the explicit model has the same latents, so the same
+    guide serves both)."""
     x, y = _data()
-    guide = AutoNormal(imputing)
+    guide = make_guide(imputing)
     tr = numpyro.handlers.trace(numpyro.handlers.seed(guide, 1)).get_trace(x, y)
     params = {k: v["value"] + shift for k, v in tr.items() if v["type"] == "param"}
     return x, y, guide, params
 
 
+#: The objectives compared; "crps" on the model of x alone (one scalar site),
+#: "mixture_log" with a mixture guide (strata of draws).
 OBJECTIVES = {
     "log": lambda: PredictiveELBO("log", num_particles=4),
+    "crps": lambda: PredictiveELBO("crps", num_particles=4),
+    "mixture_log": lambda: PredictiveELBO("log", num_particles=3),
     "energy": lambda: PredictiveELBO(EnergyScore(), num_particles=4),
     "pacm": lambda: PACmELBO(num_particles=4),
 }
@@ -77,7 +87,11 @@ OBJECTIVES = {
 
 @pytest.mark.parametrize("label", OBJECTIVES)
 def test_imputed_entries_are_prior_terms_and_the_data_are_scored(label):
-    x, y, guide, params = _fitted(shift=0.1)
+    mixture = label.startswith("mixture")
+    make_guide = partial(AutoGaussianMixture, num_components=2) if mixture else None
+    shift = 0.0 if mixture else 0.1  # the mixture's parameters are constrained
+    x, y, guide, params = _fitted(shift, make_guide=make_guide or AutoNormal)
+    y = None if label == "crps" else y  # the CRPS: one scalar site
     loss = OBJECTIVES[label]()
 
     def value(model, p):
