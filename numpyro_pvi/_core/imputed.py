@@ -73,8 +73,9 @@ def imputed_entries(
 
     Found by running the model twice with different latent values, eagerly:
     an entry that changes comes from the latents. Needs concrete model
-    arguments (as ``SVI.run`` passes them); with traced ones, or a subsampled
-    plate, nothing is found and the sites stay as they are. An event (the
+    arguments (as ``SVI.run`` passes them); with traced ones, a subsampled
+    plate or a model that fails at those values, nothing is found and the
+    sites stay as they are. An event (the
     value of a vector-valued site at one index) counts when all of its
     entries are imputed; partly imputed events are not split.
     """
@@ -83,7 +84,9 @@ def imputed_entries(
             first, second = (
                 _observed_values(model, args, kwargs, names, s) for s in (0, 1)
             )
-    except jax.errors.JAXTypeError:  # traced arguments: not concrete here
+    except Exception:  # noqa: BLE001 - traced arguments (JAX's type errors),
+        # or a model that fails at these values: nothing is split, and the
+        # site is refused as before, naming the remedies
         return {}
     if first is None or second is None:
         return {}
