@@ -146,3 +146,52 @@ def test_a_residual_in_every_entry_is_still_refused():
         PredictiveELBO("log", num_particles=2).loss(
             random.PRNGKey(0), {}, residual, guide, y
         )
+
+
+def imputing_traced(x, y):
+    """The imputation with JAX operations only (the missing entries known to
+    the model): programs that can take its arguments traced try that
+    first."""
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    b = numpyro.sample("b", dist.Normal(0, 1))
+    x_impute = numpyro.sample("x_impute", dist.Normal(mu, 1).expand([3]).mask(False))
+    x = jnp.asarray(x).at[MISSING].set(x_impute)
+    with numpyro.plate("data", N):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=x)
+        numpyro.sample("y", dist.Normal(b * x, 0.5), obs=y)
+
+
+def test_traced_arguments_take_constants_or_are_refused_with_a_remedy():
+    x, y, guide, params = _fitted()
+    key = random.PRNGKey(3)
+    # the diagnostics' programs: the same scores as with Python on x
+    got, want = (
+        predictive_score(key, params, m, guide, x, y, num_draws=64)
+        for m in (imputing_traced, explicit)
+    )
+    np.testing.assert_allclose(got.score, want.score, rtol=1e-5)
+    # the user's own jit over the data: refused, naming the site and remedies
+    loss = PredictiveELBO("log", num_particles=2)
+    traced = jax.jit(lambda x: loss.loss(key, params, imputing_traced, guide, x, y))
+    with pytest.raises(ValueError, match="'x' observes a value") as refusal:
+        traced(x)
+    assert "concrete arguments" in str(refusal.value)
+    assert "obs_mask=" in str(refusal.value)
+
+
+def test_a_partly_imputed_event_is_refused():
+    def rows(Y):
+        mu = numpyro.sample("mu", dist.Normal(0, 1).expand([2]).to_event(1))
+        imp = numpyro.sample("imp", dist.Normal(0, 1).mask(False))
+        filled = jnp.asarray(Y).at[3, 0].set(imp)  # one of a row's two values
+        with numpyro.plate("data", N):
+            numpyro.sample("Y", dist.MultivariateNormal(mu, jnp.eye(2)), obs=filled)
+
+    Y = np.zeros((N, 2), np.float32)
+    guide = AutoNormal(rows)
+    with pytest.raises(ValueError, match="'Y' observes a value computed"):
+        with numpyro.handlers.seed(rng_seed=0):
+            guide(Y)
+        PredictiveELBO("log", num_particles=2).loss(
+            random.PRNGKey(0), {}, rows, guide, Y
+        )

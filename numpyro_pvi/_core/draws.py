@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_pvi._core.autoguide_setup import traceable_guide
+from numpyro_pvi._core.imputed import ImputationNeedsConstants
 from numpyro_pvi._core.laplace import laplace_posterior
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.structure import check_full_data, replay_trace
@@ -191,8 +192,10 @@ def guide_draws(
 #: Programs whose model computes with its arguments in Python (``len``,
 #: ``np.unique``, ...): they get the arguments as constants.
 _NEEDS_CONSTANTS: set = set()
-#: What tracing raises when Python asks a traced argument for its value.
+#: What tracing raises when Python asks a traced argument for its value (and
+#: the particles, when an observed site's imputed entries need its value).
 CONCRETE_VALUE_ERRORS = (
+    ImputationNeedsConstants,
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerBoolConversionError,

@@ -30,6 +30,7 @@ from numpyro.infer import init_to_uniform
 
 __all__ = [
     "IMPUTED",
+    "ImputationNeedsConstants",
     "data_value",
     "imputed_density",
     "imputed_entries",
@@ -64,18 +65,25 @@ def _observed_values(
     }
 
 
+class ImputationNeedsConstants(ValueError):
+    """An observed site's value depends on the latent draws where the
+    model's arguments are traced, so its imputed entries cannot be told
+    apart: a program that can take the arguments as constants does
+    (:func:`~numpyro_pvi._core.draws.compiled`); elsewhere, the refusal."""
+
+
 def imputed_entries(
     model: Callable, args: tuple, kwargs: dict, names: list[str]
-) -> dict[str, np.ndarray]:
+) -> dict[str, np.ndarray] | None:
     """``{site: mask}``, ``True`` at the entries of each observed site of
     ``names`` (sites whose value depends on the latent draws) that come from
     the latents, for the sites where some entries do and others do not.
 
     Found by running the model twice with different latent values, eagerly:
     an entry that changes comes from the latents. Needs concrete model
-    arguments (as ``SVI.run`` passes them); with traced ones, a subsampled
-    plate or a model that fails at those values, nothing is found and the
-    sites stay as they are. An event (the
+    arguments (as ``SVI.run`` passes them): with traced ones, ``None``
+    (unknown); with a subsampled plate or a model that fails at those
+    values, nothing is found and the sites stay as they are. An event (the
     value of a vector-valued site at one index) counts when all of its
     entries are imputed; partly imputed events are not split.
     """
@@ -84,9 +92,10 @@ def imputed_entries(
             first, second = (
                 _observed_values(model, args, kwargs, names, s) for s in (0, 1)
             )
-    except Exception:  # noqa: BLE001 - traced arguments (JAX's type errors),
-        # or a model that fails at these values: nothing is split, and the
-        # site is refused as before, naming the remedies
+    except jax.errors.JAXTypeError:  # traced arguments: not known here
+        return None
+    except Exception:  # noqa: BLE001 - a model that fails at these values:
+        # nothing is split, and the site is refused, naming the remedies
         return {}
     if first is None or second is None:
         return {}
@@ -130,12 +139,13 @@ def split_imputed(model: Callable, entries: dict[str, np.ndarray]) -> Callable:
 
 def with_imputed_entries(
     model: Callable, args: tuple, kwargs: dict, dependent: list[str]
-) -> tuple[Callable, dict[str, np.ndarray]]:
+) -> tuple[Callable, dict[str, np.ndarray] | None]:
     """``model`` with those of the observed sites ``dependent`` (whose value
     depends on the latent draws) that fill missing entries with latent draws
-    split (:func:`split_imputed`), and their masks (:func:`imputed_entries`)."""
+    split (:func:`split_imputed`), and their masks (:func:`imputed_entries`;
+    ``None`` where the arguments are traced)."""
     entries = imputed_entries(model, args, kwargs, dependent) if dependent else {}
-    return split_imputed(model, entries), entries
+    return split_imputed(model, entries or {}), entries
 
 
 def _parts(site: dict[str, Any]) -> tuple[Any, np.ndarray] | None:

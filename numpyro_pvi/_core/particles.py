@@ -41,7 +41,11 @@ from numpyro_pvi._core.data_plate import (
     plate_of,
 )
 from numpyro_pvi._core.extractors import PER_PARTICLE, Particle
-from numpyro_pvi._core.imputed import data_value, with_imputed_entries
+from numpyro_pvi._core.imputed import (
+    ImputationNeedsConstants,
+    data_value,
+    with_imputed_entries,
+)
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.site_support import (
     check_pmf_size,
@@ -191,10 +195,11 @@ def particle_terms(
         (``K * num_particles`` for ``K`` strata).
     """
     dependent: list[str] = []
+    imputed: dict | None = {}
     if spec.fixed_observations:  # the callers that score observations
         dependent = latent_dependent_observations(model, args, kwargs)
         model, imputed = with_imputed_entries(model, args, kwargs, dependent)
-        dependent = [n for n in dependent if n not in imputed]
+        dependent = [n for n in dependent if n not in (imputed or {})]
     default_plate_key, rng_key = split_particle_key(rng_key)
     plate_key = default_plate_key if plate_key is None else plate_key
     strata = guide if spec.stratified and isinstance(guide, StratifiedGuide) else None
@@ -211,9 +216,16 @@ def particle_terms(
     keys = random.split(rng_key, num_strata * spec.num_particles)
     components = jnp.repeat(jnp.arange(num_strata), spec.num_particles)
     shared = tracer.shared(keys[0], components[0])
-    refuse_dependent_observations(
-        [n for n in dependent if n in shared.names], spec.objective
-    )
+    refused = [n for n in dependent if n in shared.names]
+    if refused and imputed is None:  # traced arguments: constants may tell
+        raise ImputationNeedsConstants(
+            f"{spec.objective}: the observed site '{refused[0]}' observes a "
+            "value computed from the latent draws, and with the model's "
+            "arguments traced the entries that are data cannot be told from "
+            "imputed ones. Call it with concrete arguments (as SVI.run passes "
+            "them), or observe the data alone with obs_mask=."
+        )
+    refuse_dependent_observations(refused, spec.objective)
     per_particle = spec.vectorize(
         lambda kc: tracer.particle(shared.plate, *kc), (keys, components)
     )

@@ -306,9 +306,10 @@ def refuse_dependent_observations(names: list[str], function: str) -> None:
             "obs=y rather than dist.Normal(0, sigma), obs=y - mu), or pass a "
             "data_plate the site is outside of (it then enters with the prior, "
             "as a term of the joint density). Missing values filled with "
-            "latent draws (some entries only) are split into data and imputed "
-            "entries where the model's arguments are concrete, as SVI.run "
-            "passes them; or observe the data alone with obs_mask=. "
+            "latent draws (some entries only; whole events of a vector-valued "
+            "site) are split into data and imputed entries where the model's "
+            "arguments are concrete, as SVI.run passes them; or observe the "
+            "data alone with obs_mask=. "
             "SoftCVIELBO, SNISForwardKL, Trace_ELBO and diagnostics.psis read "
             "the joint density only and take the model as it is."
         )

@@ -23,7 +23,7 @@ from numpyro_pvi._core.data_plate import (
     plate_of,
     site_log_lik,
 )
-from numpyro_pvi._core.imputed import with_imputed_entries
+from numpyro_pvi._core.imputed import ImputationNeedsConstants, with_imputed_entries
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.structure import latent_dependent_observations
@@ -109,7 +109,7 @@ def _at_draws(key, params, args, kwargs, u, model, guide, plate):
     layout = _layout(key, params, guide, args, kwargs)
     # imputed entries of observed sites: terms of the joint, not of log_lik
     dependent = latent_dependent_observations(model, args, kwargs)
-    split, _ = with_imputed_entries(model, args, kwargs, dependent)
+    split, imputed = with_imputed_entries(model, args, kwargs, dependent)
     seeded_model = seed_plates(split, key)
 
     def one(u_s: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -130,6 +130,8 @@ def _at_draws(key, params, args, kwargs, u, model, guide, plate):
         )
         data = plate_of(model_trace, plate)
         sites = data_sites(observed_sites(model_trace), data)[0]
+        if imputed is None and {s["name"] for s in sites} & set(dependent):
+            raise ImputationNeedsConstants("moment matching: traced arguments")
         log_lik = sum(site_log_lik(s, data)[0] for s in sites)
         return log_q + log_det, jnp.asarray(log_lik)
 

@@ -250,7 +250,7 @@ def _refuse_imputed(
     latent draws (:func:`~numpyro_pvi._core.imputed.imputed_entries`), as
     ``obs_mask=`` does: the procedures simulate complete data sets."""
     imputed = imputed_entries(model, args, kwargs, dependent) if dependent else {}
-    for name, entries in imputed.items():
+    for name, entries in (imputed or {}).items():
         raise ValueError(
             f"{function}: the model's site '{name}' fills {int(entries.sum())} "
             "missing entries of its data with latent draws (imputed values), "
