@@ -63,6 +63,19 @@ def explicit(x, y=None):
             numpyro.sample("y", dist.Normal(b * filled, 0.5), obs=y)
 
 
+def imputing_traced(x, y):
+    """The imputation with JAX operations only (the missing entries known to
+    the model): programs that can take its arguments traced try that
+    first."""
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    b = numpyro.sample("b", dist.Normal(0, 1))
+    x_impute = numpyro.sample("x_impute", dist.Normal(mu, 1).expand([3]).mask(False))
+    x = jnp.asarray(x).at[MISSING].set(x_impute)
+    with numpyro.plate("data", N):
+        numpyro.sample("x", dist.Normal(mu, 1.0), obs=x)
+        numpyro.sample("y", dist.Normal(b * x, 0.5), obs=y)
+
+
 def _fitted(shift=0.0, make_guide=AutoNormal):
     """The data, a guide of the imputing model and its initial parameters
     moved by ``shift`` (the explicit model has the same latents, so the same
@@ -106,18 +119,21 @@ def test_imputed_entries_are_prior_terms_and_the_data_are_scored(label):
         np.testing.assert_allclose(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-5)
 
 
-def test_predictive_score_reads_the_imputed_rows_data_only():
-    """Moment matching of far observations included (it re-runs the model)."""
+@pytest.mark.parametrize("model", [imputing, imputing_traced])
+def test_predictive_score_reads_the_imputed_rows_data_only(model):
+    """Moment matching of far observations included (it re-runs the model);
+    ``imputing_traced``'s programs try its arguments traced, then take them
+    as constants."""
     x, y, guide, params = _fitted()
     key = random.PRNGKey(3)
     got, want = (
         predictive_score(key, params, m, guide, x, y, num_draws=64)
-        for m in (imputing, explicit)
+        for m in (model, explicit)
     )
     np.testing.assert_allclose(got.score, want.score, rtol=1e-5)
 
 
-@pytest.mark.py312  # JAX's errors of traced values; the containers
+@pytest.mark.py312  # the containers
 def test_to_inference_data_holds_the_data_and_their_log_likelihood():
     x, y, guide, params = _fitted()
     key = random.PRNGKey(4)
@@ -133,67 +149,46 @@ def test_to_inference_data_holds_the_data_and_their_log_likelihood():
     np.testing.assert_array_equal(np.isnan(observed), np.isnan(x))
 
 
-def test_a_residual_in_every_entry_is_still_refused():
-    def residual(y):
-        mu = numpyro.sample("mu", dist.Normal(0, 1))
-        with numpyro.plate("data", N):
-            numpyro.sample("r", dist.Normal(0, 1), obs=y - mu)
+def residual(y):
+    """A residual observed: every entry computed from the latents."""
+    mu = numpyro.sample("mu", dist.Normal(0, 1))
+    with numpyro.plate("data", N):
+        numpyro.sample("r", dist.Normal(0, 1), obs=y - mu)
 
-    _, y = _data()
-    guide = AutoNormal(residual)
-    with pytest.raises(ValueError, match="'r' observes a value computed from"):
-        with numpyro.handlers.seed(rng_seed=0):
-            guide(y)
+
+def partly_imputed_row(Y):
+    """One of a row's two values imputed: the event is not split."""
+    mu = numpyro.sample("mu", dist.Normal(0, 1).expand([2]).to_event(1))
+    imp = numpyro.sample("imp", dist.Normal(0, 1).mask(False))
+    filled = jnp.asarray(Y).at[3, 0].set(imp)
+    with numpyro.plate("data", N):
+        numpyro.sample("Y", dist.MultivariateNormal(mu, jnp.eye(2)), obs=filled)
+
+
+@pytest.mark.parametrize(
+    "model, data, site",
+    [
+        (residual, np.zeros(N, np.float32), "r"),
+        (partly_imputed_row, np.zeros((N, 2), np.float32), "Y"),
+    ],
+)
+def test_values_computed_from_the_latents_are_still_refused(model, data, site):
+    guide = AutoNormal(model)
+    with numpyro.handlers.seed(rng_seed=0):
+        guide(data)
+    with pytest.raises(ValueError, match=f"'{site}' observes a value computed"):
         PredictiveELBO("log", num_particles=2).loss(
-            random.PRNGKey(0), {}, residual, guide, y
+            random.PRNGKey(0), {}, model, guide, data
         )
 
 
-def imputing_traced(x, y):
-    """The imputation with JAX operations only (the missing entries known to
-    the model): programs that can take its arguments traced try that
-    first."""
-    mu = numpyro.sample("mu", dist.Normal(0, 1))
-    b = numpyro.sample("b", dist.Normal(0, 1))
-    x_impute = numpyro.sample("x_impute", dist.Normal(mu, 1).expand([3]).mask(False))
-    x = jnp.asarray(x).at[MISSING].set(x_impute)
-    with numpyro.plate("data", N):
-        numpyro.sample("x", dist.Normal(mu, 1.0), obs=x)
-        numpyro.sample("y", dist.Normal(b * x, 0.5), obs=y)
-
-
-@pytest.mark.py312  # JAX's errors of traced values; the containers
-def test_traced_arguments_take_constants_or_are_refused_with_a_remedy():
+@pytest.mark.py312  # JAX's errors of traced values
+def test_a_users_jit_over_the_data_is_refused_with_the_remedies():
     x, y, guide, params = _fitted()
     key = random.PRNGKey(3)
-    # the diagnostics' programs: the same scores as with Python on x
-    got, want = (
-        predictive_score(key, params, m, guide, x, y, num_draws=64)
-        for m in (imputing_traced, explicit)
-    )
-    np.testing.assert_allclose(got.score, want.score, rtol=1e-5)
-    # the user's own jit over the data: refused, naming the site and remedies
     loss = PredictiveELBO("log", num_particles=2)
     traced = jax.jit(lambda x: loss.loss(key, params, imputing_traced, guide, x, y))
     with pytest.raises(ValueError, match="'x' observes a value") as refusal:
         traced(x)
     assert "concrete arguments" in str(refusal.value)
     assert "obs_mask=" in str(refusal.value)
-
-
-def test_a_partly_imputed_event_is_refused():
-    def rows(Y):
-        mu = numpyro.sample("mu", dist.Normal(0, 1).expand([2]).to_event(1))
-        imp = numpyro.sample("imp", dist.Normal(0, 1).mask(False))
-        filled = jnp.asarray(Y).at[3, 0].set(imp)  # one of a row's two values
-        with numpyro.plate("data", N):
-            numpyro.sample("Y", dist.MultivariateNormal(mu, jnp.eye(2)), obs=filled)
-
-    Y = np.zeros((N, 2), np.float32)
-    guide = AutoNormal(rows)
-    with pytest.raises(ValueError, match="'Y' observes a value computed"):
-        with numpyro.handlers.seed(rng_seed=0):
-            guide(Y)
-        PredictiveELBO("log", num_particles=2).loss(
-            random.PRNGKey(0), {}, rows, guide, Y
-        )
