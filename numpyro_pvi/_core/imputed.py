@@ -80,7 +80,10 @@ def imputed_entries(
     the latents, for the sites where some entries do and others do not.
 
     Found by running the model twice with different latent values, eagerly:
-    an entry that changes comes from the latents. Needs concrete model
+    an entry that changes comes from the latents. (An entry that depends on
+    them yet takes one value at both points, a piecewise-constant function
+    of them, would count as data; imputation by assignment, ``.at[].set``
+    or ``jnp.where``, takes the latent value itself.) Needs concrete model
     arguments (as ``SVI.run`` passes them): with traced ones, ``None``
     (unknown); with a subsampled plate or a model that fails at those
     values, nothing is found and the sites stay as they are. An event (the
