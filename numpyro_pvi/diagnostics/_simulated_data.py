@@ -181,7 +181,8 @@ def resolve_sites(
     Observed sites whose value changes with the latent draws (a prior
     written as an observed site) are terms of the joint density, not data:
     they are neither simulated nor passed. ``prior_draws``: the procedure
-    draws the latents from the prior, which an improper prior refuses.
+    draws the latents from the prior, which an improper prior refuses, and
+    so does such a term (the prior's draws do not see it).
     """
     for name in model_trace:
         base = obs_mask_site(name, model_trace)
@@ -234,9 +235,11 @@ def resolve_sites(
             f"{function}: {err} Pass the observed data as for SVI, or name the "
             "observed sites with `observed_sites=`."
         ) from None
+    density_terms = latent_dependent_observations(model, args, kwargs)
+    _refuse_imputed(model, args, kwargs, density_terms, function)
+    if prior_draws:
+        _refuse_density_terms(density_terms, function)
     if observed_sites is None:
-        density_terms = latent_dependent_observations(model, args, kwargs)
-        _refuse_imputed(model, args, kwargs, density_terms, function)
         observed = [name for name in observed if name not in density_terms]
     _refuse_factors(model_trace, observed, function, prior_draws)
     _refuse_unsampled(model_trace, observed, function)
@@ -258,6 +261,35 @@ def _refuse_imputed(
             "imputation does not describe. Check the fitting procedure on the "
             "model of complete data (without the imputed site), and this fit "
             "with diagnostics.psis and predictive_score, which take it."
+        )
+
+
+def _refuse_density_terms(dependent: list[str], function: str) -> None:
+    """Raise, naming the site, at an observed site whose value is computed
+    from the latent draws when the procedure draws the latents from the
+    prior: like a ``numpyro.factor``, it is a term of the joint density that
+    the prior's draws do not see, so neither those draws nor the data sets
+    simulated from them would be the model's (an exact fit would look
+    miscalibrated)."""
+    for name in dependent:
+        instead = (
+            ", or pass replications=Replications(data_generator=...) (data "
+            "sets from a process of your own: no prior draws are needed, and "
+            "the fits keep the term)"
+            if function == "predictive_calibration"
+            else ""
+        )
+        raise ValueError(
+            f"{function}: the observed site '{name}' observes a value computed "
+            "from the latent draws (a prior written as an observed site, or a "
+            "residual such as obs=y - mu), a term of the model's log density "
+            f"that no draw simulates: {function} draws the latents from the "
+            "sample sites' priors, which do not see it, so those draws and the "
+            "data sets simulated from them would not be the model's, and an "
+            "exact fit would look miscalibrated. Write the term into the "
+            "distributions (the latent site's own prior; dist.Normal(mu, "
+            "sigma), obs=y rather than dist.Normal(0, sigma), obs=y - mu)"
+            f"{instead}. diagnostics.psis checks a fit of the model as it is."
         )
 
 

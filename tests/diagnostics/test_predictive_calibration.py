@@ -347,7 +347,13 @@ def test_a_loss_indexing_another_plate_is_refused_with_the_plate_that_works():
             loss,
             jnp.zeros(N),
             replications=Replications(
-                num_simulations=2, num_svi_steps=2, num_draws=20, progress_bar=False
+                num_simulations=2,
+                num_svi_steps=2,
+                num_draws=20,
+                progress_bar=False,
+                # data sets of one's own: z, a function of theta, is a term of
+                # the joint density that prior draws of theta would not see
+                data_generator=lambda key: {"y": jax.random.normal(key, (N,))},
             ),
             data_plate="obs",
         )
