@@ -151,6 +151,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
     fn: Any = site.get("fn")
     if site["type"] == "sample":
         static["nan_data"] = _nan_data(site)
+        static["tempered"] = _tempered(site.get("scale"))
         static["fn"] = _SiteFn(
             int(fn.event_dim),
             _Support(bool(fn.support.is_discrete)),
@@ -162,6 +163,14 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
             sampler_failure(simulation_law(site)) if site.get("is_observed") else None,
         )
     return static
+
+
+def _tempered(scale: Any) -> bool:
+    """Whether a site's handler scale is known to differ from 1 (a traced
+    scale is not known)."""
+    if scale is None or isinstance(scale, jax.core.Tracer):
+        return False
+    return not np.allclose(np.asarray(scale), 1.0)
 
 
 def _stand_in(value: Any) -> np.ndarray:

@@ -239,6 +239,7 @@ def resolve_sites(
     _refuse_imputed(model, args, kwargs, density_terms, function)
     if prior_draws:
         _refuse_density_terms(density_terms, function)
+        _refuse_tempered_priors(model_trace, function)
     if observed_sites is None:
         observed = [name for name in observed if name not in density_terms]
     _refuse_factors(model_trace, observed, function, prior_draws)
@@ -291,6 +292,31 @@ def _refuse_density_terms(dependent: list[str], function: str) -> None:
             "sigma), obs=y rather than dist.Normal(0, sigma), obs=y - mu)"
             f"{instead}. diagnostics.psis checks a fit of the model as it is."
         )
+
+
+def _refuse_tempered_priors(model_trace: dict, function: str) -> None:
+    """Raise, naming the site, at a latent site with a handler scale other
+    than 1 (``numpyro.handlers.scale`` on a prior, as in consensus Monte
+    Carlo's subposteriors): its density is the tempered prior
+    p(theta)^s, whose draws are not the distribution's."""
+    for name, site in model_trace.items():
+        if site["type"] == "sample" and not site["is_observed"] and site["tempered"]:
+            instead = (
+                ", or pass replications=Replications(data_generator=...) (data "
+                "sets from a process of your own: no prior draws are needed)"
+                if function == "predictive_calibration"
+                else ""
+            )
+            raise ValueError(
+                f"{function}: the latent site '{name}' has a handler scale "
+                "(numpyro.handlers.scale) other than 1, so the model's prior "
+                "density is the tempered p(theta)^scale, while "
+                f"{function} draws the latents from the site's distribution: "
+                "those draws and the data sets simulated from them would not "
+                "be the model's, and an exact fit would look miscalibrated. "
+                "Call it with the model's prior unscaled (scale=1), or give "
+                f"the site the prior the scale stands for{instead}."
+            )
 
 
 #: Why a procedure on simulated data sets cannot take a censored likelihood,
