@@ -54,6 +54,9 @@ from numpyro_pvi.diagnostics._simulated_data import (
     resolve_sites,
     set_up_guide,
 )
+from numpyro_pvi.diagnostics._simulation_check import (
+    check_fits_are_the_simulating_model,
+)
 from numpyro_pvi.diagnostics.rank_tests import rank_datasets
 from numpyro_pvi.predictive import PredictiveELBO
 
@@ -298,6 +301,18 @@ def calibration_arrays(
         kwargs,
         function=_WHERE,
     )
+    if r.data_generator is None:
+        check_fits_are_the_simulating_model(
+            key_warmup,
+            model,
+            args,
+            kwargs,
+            inject,
+            {name: value[0] for name, value in data.items()},
+            function=_WHERE,
+            alternative=", or check the fits on data sets of your own "
+            "(Replications(data_generator=...))",
+        )
     index = random.randint(key_index, (r.num_simulations,), 0, plate.size)
     set_up_guide(guide, key_warmup, inject, data)
     one = pit_replication(

@@ -49,6 +49,9 @@ from numpyro_pvi.diagnostics._simulated_data import (
     set_up_guide,
     unobserve,
 )
+from numpyro_pvi.diagnostics._simulation_check import (
+    check_fits_are_the_simulating_model,
+)
 from numpyro_pvi.diagnostics._test_quantities import resolve_quantities
 from numpyro_pvi.diagnostics._vsbc_groups import VSBCArrays, vsbc_groups
 from numpyro_pvi.diagnostics.vsbc_plot import plot_vsbc
@@ -117,6 +120,9 @@ def _setup(
     sims = jax.jit(lambda key: prior_predictive(key, *args, **kwargs))(key_prior)
     data = {n: sims[n] for n in observed}
     theta = {n: sims[n] for n in latent_names}
+    check_fits_are_the_simulating_model(
+        key_warmup, model, args, kwargs, inject, _first(data), function="vsbc"
+    )
     set_up_guide(guide, key_warmup, inject, data)
     one = replication_fn(
         model,
@@ -134,6 +140,11 @@ def _setup(
         name: _at_true_values(name, f, theta, data) for name, f in quantities.items()
     }
     return one, (keys, data, theta), model_trace, latent_names, true_values
+
+
+def _first(data: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """The first of the simulated data sets."""
+    return {name: value[0] for name, value in data.items()}
 
 
 def _at_true_values(name: str, f: Callable, theta: dict, data: dict) -> np.ndarray:

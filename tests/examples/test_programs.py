@@ -720,47 +720,77 @@ def test_an_argument_that_is_not_the_observation_gets_a_remedy_that_works(functi
     assert result is not None
 
 
+def _procedure(function, model, guide, args, kwargs, **options):
+    replications = Replications(
+        num_simulations=2, num_svi_steps=3, num_draws=20, progress_bar=False,
+        **options,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return function(
+            random.PRNGKey(2), model, guide, optax.adam(0.01), Trace_ELBO(),
+            *args, replications=replications, **kwargs,
+        )  # fmt: skip
+
+
+def _remedy(refusal):
+    """The ``simulated_data_to_args`` a refusal names, as given."""
+    found = re.search(
+        r"simulated_data_to_args=(lambda .*?\(args, kwargs\))", str(refusal.value)
+    )
+    assert found, refusal.value
+    return eval(found.group(1))
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("program-bayesian_imputation")
 @pytest.mark.parametrize(
     "function", [diagnostics.vsbc, diagnostics.predictive_calibration]
 )
-def test_numpy_on_an_argument_that_carries_simulated_data_gets_a_remedy(function):
-    """The imputation notebook's model reads ``age`` with ``np.isnan``; the
-    procedures pass simulated data sets through the argument named after
-    the observed site, traced. Complete data (nothing imputed): refused,
-    naming the remedy, which runs."""
+def test_a_likelihood_that_reads_the_data_argument_gets_a_remedy(function):
+    """The imputation notebook's model observes ``age`` and uses the argument
+    ``age`` as a covariate of ``survived``: each data set was simulated with
+    the real ages as the covariate, and each fit was given the simulated
+    ages, so the simulated survivals were not the fitted model's. Complete
+    data (nothing imputed): refused, naming the site; the remedy runs."""
     program = PROGRAMS["bayesian_imputation"]
     args, kwargs = program._data(0, missing=0)
-
-    def run(**options):
-        replications = Replications(
-            num_simulations=2,
-            num_svi_steps=3,
-            num_draws=20,
-            progress_bar=False,
-            **options,
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            return function(
-                random.PRNGKey(2),
-                program.model,
-                program.make_guide(program.model),
-                optax.adam(0.01),
-                Trace_ELBO(),
-                *args,
-                replications=replications,
-                **kwargs,
-            )
-
-    with pytest.raises(ValueError, match="np.isnan") as refusal:
-        run()
-    assert "TracerArrayConversionError" in str(refusal.value)
-    remedy = re.search(
-        r"simulated_data_to_args=(lambda .*?\(args, kwargs\))", str(refusal.value)
+    model, guide = program.model, program.make_guide(program.model)
+    with pytest.raises(ValueError, match="site 'survived' reads the data") as refusal:
+        _procedure(function, model, guide, args, kwargs)
+    assert "an exact fit would look miscalibrated" in str(refusal.value)
+    fixed = _remedy(refusal)
+    result = _procedure(
+        function, model, guide, args, kwargs, simulated_data_to_args=fixed
     )
-    assert remedy, refusal.value
-    result = run(simulated_data_to_args=eval(remedy.group(1)))  # as given
+    groups = result.groups() if callable(result.groups) else result.groups
+    assert len(list(groups)) >= 4
+
+
+def _counts_missing(y):
+    """Reads its data argument with NumPy (``np.isnan``), in no distribution."""
+    numpyro.deterministic("num_missing", np.isnan(y).sum())
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", len(y)):
+        numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "function", [diagnostics.vsbc, diagnostics.predictive_calibration]
+)
+def test_numpy_on_an_argument_that_carries_simulated_data_gets_a_remedy(function):
+    """The procedures pass simulated data sets through the argument named
+    after the observed site, traced: NumPy on it raised JAX's tracer error.
+    Refused, naming the remedy, which runs."""
+    args = (jnp.linspace(-1.0, 1.0, 8),)
+    guide = AutoNormal(_counts_missing)
+    with pytest.raises(ValueError, match="np.isnan") as refusal:
+        _procedure(function, _counts_missing, guide, args, {})
+    assert "TracerArrayConversionError" in str(refusal.value)
+    fixed = _remedy(refusal)
+    result = _procedure(
+        function, _counts_missing, guide, args, {}, simulated_data_to_args=fixed
+    )
     groups = result.groups() if callable(result.groups) else result.groups
     assert len(list(groups)) >= 4
