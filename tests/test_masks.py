@@ -10,6 +10,7 @@ that are deterministic given the particles.
 """
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -552,6 +553,35 @@ def test_predictive_calibration_refuses_masked_observations():
                 num_simulations=4, num_svi_steps=5, progress_bar=False
             ),
         )
+
+
+def masks_its_missing_values(y):
+    """NumPyro's Lotka-Volterra notebook: the mask computed from the data."""
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("n", y.shape[0]):
+        mask = jnp.isfinite(jnp.log(y))
+        numpyro.sample("y", dist.LogNormal(mu, 0.5).mask(mask), obs=y)
+
+
+@pytest.mark.parametrize(
+    "function", [diagnostics.vsbc, diagnostics.predictive_calibration]
+)
+def test_a_mask_computed_from_the_data_masks_nothing_in_simulated_data(function):
+    """A simulated data set is complete, so the mask the model computes from
+    it leaves nothing out: both procedures run. The predictive calibration
+    refused any mask and named a remedy that could not work (complete data
+    still builds the mask); the one computed from another argument is still
+    refused (above)."""
+    y = jnp.array([1.0, 2.0, jnp.nan, 0.5, 1.5, 0.8])
+    guide = AutoNormal(masks_its_missing_values)
+    replications = Replications(num_simulations=2, num_svi_steps=5, num_draws=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # few draws
+        result = function(
+            random.PRNGKey(0), masks_its_missing_values, guide, optax.adam(0.05),
+            Trace_ELBO(), y, replications=replications,
+        )  # fmt: skip
+    assert result is not None
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,9 @@ from numpyro_pvi.diagnostics._simulated_data import (
     set_up_guide,
 )
 from numpyro_pvi.diagnostics._simulation_check import (
+    EagerRuns,
     check_fits_are_the_simulating_model,
+    eager_runs,
 )
 from numpyro_pvi.diagnostics.rank_tests import rank_datasets
 from numpyro_pvi.predictive import PredictiveELBO
@@ -241,7 +243,27 @@ def _observed_trace(
         kwargs=kwargs,
         prior_draws=prior_draws,
     )
-    masked = [name for name in observed if model_trace[name]["fn"].masked]
+    # the named sites are observed in every fit, whatever the model was called with
+    model_trace = {
+        name: {**site, "is_observed": True} if name in observed else site
+        for name, site in model_trace.items()
+    }
+    return model_trace, observed
+
+
+def _refuse_masked(
+    model_trace: dict, observed: Sequence[str], runs: EagerRuns | None
+) -> None:
+    """Raise, naming the site, where the fits' model masks entries of an
+    observed site: a held-out observation could be one it does not score.
+    Read in the model run eagerly at a simulated data set (a mask computed
+    from the data leaves nothing out there); where it did not run, any mask
+    of the abstract trace counts."""
+    masked = [
+        name
+        for name in observed
+        if (name in runs.masked if runs is not None else model_trace[name]["fn"].masked)
+    ]
     if masked:
         raise ValueError(
             f"{_WHERE}: the observed site '{masked[0]}' is masked (handlers.mask "
@@ -250,12 +272,6 @@ def _observed_trace(
             f"sets {_WHERE} simulates are complete: call it with the model's "
             "arguments that leave every observation in (no mask)."
         )
-    # the named sites are observed in every fit, whatever the model was called with
-    model_trace = {
-        name: {**site, "is_observed": True} if name in observed else site
-        for name, site in model_trace.items()
-    }
-    return model_trace, observed
 
 
 def calibration_arrays(
@@ -301,18 +317,22 @@ def calibration_arrays(
         kwargs,
         function=_WHERE,
     )
+    runs = eager_runs(
+        key_warmup,
+        model,
+        args,
+        kwargs,
+        inject,
+        {name: value[0] for name, value in data.items()},
+    )
     if r.data_generator is None:
         check_fits_are_the_simulating_model(
-            key_warmup,
-            model,
-            args,
-            kwargs,
-            inject,
-            {name: value[0] for name, value in data.items()},
+            runs,
             function=_WHERE,
             alternative=", or check the fits on data sets of your own "
             "(Replications(data_generator=...))",
         )
+    _refuse_masked(model_trace, observed, runs)
     index = random.randint(key_index, (r.num_simulations,), 0, plate.size)
     set_up_guide(guide, key_warmup, inject, data)
     one = pit_replication(

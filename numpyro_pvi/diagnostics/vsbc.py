@@ -51,6 +51,7 @@ from numpyro_pvi.diagnostics._simulated_data import (
 )
 from numpyro_pvi.diagnostics._simulation_check import (
     check_fits_are_the_simulating_model,
+    eager_runs,
 )
 from numpyro_pvi.diagnostics._test_quantities import resolve_quantities
 from numpyro_pvi.diagnostics._vsbc_groups import VSBCArrays, vsbc_groups
@@ -121,7 +122,8 @@ def _setup(
     data = {n: sims[n] for n in observed}
     theta = {n: sims[n] for n in latent_names}
     check_fits_are_the_simulating_model(
-        key_warmup, model, args, kwargs, inject, _first(data), function="vsbc"
+        eager_runs(key_warmup, model, args, kwargs, inject, _first(data)),
+        function="vsbc",
     )
     set_up_guide(guide, key_warmup, inject, data)
     one = replication_fn(
