@@ -404,11 +404,25 @@ def _refuse_unsampled(
 
 
 def set_up_guide(
-    guide: Callable, rng_key: jax.Array, inject: Callable, data: dict
+    guide: Callable, rng_key: jax.Array, inject: Callable, data: dict, function: str
 ) -> None:
     """Run ``guide`` once on the first simulated data set, outside any trace:
     an autoguide sets up its prototype on its first call, which must not
-    happen under ``jit``/``vmap`` (it stores concrete initial values)."""
+    happen under ``jit``/``vmap`` (it stores concrete initial values). A
+    failure there is NumPyro's own (``SVI.init`` fails alike) and is
+    re-raised with the stage and what to try."""
     with simulators_without_density(), block():
         args, kwargs = inject({name: value[0] for name, value in data.items()})
-        seed(guide, rng_key)(*args, **kwargs)
+        try:
+            seed(guide, rng_key)(*args, **kwargs)
+        except Exception as err:
+            raise ValueError(
+                f"{function}: the guide's set-up on the first simulated data set "
+                f"failed ({type(err).__name__}: {err}). An autoguide runs the "
+                "model at prior draws and at its initial values to set itself "
+                "up, as SVI.init does on the same data; a model "
+                "whose numerics fail at some of those draws (an ODE that "
+                "diverges, a log of a negative value) fails for some keys. Make "
+                "the model robust there (a tighter prior, clipped values), or "
+                "pass another rng_key."
+            ) from err

@@ -334,7 +334,7 @@ def calibration_arrays(
         )
     _refuse_masked(model_trace, observed, runs)
     index = random.randint(key_index, (r.num_simulations,), 0, plate.size)
-    set_up_guide(guide, key_warmup, inject, data)
+    set_up_guide(guide, key_warmup, inject, data, _WHERE)
     one = pit_replication(
         model, guide, optim, loss, inject, plate, r.num_svi_steps, r.num_draws
     )

@@ -125,7 +125,7 @@ def _setup(
         eager_runs(key_warmup, model, args, kwargs, inject, _first(data)),
         function="vsbc",
     )
-    set_up_guide(guide, key_warmup, inject, data)
+    set_up_guide(guide, key_warmup, inject, data, "vsbc")
     one = replication_fn(
         model,
         guide,

@@ -100,3 +100,20 @@ def test_a_distribution_that_reads_the_data_argument_is_refused(
     if function is diagnostics.predictive_calibration:  # ... or data of one's own
         own = lambda key: {"y": random.normal(key, Y.shape)}  # noqa: E731
         assert run(function, model, Y, data_generator=own) is not None
+
+
+def invalid_at_every_draw(y):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", y.shape[0]):
+        numpyro.sample("y", dist.Normal(jnp.log(-jnp.abs(mu) - 1.0), 1.0), obs=y)
+
+
+@pytest.mark.parametrize("function", PROCEDURES)
+def test_a_guide_whose_set_up_fails_is_named_with_the_stage(function):
+    """NumPyro's autoguide set-up runs the model with its argument checks on:
+    a model whose numerics fail at the prior draws raised NumPyro's bare
+    "Normal distribution got invalid loc parameter." from inside it."""
+    with pytest.raises(ValueError, match="set-up on the first simulated") as err:
+        run(function, invalid_at_every_draw, Y)
+    assert "invalid loc parameter" in str(err.value)
+    assert str(err.value).startswith(function.__name__)
