@@ -57,10 +57,15 @@ def eager_runs(
     fit_args, fit_kwargs = inject(data)
     fitted_masks = _unmasked()
     try:
-        simulating = trace(seed(_unmasked(condition(model, data)), rng_key)).get_trace(
+        draw = trace(seed(_unmasked(condition(model, data)), rng_key)).get_trace(
             *args, **kwargs
         )
-        values = {n: s["value"] for n, s in simulating.items() if s["type"] == "sample"}
+        values = {n: s["value"] for n, s in draw.items() if s["type"] == "sample"}
+        # every sample site given, in both runs: the same keys reach the rest
+        # (numpyro.prng_key, e.g. a network's dropout)
+        simulating = trace(
+            seed(_unmasked(condition(model, values)), rng_key)
+        ).get_trace(*args, **kwargs)
         with fitted_masks:
             fitted = trace(seed(condition(model, values), rng_key)).get_trace(
                 *fit_args, **fit_kwargs

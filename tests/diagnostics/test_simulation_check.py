@@ -117,3 +117,27 @@ def test_a_guide_whose_set_up_fails_is_named_with_the_stage(function):
         run(function, invalid_at_every_draw, Y)
     assert "invalid loc parameter" in str(err.value)
     assert str(err.value).startswith(function.__name__)
+
+
+def dropout(x, y=None):
+    """A network's dropout: a key of the model's own (numpyro.prng_key)."""
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    keep = random.bernoulli(numpyro.prng_key(), 0.8, (x.shape[0], 3))
+    with numpyro.plate("data", x.shape[0]):
+        numpyro.sample("y", dist.Normal(jnp.sum(x[:, None] * w * keep, -1), 1.0), obs=y)
+
+
+@pytest.mark.parametrize("function", PROCEDURES)
+def test_a_model_that_draws_its_own_keys_is_compared_at_the_same_keys(function):
+    """The comparison runs the model twice with every sample site given, so
+    the same keys reach numpyro.prng_key: a dropout mask drawn with other
+    keys made the likelihood differ, and the model was refused."""
+    x = jnp.linspace(-1.0, 1.0, 8)
+    replications = Replications(
+        num_simulations=2, num_svi_steps=2, num_draws=10, progress_bar=False
+    )
+    result = function(
+        random.PRNGKey(0), dropout, AutoNormal(dropout), optax.adam(0.01),
+        Trace_ELBO(), x, y=2.0 * x, replications=replications,
+    )  # fmt: skip
+    assert result is not None
