@@ -123,7 +123,10 @@ def _check_argument_shapes(
                 "it is. Pass replications=Replications(simulated_data_to_args="
                 "f), with f(data, *args, **kwargs) -> (args, kwargs) building "
                 f"the model's arguments from a simulated data set (data['{name}'] "
-                "has the observed site's shape)."
+                "has the observed site's shape), or giving each fit the "
+                "arguments the data sets were simulated with, f = lambda data, "
+                "*args, **kwargs: (args, kwargs) (the observed sites are "
+                "conditioned on the simulated data in any case)."
             )
 
 

@@ -27,6 +27,7 @@ from tests.programs import (
     hierarchical_regression,
     hmcecs_logistic,
     ordinal_regression,
+    time_series_forecasting,
     ucbadmit,
     zero_inflated_poisson,
 )
@@ -45,5 +46,6 @@ PROGRAMS = {
         ucbadmit,
         baseball,
         bayesian_imputation,
+        time_series_forecasting,
     )
 }
