@@ -238,6 +238,16 @@ def vsbc(
     ``replications.simulated_data_to_args``.
     Only continuous latent sites are supported.
 
+    The latents are drawn from the sample sites' distributions, so a term of
+    the joint density that those draws do not see would make an exact fit
+    look miscalibrated; such models are refused, naming the site and a
+    remedy: a ``numpyro.factor``, an observed site whose value is computed
+    from the latents (a prior written as an observed site), a prior tempered
+    by ``numpyro.handlers.scale``, an improper prior, and a distribution that
+    reads the data argument (a prior centred on ``y.mean()``, a likelihood of
+    lagged values ``y[t - 1]``: each data set is simulated by the model given
+    the original data and fitted by the model given the simulated data set).
+
     Every replication starts from the same initial guide parameters (those of
     the guide's initialisation strategy) and has its own key, so results do
     not depend on ``chain_method`` or on the chunking (up to floating-point
