@@ -237,14 +237,16 @@ def feasible_improper(model: Callable) -> Callable:
 def improper_latents(
     model: Callable, rng_key: jax.Array, args: tuple, kwargs: dict
 ) -> list[str]:
-    """The latent sites of ``model`` with an improper prior."""
-    tr = trace(seed(feasible_improper(model), rng_key)).get_trace(*args, **kwargs)
+    """The latent sites of ``model`` with an improper prior, read from its
+    abstract structure (:func:`model_structure`): an eager run at a prior
+    draw would validate the distributions at that draw, and a vague prior's
+    draw can make one invalid (a Gaussian process's covariance at a
+    ``LogNormal(0, 10)`` length scale) where the model itself is fine."""
+    tr = model_structure(model, rng_key, args, kwargs)
     return [
         name
         for name, site in tr.items()
-        if site["type"] == "sample"
-        and not site["is_observed"]
-        and isinstance(innermost(site["fn"]), IMPROPER)
+        if site["type"] == "sample" and not site["is_observed"] and site["fn"].improper
     ]
 
 

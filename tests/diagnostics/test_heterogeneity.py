@@ -137,3 +137,36 @@ def test_prior_sd_reads_the_models_own_parameters():
     )
     prior_sd = np.asarray(group(result, "heterogeneity")["prior_sd"])
     np.testing.assert_allclose(prior_sd, 5.0, rtol=0.06)
+
+
+def _gp(X, Y):
+    """NumPyro's ``examples/gp.py`` model, as written."""
+    var = numpyro.sample("kernel_var", dist.LogNormal(0.0, 10.0))
+    noise = numpyro.sample("kernel_noise", dist.LogNormal(0.0, 10.0))
+    length = numpyro.sample("kernel_length", dist.LogNormal(0.0, 10.0))
+    k = var * jnp.exp(-0.5 * jnp.power((X[:, None] - X) / length, 2.0))
+    k += (noise + 1.0e-6) * jnp.eye(X.shape[0])
+    numpyro.sample(
+        "Y",
+        dist.MultivariateNormal(loc=jnp.zeros(X.shape[0]), covariance_matrix=k),
+        obs=Y,
+    )
+
+
+def test_vague_priors_whose_draws_invalidate_the_likelihood():
+    """At a draw of the ``LogNormal(0, 10)`` priors the kernel matrix is not
+    positive definite, and NumPyro's ``MultivariateNormal`` refuses it when
+    the model runs at that draw; the prior sd needs the latent draws only,
+    which are the prior's whatever the likelihood makes of them."""
+    x = jnp.linspace(-1.0, 1.0, 25)
+    y = jnp.sin(3.0 * x)
+    guide = AutoNormal(_gp)
+    svi = SVI(_gp, guide, optax.adam(0.01), Trace_ELBO())
+    params = svi.get_params(svi.init(jax.random.PRNGKey(0), x, y))
+    result = diagnostics.heterogeneity(
+        jax.random.PRNGKey(1), params, _gp, guide, x, y, reference_params=params
+    )
+    data = group(result, "heterogeneity")
+    # the LogNormal(0, 10) prior spreads over many orders of magnitude
+    assert np.all(np.asarray(data["prior_sd"]) > 1e3)
+    assert list(np.asarray(data["reading"])) == ["ok"] * 3
