@@ -1,11 +1,14 @@
 """Test helpers of the scores' tests: particle terms with i.i.d. or
-stratified weights, an autoguide's initial parameters, and a short
+stratified weights, an autoguide's initial parameters, a short
 cross-validation of a CRPS and a log-score PVI candidate scored by the CRPS
-(finite held-out scores and stacking's pair gains)."""
+(finite held-out scores and stacking's pair gains), and NumPyro's
+Gaussian-process example model (also read by the diagnostics' tests)."""
 
 import math
 
 import jax.numpy as jnp
+import numpyro
+import numpyro.distributions as dist
 import optax
 from jax import random
 from numpyro.infer import SVI
@@ -69,4 +72,20 @@ def crps_against_log(
         num_folds=num_folds,
         score=score,
         rule="best",
+    )
+
+
+def gp_model(X, Y):
+    """NumPyro's examples/gp.py (model; kernel inlined): one observation,
+    a MultivariateNormal of the whole series, under ``LogNormal(0, 10)``
+    priors on the kernel's hyperparameters."""
+    var = numpyro.sample("kernel_var", dist.LogNormal(0.0, 10.0))
+    noise = numpyro.sample("kernel_noise", dist.LogNormal(0.0, 10.0))
+    length = numpyro.sample("kernel_length", dist.LogNormal(0.0, 10.0))
+    k = var * jnp.exp(-0.5 * jnp.power((X[:, None] - X) / length, 2.0))
+    k += (noise + 1.0e-6) * jnp.eye(X.shape[0])
+    numpyro.sample(
+        "Y",
+        dist.MultivariateNormal(loc=jnp.zeros(X.shape[0]), covariance_matrix=k),
+        obs=Y,
     )

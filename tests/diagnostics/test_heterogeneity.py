@@ -15,6 +15,7 @@ from numpyro_pvi import PredictiveELBO, diagnostics
 from numpyro_pvi._core import single_draw_outcome
 from numpyro_pvi.diagnostics.heterogeneity import NOT_IDENTIFIED, _readings
 from tests.arviz_generation import group
+from tests.score_helpers import gp_model, initial_params
 
 N, D = 400, 6
 X = jax.random.normal(jax.random.PRNGKey(0), (N, D))
@@ -139,32 +140,17 @@ def test_prior_sd_reads_the_models_own_parameters():
     np.testing.assert_allclose(prior_sd, 5.0, rtol=0.06)
 
 
-def _gp(X, Y):
-    """NumPyro's ``examples/gp.py`` model, as written."""
-    var = numpyro.sample("kernel_var", dist.LogNormal(0.0, 10.0))
-    noise = numpyro.sample("kernel_noise", dist.LogNormal(0.0, 10.0))
-    length = numpyro.sample("kernel_length", dist.LogNormal(0.0, 10.0))
-    k = var * jnp.exp(-0.5 * jnp.power((X[:, None] - X) / length, 2.0))
-    k += (noise + 1.0e-6) * jnp.eye(X.shape[0])
-    numpyro.sample(
-        "Y",
-        dist.MultivariateNormal(loc=jnp.zeros(X.shape[0]), covariance_matrix=k),
-        obs=Y,
-    )
-
-
 def test_vague_priors_whose_draws_invalidate_the_likelihood():
-    """At a draw of the ``LogNormal(0, 10)`` priors the kernel matrix is not
-    positive definite, and NumPyro's ``MultivariateNormal`` refuses it when
-    the model runs at that draw; the prior sd needs the latent draws only,
-    which are the prior's whatever the likelihood makes of them."""
+    """NumPyro's ``examples/gp.py``: at a draw of its ``LogNormal(0, 10)``
+    priors the kernel matrix is not positive definite, and NumPyro's
+    ``MultivariateNormal`` refuses it when the model runs at that draw; the
+    prior sd needs the latent draws only, which are the prior's whatever the
+    likelihood makes of them."""
     x = jnp.linspace(-1.0, 1.0, 25)
     y = jnp.sin(3.0 * x)
-    guide = AutoNormal(_gp)
-    svi = SVI(_gp, guide, optax.adam(0.01), Trace_ELBO())
-    params = svi.get_params(svi.init(jax.random.PRNGKey(0), x, y))
+    guide, params = initial_params(gp_model, x, y)
     result = diagnostics.heterogeneity(
-        jax.random.PRNGKey(1), params, _gp, guide, x, y, reference_params=params
+        jax.random.PRNGKey(1), params, gp_model, guide, x, y, reference_params=params
     )
     data = group(result, "heterogeneity")
     # the LogNormal(0, 10) prior spreads over many orders of magnitude

@@ -31,6 +31,7 @@ from numpyro_pvi.scores import (
     Score,
     pair_sums,
 )
+from tests.score_helpers import gp_model
 
 RTOL = 1e-10 if X64 else 2e-5
 
@@ -892,21 +893,6 @@ def test_a_factor_in_the_data_plate_is_part_of_the_observation():
 # --------------------------------------------------------------------------
 # observations of several values: the scalar scores name the sites
 # --------------------------------------------------------------------------
-
-
-def gp_model(X, Y):
-    """NumPyro's examples/gp.py (model; kernel inlined): one observation,
-    a MultivariateNormal of the whole series."""
-    var = numpyro.sample("kernel_var", dist.LogNormal(0.0, 10.0))
-    noise = numpyro.sample("kernel_noise", dist.LogNormal(0.0, 10.0))
-    length = numpyro.sample("kernel_length", dist.LogNormal(0.0, 10.0))
-    k = var * jnp.exp(-0.5 * jnp.power((X[:, None] - X) / length, 2.0))
-    k += (noise + 1.0e-6) * jnp.eye(X.shape[0])
-    numpyro.sample(
-        "Y",
-        dist.MultivariateNormal(loc=jnp.zeros(X.shape[0]), covariance_matrix=k),
-        obs=Y,
-    )
 
 
 def two_counts_per_index(y, z):
