@@ -98,13 +98,32 @@ def _time(thunk: Callable[[], object], seconds: float) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=10_000)
-    parser.add_argument("--d", type=int, default=20)
+def arguments(description: str, *, n: int, d: int) -> argparse.ArgumentParser:
+    """The command line of the CRPS step benchmarks: the regression's shape,
+    the particles and the interleaved repetitions."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--n", type=int, default=n)
+    parser.add_argument("--d", type=int, default=d)
     parser.add_argument("--particles", default="8,64")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--block-seconds", type=float, default=0.15)
+    return parser
+
+
+def interleaved_medians(
+    thunks: dict[str, Callable[[], object]], reps: int, seconds: float
+) -> dict[str, float]:
+    """Median milliseconds per call of each thunk, timed in turn ``reps``
+    times in blocks of about ``seconds``."""
+    times: dict[str, list[float]] = {k: [] for k in thunks}
+    for _ in range(reps):
+        for name, thunk in thunks.items():
+            times[name].append(_time(thunk, seconds))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = arguments(__doc__.split("\n")[0], n=10_000, d=20)
     args = parser.parse_args(argv)
     model, data = make_glm(random.PRNGKey(0), n=args.n, d=args.d)
     print(
@@ -121,11 +140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "crps": _step(PredictiveELBO("crps", num_particles=m), model, data),
             **_arithmetic(m, args.n),
         }
-        times: dict[str, list[float]] = {k: [] for k in thunks}
-        for _ in range(args.reps):
-            for name, thunk in thunks.items():
-                times[name].append(_time(thunk, args.block_seconds))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = interleaved_medians(thunks, args.reps, args.block_seconds)
         base = med["base"]
         extra = med["closed form"] - med["log-likelihood"]
         print(

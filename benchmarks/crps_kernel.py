@@ -22,11 +22,9 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import shutil
-import statistics
 import subprocess
 import tempfile
 from collections.abc import Callable, Sequence
@@ -41,7 +39,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 import numpyro_pvi.scores.crps as crps_module
-from benchmarks.crps_floor import _time
+from benchmarks.crps_floor import arguments, interleaved_medians
 from benchmarks.step_models import make_glm
 from numpyro_pvi import PredictiveELBO
 from numpyro_pvi._core.normal import normal_abs_mean
@@ -158,13 +156,7 @@ def _step(loss, model: Callable, args: tuple, *, kernel: bool) -> Callable:  # n
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=8000)
-    parser.add_argument("--d", type=int, default=12)
-    parser.add_argument("--particles", default="8,64")
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--block-seconds", type=float, default=0.15)
-    args = parser.parse_args(argv)
+    args = arguments(__doc__.split("\n")[0], n=8000, d=12).parse_args(argv)
     _build()
     model, data = make_glm(random.PRNGKey(0), n=args.n, d=args.d)
     print(
@@ -186,11 +178,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         }
         first = {k: float(t()) for k, t in list(thunks.items())[1:]}
         np.testing.assert_allclose(first["kernel"], first["landed"], rtol=1e-5)
-        times: dict[str, list[float]] = {k: [] for k in thunks}
-        for _ in range(args.reps):
-            for name, thunk in thunks.items():
-                times[name].append(_time(thunk, args.block_seconds))
-        med = {k: statistics.median(v) for k, v in times.items()}
+        med = interleaved_medians(thunks, args.reps, args.block_seconds)
         base = med["base"]
         print(
             f"| {m} | {base:.3f} | {med['landed'] / base:.2f} | "

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from collections.abc import Callable, Sequence
 
 import jax
@@ -35,7 +34,7 @@ import jax.numpy as jnp
 from jax import random
 from jax.scipy.special import erf
 
-from benchmarks.crps_floor import _time
+from benchmarks.crps_floor import interleaved_medians
 
 __all__ = ["main"]
 
@@ -77,14 +76,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name, f in CASES.items():
         g = jax.jit(f)
         thunks[name] = lambda g=g: g(x)
-    times: dict[str, list[float]] = {k: [] for k in thunks}
-    for _ in range(args.reps):
-        for name, thunk in thunks.items():
-            times[name].append(_time(thunk, args.block_seconds))
+    medians = interleaved_medians(thunks, args.reps, args.block_seconds)
     print("| case | ms | ns per element |")
     print("|---|---:|---:|")
-    for name, ts in times.items():
-        ms = statistics.median(ts)
+    for name, ms in medians.items():
         print(f"| {name} | {ms:.3f} | {ms * 1e6 / x.size:.2f} |")
 
 
