@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from numpyro_pvi._core import (
@@ -24,11 +26,16 @@ from numpyro_pvi._core import (
     find_data_plate,
     good_k,
     guide_draws,
+    log_contributions,
+    log_sum_parts,
     moment_matcher,
+    near_draws,
+    observation_subset,
     pointwise_estimate,
     replay_trace,
+    unsettled,
 )
-from numpyro_pvi.particles import ParticleTerms
+from numpyro_pvi.particles import LOG_LIK_SIM, ParticleTerms
 from numpyro_pvi.scores import LogScore, Score, get_score
 
 __all__ = ["PredictiveScore", "predictive_score"]
@@ -53,8 +60,26 @@ class EstimateWithTotal:
     score: Score
     reliable_k: float
 
-    def __call__(self, terms: ParticleTerms) -> tuple[Pointwise, jax.Array]:
-        return estimate_with_total(self.score, terms, reliable_k=self.reliable_k)
+    def __call__(
+        self, terms: ParticleTerms
+    ) -> tuple[Pointwise, jax.Array, jax.Array | None]:
+        estimate, total_se = estimate_with_total(
+            self.score, terms, reliable_k=self.reliable_k
+        )
+        near = near_draws(terms) if isinstance(self.score, LogScore) else None
+        return estimate, total_se, near
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """The log score's log contributions and nearness (``(S, m)`` each,
+    :func:`~numpyro_pvi._core.log_contributions`) at the observations
+    ``index``, a program input."""
+
+    def __call__(
+        self, terms: ParticleTerms, index: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        return log_contributions(observation_subset(terms, index))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +111,14 @@ class PredictiveScore:
         observations re-estimated from fresh draws (``adapted``) or flagged
         unreliable added as independent. Not ``sqrt(sum(se**2))``, which
         treats the estimates as independent and can be many times smaller.
+    :ivar draws: ``(n,)`` the draws each estimate rests on: ``num_draws``,
+        more for a log score whose first draws could not settle it (far in
+        the tail of every draw's predictive, or k̂ near ``good_k``).
+    :ivar unsettled: ``(n,)`` the log scores still far in the tail of every
+        draw's predictive at the most draws (``max_draws``), not settled by
+        moment matching either: their estimate rests on the guide's tail
+        beyond its draws, which k̂ cannot see, so they are unreliable
+        whatever their k̂.
     """
 
     score: np.ndarray
@@ -97,6 +130,8 @@ class PredictiveScore:
     name: str
     num_draws: int
     total_se: float
+    draws: np.ndarray
+    unsettled: np.ndarray
 
     @property
     def total(self) -> float:
@@ -105,10 +140,10 @@ class PredictiveScore:
 
     @property
     def unreliable(self) -> np.ndarray:
-        """Indices of the observations whose k̂ is at least ``good_k``."""
-        return np.flatnonzero(
-            self.observed & ~(self.pareto_k < self.good_k) & ~np.isnan(self.pareto_k)
-        )
+        """Indices of the observations whose k̂ is at least ``good_k``, or
+        whose estimate is unsettled."""
+        heavy = ~(self.pareto_k < self.good_k) & ~np.isnan(self.pareto_k)
+        return np.flatnonzero(self.observed & (heavy | self.unsettled))
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return np.asarray(self.score, dtype=dtype)
@@ -128,6 +163,7 @@ def predictive_score(
     num_draws: int = 1000,
     data_plate: str | int | None = None,
     moment_match: bool = True,
+    max_draws: int | None = None,
     **kwargs: Any,
 ) -> PredictiveScore:
     r"""Per-observation score of the posterior predictive on the given data,
@@ -179,6 +215,8 @@ def predictive_score(
     :param bool moment_match: re-estimate the log score of the observations
         with k̂ ≥ ``good_k`` by moment matching (default); ``False`` keeps
         the plain estimates (and their k̂).
+    :param int max_draws: the most draws an unsettled log-score estimate is
+        extended to (default ``64 * num_draws``; ``num_draws``: never).
     :param kwargs: model keyword arguments.
     :return: a :class:`~numpyro_pvi.PredictiveScore` (``numpy.asarray`` of it is the
         ``(n,)`` array of scores).
@@ -198,6 +236,12 @@ def predictive_score(
     )
     score = get_score(score)
     num_draws = check_int(num_draws, "num_draws", where, minimum=score.min_particles)
+    max_draws = check_int(
+        64 * num_draws if max_draws is None else max_draws,
+        "max_draws",
+        where,
+        minimum=num_draws,
+    )
     data_plate = check_data_plate(data_plate, where)
     moment_match = check_bool(moment_match, "moment_match", where)
     # the structure is traced abstractly: the key draws nothing
@@ -205,22 +249,49 @@ def predictive_score(
     check_full_data(tr, where)
     match_key = jax.random.fold_in(rng_key, 1)
     threshold = good_k(num_draws)
-    pointwise, shared_se = guide_draws(
+    is_log = isinstance(score, LogScore)
+    spec = ParticleSpec(
+        num_draws,
+        score.requires | ({LOG_LIK_SIM} if is_log else set()),
+        data_plate,
+        objective=where,
+        held_out=True,
+    )
+    draw = functools.partial(guide_draws, param_map=params, model=model, guide=guide)
+    pointwise, shared_se, near = draw(
         rng_key,
-        params,
-        model,
-        guide,
-        args,
-        kwargs,
-        ParticleSpec(num_draws, score.requires, data_plate, objective=where),
+        args=args,
+        kwargs=kwargs,
+        spec=spec,
         reduce=EstimateWithTotal(score, threshold),
     )
     pointwise = Pointwise(*(np.asarray(x) for x in pointwise))
+    draws = np.where(pointwise.observed, num_draws, 0)
+    settled = np.ones(draws.shape, bool)
+    extended: dict[int, np.ndarray] = {}
+    # the observations whose errors total_se's shared part holds
+    shared = ~is_log | (pointwise.pareto_k < threshold)
+    if is_log:
+        shared &= ~unsettled(np.asarray(near), pointwise.pareto_k, num_draws, threshold)
+        pointwise, draws, settled, extended = extend_unsettled(
+            pointwise,
+            np.asarray(near),
+            threshold,
+            lambda key, index: draw(
+                key,
+                args=args,
+                kwargs=kwargs,
+                spec=spec,
+                reduce=Columns(),
+                inputs=(index,),
+            ),
+            rng_key,
+            spec.num_particles,
+            max_draws,
+        )
     adapted = np.zeros(pointwise.score.shape, bool)
-    # the log score's observations with a large k̂ are estimated apart
-    apart = pointwise.observed & ~(pointwise.pareto_k < threshold)
-    apart &= isinstance(score, LogScore)
-    if moment_match and isinstance(score, LogScore):
+    matched: dict[int, Any] = {}
+    if moment_match and is_log:
         pointwise, adapted = match_unreliable(
             pointwise,
             threshold,
@@ -234,7 +305,12 @@ def predictive_score(
                 num_draws=num_draws,
                 plate=data_plate,
             ),
+            unsettled=~settled,
+            weights=matched,
         )
+    # the extended estimates share their further draws, the matched ones
+    # their matcher's draws
+    joint = [i for i in extended if not adapted[i]] + list(matched)
     result = PredictiveScore(
         np.asarray(pointwise.score),
         np.asarray(pointwise.se),
@@ -244,19 +320,147 @@ def predictive_score(
         threshold,
         score.name,
         num_draws,
-        _total_se(shared_se, np.asarray(apart), np.asarray(pointwise.se)),
+        _total_se(
+            shared_se,
+            pointwise.observed & ~shared & ~np.isin(np.arange(draws.size), joint),
+            pointwise.se,
+            [extended[i] for i in joint if not adapted[i]],
+            [matched[i] for i in joint if adapted[i]],
+        ),
+        draws,
+        pointwise.observed & ~settled & ~adapted,
     )
     warn_unreliable(result, find_data_plate(tr, data_plate), where)
     return result
 
 
-def _total_se(shared_se: Any, apart: np.ndarray, se: np.ndarray) -> float:
+def extend_unsettled(
+    pointwise: Pointwise,
+    near: np.ndarray,
+    threshold: float,
+    columns: Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array]],
+    rng_key: jax.Array,
+    num_draws: int,
+    max_draws: int,
+) -> tuple[Pointwise, np.ndarray, np.ndarray, dict[int, np.ndarray]]:
+    """The log score's estimates re-estimated from more draws where the
+    first draws cannot settle them: the observations far in the tail of
+    every draw's predictive (fewer than :data:`~numpyro_pvi._core.MIN_NEAR`
+    near draws), where the estimate rests on the guide's tail beyond its
+    draws, and those whose k̂'s 95% interval holds ``threshold``. Four times
+    as many draws a round (batches of ``num_draws``: ``columns(key,
+    index)`` gives their ``(S, m)`` log contributions and nearness at the
+    observations ``index``), the estimate, its error and k̂ from all of an
+    observation's draws, until it is settled or ``max_draws`` are drawn.
+
+    :return: the estimates, ``(n,)`` the draws each rests on, whether it is
+        settled (an estimate still unsettled at ``max_draws`` is not
+        reliable, whatever its k̂), and the centred smoothed weights of the
+        extended ones by observation (:func:`_joint_variance`: they share
+        their draws).
+    """
+    score, se, k, observed = (np.array(x) for x in pointwise)
+    draws, near = np.where(observed, num_draws, 0), np.array(near)
+    parts: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    weights: dict[int, np.ndarray] = {}
+    batches = 0  # fresh draws only: an extended estimate is apart from the rest
+    open_ = observed & unsettled(near, k, num_draws, threshold)
+    while open_.any() and 4 * max(batches, 1) * num_draws <= max_draws:
+        index = np.flatnonzero(open_)
+        padded = np.resize(index, 1 << max(0, len(index) - 1).bit_length())
+        for batch in range(batches, 4 * max(batches, 1)):
+            key = jax.random.fold_in(rng_key, 1000 + batch)
+            contrib, is_near = (
+                np.asarray(x) for x in columns(key, jnp.asarray(padded))
+            )
+            for c, i in enumerate(index):
+                parts.setdefault(i, []).append((contrib[:, c], is_near[:, c]))
+        batches = 4 * max(batches, 1)
+        estimates = _combined([parts[i] for i in index], num_draws)
+        for i, (estimate, error, shape, num_near, total, centred) in zip(
+            index, estimates, strict=True
+        ):
+            score[i], se[i], k[i], near[i], draws[i] = (
+                estimate,
+                error,
+                shape,
+                num_near,
+                total,
+            )
+            weights[i] = centred
+        open_[index] = unsettled(near[index], k[index], draws[index], threshold)
+    return Pointwise(score, se, k, observed), draws, ~open_, weights
+
+
+def _combined(
+    columns: list[list[tuple[np.ndarray, np.ndarray]]], batch_size: int
+) -> list[tuple[float, float, float, int, int, np.ndarray]]:
+    """Per observation, the estimate, its error, k̂, the near draws, the
+    draws and the ``(R, K, M)`` smoothed normalised weights of its draws,
+    from its ``R`` batches of log contributions and nearness (each batch
+    ``K`` strata of ``M`` draws, stratum-major: the strata's draws are
+    gathered across batches, their weights divided by the batches)."""
+    out = []
+    for batches in columns:
+        contrib = np.stack([c for c, _ in batches])  # (R, K M)
+        num = contrib.shape[0]
+        strata = max(contrib.shape[1] // batch_size, 1)
+        pooled = contrib.reshape(num, strata, -1).transpose(1, 0, 2)
+        estimate, shape, w = (
+            np.asarray(x, np.float64)
+            for x in _log_sum_parts(jnp.asarray(pooled.reshape(-1) - math.log(num)))
+        )
+        w = w.reshape(pooled.shape)  # (K, R, M)
+        centred = w - w.sum(axis=(1, 2), keepdims=True) / (num * w.shape[2])
+        near = int(sum(np.sum(n) for _, n in batches))
+        out.append(
+            (
+                float(estimate),
+                float(np.sqrt(np.sum(np.square(centred)))),
+                float(shape),
+                near,
+                int(contrib.size),
+                centred.transpose(1, 0, 2),
+            )
+        )
+    return out
+
+
+def _joint_variance(centred: list[np.ndarray]) -> float:
+    r"""The variance of the sum of estimates that share their draws (batch
+    by batch), by the delta method: :math:`\sum_s (\sum_i (\tilde w_{is} -
+    \bar w_i))^2` over the draws, each observation's centred smoothed
+    weights (``(R_i, K, M)``, the first ``R_i`` batches) summed draw by
+    draw."""
+    if not centred:
+        return 0.0
+    total = np.zeros((max(c.shape[0] for c in centred),) + centred[0].shape[1:])
+    for c in centred:
+        total[: c.shape[0]] += c
+    return float(np.sum(np.square(total)))
+
+
+_log_sum_parts = jax.jit(log_sum_parts)
+
+
+def _total_se(
+    shared_se: Any,
+    apart: np.ndarray,
+    se: np.ndarray,
+    extended: list[np.ndarray] = (),  # type: ignore[assignment]
+    matched: list[np.ndarray] = (),  # type: ignore[assignment]
+) -> float:
     """The standard error of the sum: that of the observations sharing the
-    draws, and as independent those ``apart`` from them (k̂ at least the
-    threshold: re-estimated from fresh draws, or unreliable), in float64
-    (a diverged fit's squares overflow float32)."""
+    first draws, as independent those ``apart`` from them (k̂ at least the
+    threshold: re-estimated from fresh draws, or unreliable), and that of
+    the ``extended`` ones, which share their further draws, and the
+    ``matched`` ones, which share their matcher's (each group's
+    :func:`_joint_variance`), in float64 (a diverged fit's squares overflow
+    float32)."""
     apart_var = np.sum(np.square(np.asarray(se, float)[apart]))
-    return float(np.sqrt(float(shared_se) ** 2 + apart_var))
+    total = float(shared_se) ** 2 + apart_var
+    total += _joint_variance(list(extended)) + _joint_variance(list(matched))
+    return float(np.sqrt(total))
 
 
 def match_unreliable(
@@ -264,6 +468,8 @@ def match_unreliable(
     threshold: float,
     matcher: Callable[[], Any],
     *,
+    unsettled: np.ndarray | None = None,
+    weights: dict[int, Any] | None = None,
     stacklevel: int = 4,
 ) -> tuple[Pointwise, np.ndarray]:
     """Re-estimate the observations with k̂ ≥ ``threshold`` by moment
@@ -271,15 +477,24 @@ def match_unreliable(
     keeping a new estimate where its weights have a lighter tail than the
     first estimate's and a finite mean (k̂ < 1), or, where neither has a
     mean, where it is larger (:func:`_improves`; a k̂ still at least
-    ``threshold`` is named by :func:`warn_unreliable`). Largest k̂ first,
-    within the matcher's budget of evaluations
-    (:data:`~numpyro_pvi._core.moment_matching.BUDGET`).
+    ``threshold`` is named by :func:`warn_unreliable`). The ``unsettled``
+    observations (far in the tail of every draw's predictive up to the most
+    draws, :func:`extend_unsettled`) are moved whatever their k̂ and take
+    an estimate of moved draws whose k̂ is below ``threshold``. A new
+    estimate below the first by more than twice their combined error is
+    refused: the first, biased low, found mass the moved draws missed.
+    Largest k̂ first, within the matcher's budget of evaluations
+    (:data:`~numpyro_pvi._core.moment_matching.BUDGET`). ``weights``, when
+    given, receives the centred smoothed weights of each new estimate (one
+    matcher's estimates share their draws).
 
     :return: the estimates and ``(n,)`` which were replaced.
     """
     score, se, k, observed = (np.array(x) for x in pointwise)
     adapted = np.zeros(score.shape, bool)
-    flagged = np.flatnonzero(observed & ~(k < threshold))
+    unsettled = np.zeros(score.shape, bool) if unsettled is None else unsettled
+    weights = {} if weights is None else weights
+    flagged = np.flatnonzero(observed & (~(k < threshold) | unsettled))
     if flagged.size == 0:
         return pointwise, adapted
     flagged = flagged[np.argsort(-np.nan_to_num(k[flagged], nan=np.inf))]
@@ -292,14 +507,23 @@ def match_unreliable(
             stacklevel=stacklevel,
         )
         return pointwise, adapted
-    for i, matched in zip(flagged, built.match(flagged, threshold), strict=True):
-        if matched is not None and _improves(matched, k[i], score[i]):
+    limits = np.where(unsettled[flagged], -np.inf, threshold)
+    for i, matched in zip(flagged, built.match(flagged, limits), strict=True):
+        if matched is None:
+            continue
+        if unsettled[i]:
+            better = matched.steps > 0 and matched.pareto_k < threshold
+            better &= not _refuted(matched, score[i], se[i])
+        else:
+            better = _improves(matched, k[i], score[i], se[i])
+        if better:
             score[i], se[i], k[i] = matched.score, matched.se, matched.pareto_k
             adapted[i] = True
+            weights[i] = matched.weights
     return Pointwise(score, se, k, observed), adapted
 
 
-def _improves(matched: Any, old_k: float, old_score: float) -> bool:
+def _improves(matched: Any, old_k: float, old_score: float, old_se: float) -> bool:
     """Whether a moment-matched estimate (fresh draws, moved or not)
     replaces the first: a lighter tail of weights when either has a mean
     (k̂ < 1); where neither has (k̂ ≥ 1: k̂ cannot rank them), the larger
@@ -309,9 +533,25 @@ def _improves(matched: Any, old_k: float, old_score: float) -> bool:
     target (a flow guide matched toward y = 40 in float64: k̂ 2.16 and 21
     nats short before, 1.31 and 2.7 nats short after)."""
     old_k = math.inf if math.isnan(old_k) else old_k  # no k̂: no mean
+    if _refuted(matched, old_score, old_se):
+        return False
     if min(matched.pareto_k, old_k) >= 1.0:
         return bool(matched.score > old_score or math.isnan(old_score))
     return bool(matched.pareto_k < old_k)
+
+
+def _refuted(matched: Any, old_score: float, old_se: float) -> bool:
+    """Whether the first estimate refutes a moment-matched one below it by
+    more than twice their combined error. The first is the log of a mean of
+    weights, biased low: it lies above the truth by ``c`` nats with
+    probability at most :math:`e^{-c}` (Markov's inequality), and with a
+    heavy tail of weights its typical error is below it; a first estimate
+    that high says the moved draws missed mass that the first draws found
+    (a far bump of the guide's density, which the moved draws, near the
+    bulk of the target, never reach). A correct matched estimate is
+    refused only where the first overshot, and the observation then stays
+    named unreliable."""
+    return bool(matched.score < old_score - 2.0 * math.hypot(matched.se, old_se))
 
 
 def warn_unreliable(result: PredictiveScore, plate: str | None, where: str) -> None:

@@ -51,7 +51,6 @@ from numpyro_pvi._core.draws import (
     cached_program_count,
     check_fitted_call,
     guide_draws,
-    has_own_density,
     join_arrays,
     split_arrays,
     structured_draws,
@@ -60,13 +59,18 @@ from numpyro_pvi._core.fast_draws import fast_draw, has_fast_draw
 from numpyro_pvi._core.folds import fold_ids
 from numpyro_pvi._core.gamma_draws import standard_gamma
 from numpyro_pvi._core.held_out import (
+    MIN_NEAR,
     Pointwise,
     estimate_with_total,
+    log_contributions,
     log_sum_estimate,
+    log_sum_parts,
     mixture_terms,
+    near_draws,
     observation_subset,
     pair_gain,
     pointwise_estimate,
+    unsettled,
 )
 from numpyro_pvi._core.imputed import imputed_entries
 from numpyro_pvi._core.loo import (
@@ -96,7 +100,7 @@ from numpyro_pvi._core.pmf import (
     support_log_pmf,
     support_pmf,
 )
-from numpyro_pvi._core.psis import MIN_TAIL, good_k, psis_smooth
+from numpyro_pvi._core.psis import MIN_TAIL, good_k, psis_smooth, tail_length
 from numpyro_pvi._core.recipes import (
     CHAIN_METHODS,
     FitRecipe,
@@ -123,6 +127,7 @@ from numpyro_pvi._core.site_values import (
     site_names,
 )
 from numpyro_pvi._core.structure import (
+    amortized_latents,
     check_full_data,
     feasible_improper,
     improper_latents,
@@ -134,8 +139,10 @@ from numpyro_pvi._core.structure import (
 from numpyro_pvi._core.student_draws import standard_t
 from numpyro_pvi._core.svi_scan import svi_scan
 from numpyro_pvi._core.tracing import (
+    guide_latent_log_density,
     guide_log_density,
     guide_sample_values,
+    is_sample_draw,
     latent_sites,
     obs_mask_site,
     seed_plates,
@@ -153,6 +160,7 @@ from numpyro_pvi._core.validation import (
 )
 
 __all__ = [
+    "amortized_latents",
     "normal_abs_mean",
     "observation_layout",
     "single_observation",
@@ -176,6 +184,10 @@ __all__ = [
     "DataPlate",
     "ParticleSpec",
     "Pointwise",
+    "MIN_NEAR",
+    "log_contributions",
+    "near_draws",
+    "unsettled",
     "RejectionStats",
     "cached_program_count",
     "censoring_refusal",
@@ -195,8 +207,9 @@ __all__ = [
     "find_data_plate",
     "fixed_draw_terms",
     "guide_draws",
-    "has_own_density",
+    "guide_latent_log_density",
     "guide_log_density",
+    "is_sample_draw",
     "guide_sample_values",
     "improper_latents",
     "is_censored",
@@ -207,6 +220,7 @@ __all__ = [
     "latent_dependent_observations",
     "latent_sites",
     "log_sum_estimate",
+    "log_sum_parts",
     "mixture_terms",
     "model_structure",
     "moment_matcher",
@@ -223,6 +237,7 @@ __all__ = [
     "estimate_with_total",
     "pointwise_estimate",
     "psis_smooth",
+    "tail_length",
     "good_k",
     "rejection_options",
     "rejection_estimate",

@@ -50,8 +50,7 @@ def check_fitted_call(
     :param model: should be the model (callable).
     :param guide: should be the guide (callable).
     :param needs_density: the function reads the guide's log density: refuse
-        a guide that declares it has none of its own (``has_density =
-        False``, e.g. :class:`~numpyro_pvi.selection.StackedGuide`).
+        a guide that gives latent sites as point masses.
     :param args: the model's positional arguments (an
         ``AutoLaplaceApproximation`` not run yet sets itself up with them).
     :param kwargs: the model's keyword arguments.
@@ -75,14 +74,6 @@ def check_fitted_call(
             + "; ".join(problems)
             + "."
         )
-    if needs_density and not has_own_density(guide):
-        raise ValueError(
-            f"{function} reads the guide's log density at its draws, but this "
-            f"guide ({type(guide).__name__}) has none that is its own (e.g. a "
-            "StackedGuide: a component's density is not the mixture's). Use it "
-            "where only its draws are read (predictive_score, "
-            "numpyro.infer.Predictive), or pass one candidate's fitted guide."
-        )
     check_finite_params(function, params)
     guide, params = laplace_posterior(guide, params, args, kwargs or {})
     point_masses = (
@@ -102,14 +93,6 @@ def check_fitted_call(
             "approximation once fitted."
         )
     return params, model, guide
-
-
-def has_own_density(guide: Any) -> bool:
-    """Whether the guide's log density at its draws is its own: ``False``
-    for a guide that declares ``has_density = False`` (a
-    :class:`~numpyro_pvi.selection.StackedGuide`, whose draws come from one
-    component at a time), ``True`` for every other guide."""
-    return getattr(guide, "has_density", True) is not False
 
 
 def check_finite_params(function: str, param_map: Mapping[str, Any]) -> None:
@@ -153,7 +136,8 @@ def guide_draws(
     spec: ParticleSpec,
     *,
     chunk_size: int | None = None,
-    reduce: Callable[[ParticleTerms], Any] | None = None,
+    reduce: Callable[..., Any] | None = None,
+    inputs: tuple = (),
 ) -> Any:
     """The particle terms of ``spec.num_particles`` draws of a fitted guide,
     without gradient.
@@ -167,9 +151,10 @@ def guide_draws(
     :param spec: what to draw (with ``chunk_size``, its ``vectorize`` is
         replaced as above).
     :param chunk_size: draws per chunk (``None``: all at once).
-    :param reduce: applied to the :class:`ParticleTerms` inside the program
-        (hashable, e.g. a bound method of a score); its result is returned
-        instead of the terms.
+    :param reduce: applied to the :class:`ParticleTerms` (and ``inputs``)
+        inside the program (hashable, e.g. a bound method of a score); its
+        result is returned instead of the terms.
+    :param inputs: arrays passed to ``reduce``, inputs of the program.
     """
     if chunk_size is not None:
         chunk_size = check_int(chunk_size, "chunk_size", spec.objective, minimum=1)
@@ -181,6 +166,7 @@ def guide_draws(
         param_map,
         args,
         kwargs,
+        *inputs,
         model=model,
         guide=guide,
         spec=dataclasses.replace(spec, require_reparam=False),
@@ -389,7 +375,7 @@ def _draws(
     param_map: dict[str, jax.Array],
     args: tuple,
     kwargs: dict,
-    *,
+    *inputs: Any,
     model: Callable,
     guide: Callable,
     spec: ParticleSpec,
@@ -400,7 +386,9 @@ def _draws(
         vectorize = functools.partial(_chunked_map, chunk=chunk_size)
         spec = dataclasses.replace(spec, vectorize=vectorize)
     terms = particle_terms(rng_key, param_map, model, guide, args, kwargs, spec)
-    return terms if reduce is None else jax.lax.stop_gradient(reduce(terms))
+    if reduce is None:
+        return terms
+    return jax.lax.stop_gradient(reduce(terms, *inputs))
 
 
 def _chunked_map(f: Callable, xs: Any, *, chunk: int) -> Any:

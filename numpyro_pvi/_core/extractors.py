@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from numpyro.distributions import LogNormal
+from numpyro.distributions import LogNormal, Unit
 
 from numpyro_pvi._core.data_plate import DataPlate, site_log_lik
 from numpyro_pvi._core.normal_mixture import normal_mixture
@@ -22,6 +22,7 @@ from numpyro_pvi._core.poisson import (
     poisson_likelihoods,
     poisson_parts,
 )
+from numpyro_pvi._core.site_laws import innermost, is_censored, sampler_failure
 from numpyro_pvi._core.site_support import (
     binomial_logits_count,
     ordered_pmf,
@@ -44,6 +45,7 @@ from numpyro_pvi.particles import (
     GUIDE_DRAWS,
     LATENTS,
     LOG_LIK,
+    LOG_LIK_SIM,
     LOG_PMF,
     LOG_Q_FIXED,
     PMF,
@@ -83,6 +85,18 @@ def _log_lik(p: Particle) -> dict[str, jax.Array]:
         "log_lik": sum((u for u, _ in pairs), start=zeros),
         "log_lik_scaled": sum((c for _, c in pairs), start=zeros),
     }
+
+
+def _log_lik_sim(p: Particle) -> dict[str, jax.Array | None]:
+    keys = jax.random.split(jax.random.fold_in(p.keys[2], 2), len(p.observed))
+    total = jnp.zeros((p.plate.subsample_size,))
+    for site, key in zip(p.observed, keys, strict=True):
+        fn = site["fn"]
+        if is_censored(fn) or isinstance(innermost(fn), Unit) or sampler_failure(fn):
+            return {"log_lik_sim": None}  # no simulated outcome compares
+        draw = jnp.broadcast_to(fn.sample(key), jnp.shape(site["value"]))
+        total = total + site_log_lik({**site, "value": draw}, p.plate)[0]
+    return {"log_lik_sim": jax.lax.stop_gradient(total)}
 
 
 def _y_sim(p: Particle) -> dict[str, jax.Array | None]:
@@ -159,6 +173,7 @@ def _log_q_fixed(p: Particle) -> dict[str, jax.Array]:
 #: :meth:`ParticleTracer.shared`).
 PER_PARTICLE: dict[str, Callable[[Particle], dict[str, Any]]] = {
     LOG_LIK: _log_lik,
+    LOG_LIK_SIM: _log_lik_sim,
     Y_SIM: _y_sim,
     Y_LOC_SCALE: _y_loc_scale,
     Y_LOG_LOC_SCALE: _y_log_loc_scale,

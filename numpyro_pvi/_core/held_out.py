@@ -53,6 +53,7 @@ _PER_PARTICLE = (
     "log_q",
     "log_lik",
     "log_lik_scaled",
+    "log_lik_sim",
     "y_sim",
     "y_loc",
     "y_scale",
@@ -104,11 +105,11 @@ def log_sum_estimate(
     variance of the logarithm. Contributions equal up to rounding (a guide
     at a point) have k̂ = ``-inf``: the estimate is exact.
     """
-    estimate, k, w = _log_sum_parts(log_contrib)
+    estimate, k, w = log_sum_parts(log_contrib)
     return estimate, jnp.sqrt(_strata_variance(w, num_strata)), k
 
 
-def _log_sum_parts(log_contrib: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def log_sum_parts(log_contrib: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     r"""``log Σ_s c_s``, k̂ and the ``(S,)`` Pareto-smoothed normalised
     contributions :math:`\tilde c_s`."""
     estimate = jax.nn.logsumexp(log_contrib)
@@ -160,6 +161,7 @@ def particle_subset(terms: ParticleTerms, index: jax.Array) -> ParticleTerms:
 _OBSERVATION_AXIS = {
     "log_lik": 1,
     "log_lik_scaled": 1,
+    "log_lik_sim": 1,
     "mask": 0,
     "y_obs": 0,
     "y_sim": 1,
@@ -241,9 +243,13 @@ def estimate_with_total(
     if isinstance(score, LogScore):
         log_lik = present(terms.log_lik, "log_lik")
         log_contrib = log_lik + terms.weights.log_predictive  # (S, b)
-        estimate, k, w = jax.vmap(_log_sum_parts, in_axes=1)(log_contrib)
+        estimate, k, w = jax.vmap(log_sum_parts, in_axes=1)(log_contrib)
         se = jax.vmap(lambda x: jnp.sqrt(_strata_variance(x, terms.num_strata)))(w)
-        shared = jnp.sum(jnp.where((observed & (k < reliable_k))[:, None], w, 0), 0)
+        shared_obs = observed & (k < reliable_k)
+        if terms.log_lik_sim is not None:  # those re-estimated apart
+            num = log_lik.shape[0]
+            shared_obs &= ~unsettled(near_draws(terms), k, num, reliable_k, jnp)
+        shared = jnp.sum(jnp.where(shared_obs[:, None], w, 0), 0)
         total_se = jnp.sqrt(_strata_variance(shared, terms.num_strata))
     else:
         estimate = score.estimate(terms)
@@ -255,6 +261,50 @@ def estimate_with_total(
     se = jnp.where(observed, se, 0.0)
     k = jnp.where(observed, k, jnp.nan)
     return Pointwise(estimate, se, k, observed), total_se
+
+
+#: Fewest draws under whose predictive an observation is not far in the
+#: tail (:func:`near_draws`) for its estimate to rest on the draws alone.
+MIN_NEAR = 10
+
+
+def near_draws(terms: ParticleTerms) -> jax.Array:
+    """``(b,)`` the draws under whose predictive each observation is no less
+    likely than a simulation of it (``log_lik >= log_lik_sim``): few of them
+    (below :data:`MIN_NEAR`) and the observation lies far in the tail of
+    every draw's predictive, where the estimate rests on the guide's tail
+    beyond its draws, which k̂ cannot see. All draws where the observations
+    cannot be simulated (no ``log_lik_sim``)."""
+    log_lik = present(terms.log_lik, "log_lik")
+    if terms.log_lik_sim is None:
+        return jnp.full(log_lik.shape[1], log_lik.shape[0])
+    return jnp.sum(log_lik >= terms.log_lik_sim, axis=0)
+
+
+def unsettled(near: Any, k: Any, num_draws: Any, threshold: float, xp: Any = np) -> Any:
+    r"""Whether each log-score estimate needs more draws to be settled: far
+    in the tail of every draw's predictive (fewer than :data:`MIN_NEAR`
+    near draws, :func:`near_draws`), or k̂'s 95% interval (standard error
+    :math:`(1 + \hat k)/\sqrt{M}` for a tail of ``M`` draws of
+    ``num_draws``) holding ``threshold``; not where k̂ is above it whatever
+    more draws show."""
+    num_draws = xp.maximum(xp.asarray(num_draws), 1)
+    tail = xp.ceil(xp.minimum(0.2 * num_draws, 3 * xp.sqrt(num_draws)))
+    k_se = xp.maximum(1.0 + k, 0.0) / xp.sqrt(tail)
+    straddles = xp.isfinite(k) & (xp.abs(k - threshold) <= 1.96 * k_se)
+    above = ~(k - 1.96 * k_se <= threshold)
+    return ((near < MIN_NEAR) | straddles) & ~above
+
+
+def log_contributions(terms: ParticleTerms) -> tuple[jax.Array, jax.Array]:
+    """``(S, b)`` the log contributions ``log v_s + log p(y_i | θ_s)`` of the
+    log score's estimate and whether each observation is near each draw's
+    predictive (:func:`near_draws`)."""
+    log_lik = present(terms.log_lik, "log_lik")
+    near = jnp.ones(log_lik.shape, bool)
+    if terms.log_lik_sim is not None:
+        near = log_lik >= terms.log_lik_sim
+    return log_lik + terms.weights.log_predictive, near
 
 
 def mixture_terms(a: ParticleTerms, b: ParticleTerms, weight: float) -> ParticleTerms:

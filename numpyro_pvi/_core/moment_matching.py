@@ -88,6 +88,10 @@ class Matched(NamedTuple):
     se: float
     pareto_k: float
     steps: int  # accepted maps
+    #: ``(S,)`` the centred smoothed weights of its draws, which every
+    #: observation of one matcher shares draw by draw (the error of a sum of
+    #: estimates)
+    weights: np.ndarray | None = None
 
 
 class _Affine(NamedTuple):
@@ -246,26 +250,31 @@ class MomentMatcher:
             out_h.append(np.asarray(log_h, np.float64)[:num])
         return np.concatenate(out_q), np.concatenate(out_h)
 
-    def match(self, indices: Sequence[int], threshold: float) -> list[Matched | None]:
+    def match(
+        self, indices: Sequence[int], threshold: float | Sequence[float]
+    ) -> list[Matched | None]:
         """Move the draws toward each observation of ``indices`` (in that
-        order, :data:`WAVE` at a time) until its k̂ is below ``threshold`` or
+        order, :data:`WAVE` at a time) until its k̂ is below ``threshold``
+        (one for all, or one per observation) or
         no map lowers it, within :data:`BUDGET` evaluations; the estimate of
         an observation whose draws moved is the split estimate. ``None`` for
         the observations the budget did not reach."""
         order = np.asarray(indices, dtype=int)
+        limits = np.broadcast_to(np.asarray(threshold, float), order.shape)
         out: list[Matched | None] = [None] * len(order)
         spent = 0
         for start in range(0, len(order), WAVE):
             if spent >= BUDGET:
                 break
             wave = order[start : start + WAVE]
-            matched, cost = self._match_wave(wave, threshold, BUDGET - spent)
+            limit = limits[start : start + WAVE]
+            matched, cost = self._match_wave(wave, limit, BUDGET - spent)
             out[start : start + len(wave)] = matched
             spent += cost
         return out
 
     def _match_wave(
-        self, indices: np.ndarray, threshold: float, budget: int
+        self, indices: np.ndarray, threshold: np.ndarray, budget: int
     ) -> tuple[list[Matched], int]:
         first = self._log_lik[:, indices].T  # log q + log h - log g, g = q
         identity = _Affine.identity(self._u.shape[1])
@@ -285,21 +294,24 @@ class MomentMatcher:
             ratios[c] = ratio
         rows = _padded(np.stack(ratios))
         score, se, k = (np.asarray(x, np.float64) for x in _log_means(rows))
+        log_w, _ = _smooth_padded(np.stack(ratios))
+        w = np.exp(log_w)
+        centred = w - 1.0 / w.shape[1]
         matched = [
-            Matched(float(score[c]), float(se[c]), float(k[c]), st.steps)
+            Matched(float(score[c]), float(se[c]), float(k[c]), st.steps, centred[c])
             for c, st in enumerate(states)
         ]
         return matched, spent + 2 * len(moved)
 
     def _round(
-        self, states: list[_State], indices: np.ndarray, threshold: float
+        self, states: list[_State], indices: np.ndarray, threshold: np.ndarray
     ) -> int | None:
         """One map tried for every observation still moving (in place); the
         number of draw sets evaluated, ``None`` when none is moving."""
         moving = [
             c
             for c, st in enumerate(states)
-            if st.k >= threshold and st.steps < MAX_STEPS and st.stage < len(_MAPS)
+            if st.k >= threshold[c] and st.steps < MAX_STEPS and st.stage < len(_MAPS)
         ]
         if not moving:
             return None

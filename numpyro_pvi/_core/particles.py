@@ -24,7 +24,7 @@ under ``jit`` and shards along the data plate with :mod:`jax.sharding`.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from numpyro_pvi._core.data_plate import (
     data_sites,
     observation_weight,
     plate_of,
+    site_log_lik,
 )
 from numpyro_pvi._core.extractors import PER_PARTICLE, Particle
 from numpyro_pvi._core.imputed import (
@@ -59,6 +60,7 @@ from numpyro_pvi._core.site_values import (
     observed_values,
 )
 from numpyro_pvi._core.structure import (
+    amortized_latents,
     latent_dependent_observations,
     refuse_dependent_observations,
 )
@@ -73,8 +75,12 @@ from numpyro_pvi._core.tracing import (
 from numpyro_pvi.particles import (
     BINOMIAL,
     FINITE_PMF,
+    GUIDE_DRAWS,
+    LATENTS,
     LOG_LIK,
+    LOG_LIK_SIM,
     LOG_PMF,
+    LOG_Q_FIXED,
     OBS_WEIGHT,
     OBSERVED,
     PMF,
@@ -131,6 +137,12 @@ class ParticleSpec:
         guide (estimators defined for i.i.d. sets of draws: PSIS, the
         contrastive objectives). Guides without strata always give ``M``
         i.i.d. draws of weight ``1/M``.
+    :ivar held_out: the observations are scored as held-out data: the local
+        latents of a guide that reads the data (an amortized encoder,
+        :func:`~numpyro_pvi._core.structure.amortized_latents`) enter the
+        log-likelihood as the importance weight of the marginal,
+        :math:`\\log p(y_i \\mid z_i, \theta) + \\log p(z_i \\mid \theta) -
+        \\log q(z_i \\mid y_i)`, and the other scores' requests are refused.
     :ivar vectorize: how to map over particles (``vmap`` or ``lax.map``),
         an ELBO's ``vectorize_particles_fn``.
     """
@@ -143,6 +155,7 @@ class ParticleSpec:
     require_observed: bool = True
     fixed_observations: bool = True
     stratified: bool = True
+    held_out: bool = False
     vectorize: Callable = field(default=_vmap)
 
     def __post_init__(self) -> None:
@@ -226,8 +239,14 @@ def particle_terms(
             "them), or observe the data alone with obs_mask=."
         )
     refuse_dependent_observations(refused, spec.objective)
+    amortized = {}
+    if spec.held_out:
+        amortized = amortized_latents(
+            tracer.model, tracer.guide, param_map, args, kwargs, shared.plate.name
+        )
+        refuse_amortized(amortized, spec)
     per_particle = spec.vectorize(
-        lambda kc: tracer.particle(shared.plate, *kc), (keys, components)
+        lambda kc: tracer.particle(shared.plate, *kc, amortized), (keys, components)
     )
     for name in ("log_pmf", "pmf"):  # support values stacked after the particles
         if isinstance(per_particle.get(name), tuple):
@@ -366,7 +385,11 @@ class _ParticleTracer:
         return mean_log_w, per_obs[model_trace[plate.name]["value"]]
 
     def particle(
-        self, plate: DataPlate, key: jax.Array, component: jax.Array
+        self,
+        plate: DataPlate,
+        key: jax.Array,
+        component: jax.Array,
+        amortized: Mapping[str, str],
     ) -> dict[str, Any]:
         """The per-particle fields of :class:`ParticleTerms` for one draw."""
         requests = self.spec.requests
@@ -401,7 +424,40 @@ class _ParticleTracer:
         for request in sorted(requests & PER_PARTICLE.keys()):
             with jax.named_scope(request):
                 out.update(PER_PARTICLE[request](particle))
+        if amortized and "log_lik" in out:
+            out["log_lik_sim"] = None  # the likelihood alone: not comparable
+            out["log_lik"] = out["log_lik"] + sum(
+                site_log_lik(model_trace[n], plate)[0]
+                - site_log_lik(guide_trace[n], plate)[0]
+                for n in amortized
+            )
         return out
+
+
+#: What the held-out scores of amortized local latents read: the log score.
+_AMORTIZED_REQUESTS = frozenset(
+    {LOG_LIK, LOG_LIK_SIM, OBS_WEIGHT, OBSERVED, LATENTS, GUIDE_DRAWS, LOG_Q_FIXED}
+)
+
+
+def refuse_amortized(amortized: Mapping[str, str], spec: ParticleSpec) -> None:
+    """Refuse a held-out score other than the log score where the guide's
+    local latents read the data (``amortized``: site -> argument): their
+    draws given the observation would score its reconstruction."""
+    if not amortized or spec.requests <= _AMORTIZED_REQUESTS:
+        return
+    site, argument = next(iter(amortized.items()))
+    raise ValueError(
+        f"{spec.objective}: the guide draws the local latent site '{site}' from "
+        f"the data it is scored on (its argument {argument} carries the "
+        "observations: an amortized encoder), so its draws reconstruct each "
+        "observation and a score from them would be too good. The held-out log "
+        "score corrects for it (score='log': the importance-weighted marginal "
+        "E_q[p(y|z, θ) p(z|θ) / q(z|y)]); the other scores need the local "
+        "latents drawn without the observation: pass the guide data that do "
+        f"not hold the observations scored through {argument}, or use "
+        "score='log'."
+    )
 
 
 def _mutable_values(

@@ -8,6 +8,7 @@ every observation (diagnostics and held-out scores).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -28,6 +29,7 @@ from numpyro_pvi._core.site_laws import (
     sampler_failure,
 )
 from numpyro_pvi._core.trace_checks import explained_failure
+from numpyro_pvi._core.tracing import with_guide_params
 
 
 def replay_trace(
@@ -68,7 +70,10 @@ def replay_trace(
         seeded_guide = substitute(seed(traced, guide_key), data=params)
         with explained_failure(function, "guide"):
             guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
-        seeded = substitute(replay(seed(model, model_key), guide_trace), data=params)
+        seeded = substitute(
+            replay(seed(model, model_key), guide_trace),
+            data=with_guide_params(params, guide_trace),
+        )
         with explained_failure(function, "model"):
             tr = trace(seeded).get_trace(*args, **kwargs)
         captured["trace"] = {name: _static_site(site) for name, site in tr.items()}
@@ -267,18 +272,7 @@ def latent_dependent_observations(
     abstract trace and do not count.
     """
     batched: dict[str, bool] = {}
-
-    def probe(name: str) -> Callable:
-        @jax.custom_batching.custom_vmap
-        def identity(x: jax.Array) -> jax.Array:
-            return x
-
-        @identity.def_vmap
-        def rule(axis_size: int, in_batched: list, x: jax.Array) -> tuple:
-            batched[name] = bool(in_batched[0])
-            return x, in_batched[0]
-
-        return identity
+    probe = _batching_probe(batched)
 
     def run(key: jax.Array) -> int:
         proper = feasible_improper(model)
@@ -298,6 +292,114 @@ def latent_dependent_observations(
 
     jax.eval_shape(run, random.PRNGKey(0))
     return [name for name, is_batched in batched.items() if is_batched]
+
+
+def _batching_probe(batched: dict[Any, bool]) -> Callable[[Any], Callable]:
+    """``probe(label)``: an identity whose batching rule records in
+    ``batched[label]`` whether its input is batched under ``jax.vmap``
+    (:func:`jax.custom_batching.custom_vmap`): whether a value depends on
+    what the ``vmap`` maps over."""
+
+    def probe(label: Any) -> Callable:
+        @jax.custom_batching.custom_vmap
+        def identity(x: jax.Array) -> jax.Array:
+            return x
+
+        @identity.def_vmap
+        def rule(axis_size: int, in_batched: list, x: jax.Array) -> tuple:
+            batched[label] = batched.get(label, False) or bool(in_batched[0])
+            return x, in_batched[0]
+
+        return identity
+
+    return probe
+
+
+def amortized_latents(
+    model: Callable,
+    guide: Callable,
+    params: Mapping[str, Any],
+    args: tuple,
+    kwargs: dict,
+    plate: str | None,
+) -> dict[str, str]:
+    """``{site: argument}``: the model's latent sites local to the data
+    plate ``plate`` whose draws by ``guide`` read the observations' data
+    (an amortized encoder), each with the argument that carries the data.
+
+    Found abstractly, one array argument at a time: model and guide run
+    under ``jax.vmap`` over two copies of it, and a probe
+    (:func:`_batching_probe`) on each local latent value and each observed
+    value of the plate records which depend on it; a local latent that
+    depends on an argument the observed values depend on reads the data.
+    """
+    if plate is None:
+        return {}
+    paths, treedef = jax.tree_util.tree_flatten_with_path((args, kwargs))
+    leaves = [leaf for _, leaf in paths]
+    found: dict[str, str] = {}
+    for i, (path, leaf) in enumerate(paths):
+        if not isinstance(leaf, jax.Array | np.ndarray):
+            continue
+        batched: dict[tuple[bool, str], bool] = {}
+        probe = _batching_probe(batched)
+
+        def one(
+            key: jax.Array, value: jax.Array, i: int = i, probe: Callable = probe
+        ) -> int:
+            a, k = jax.tree.unflatten(treedef, [*leaves[:i], value, *leaves[i + 1 :]])
+            guide_tr = trace(substitute(seed(guide, key), data=params)).get_trace(
+                *a, **k
+            )
+            model_tr = trace(
+                substitute(
+                    replay(seed(model, key), guide_tr),
+                    data=with_guide_params(params, guide_tr),
+                )
+            ).get_trace(*a, **k)
+            for name, site in model_tr.items():
+                in_plate = plate in {f.name for f in site.get("cond_indep_stack", [])}
+                if site["type"] == "sample" and in_plate:
+                    label = (bool(site["is_observed"]), name)
+                    probe(label)(jnp.asarray(site["value"]))
+            return 0
+
+        def run(key: jax.Array, value: jax.Array) -> Any:
+            return jax.vmap(one, in_axes=(None, 0))(key, jnp.stack([value, value]))
+
+        try:
+            jax.eval_shape(run, random.PRNGKey(0), leaf)
+        except _PYTHON_ON_VALUES:  # Python reads its value: not the data
+            continue
+        if any(v for (observed, _), v in batched.items() if observed):
+            for (observed, name), v in batched.items():
+                if v and not observed:
+                    found.setdefault(name, _argument_name(guide, args, path))
+    return found
+
+
+#: What tracing raises where Python asks a traced value for its value.
+_PYTHON_ON_VALUES = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+)
+
+
+def _argument_name(guide: Callable, args: tuple, path: tuple) -> str:
+    """The guide's argument at ``path`` of ``(args, kwargs)``, for messages."""
+    where, key = path[0].idx, path[1]
+    if where == 1:
+        return repr(key.key)
+    try:
+        names = list(inspect.signature(guide).parameters)
+    except (TypeError, ValueError):
+        names = []
+    index = key.idx
+    if index < len(names) and len(names) >= len(args):
+        return repr(names[index])
+    return f"#{index} (positional)"
 
 
 def refuse_dependent_observations(names: list[str], function: str) -> None:

@@ -219,9 +219,12 @@ def point_mass_sites(
         with explained_failure(function, "guide"):
             guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
         with explained_failure(function, "model"):
-            model_trace = trace(replay(seed(model, key), guide_trace)).get_trace(
-                *args, **kwargs
-            )
+            model_trace = trace(
+                substitute(
+                    replay(seed(model, key), guide_trace),
+                    data=with_guide_params(params, guide_trace),
+                )
+            ).get_trace(*args, **kwargs)
         latents = {s["name"]: s for s in latent_sites(model_trace)}
         guide_sites = list(latent_sites(guide_trace))
         draws = [s for s in guide_sites if is_sample_draw(s)]
@@ -305,6 +308,21 @@ def guide_log_density(
         ) from err
 
 
+def with_guide_params(
+    params: Mapping[str, Any], guide_trace: dict[str, Any]
+) -> dict[str, Any]:
+    """``params`` and the parameters a guide registered at this draw that
+    ``params`` does not hold: the model runs with them (the drawn
+    candidate's own model parameters, which a
+    :class:`~numpyro_pvi.selection.StackedGuide` registers)."""
+    drawn = {
+        name: site["value"]
+        for name, site in guide_trace.items()
+        if site["type"] == "param" and name not in params
+    }
+    return {**drawn, **params}
+
+
 def seed_plates(fn: Callable, plate_key: jax.Array) -> Callable:
     """``fn`` whose subsampled plates draw their indices from ``plate_key``
     (sample sites are left unseeded), as :func:`particle_terms` seeds model
@@ -357,9 +375,10 @@ def trace_particle(
         guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
     if require_reparam:
         require_reparam_guide(guide_trace, objective)
+    params = draw_params if model_params is None else model_params
     seeded_model = substitute(
         replay(seed(model, model_key), guide_trace),
-        data=draw_params if model_params is None else model_params,
+        data=with_guide_params(params, guide_trace),
     )
     with explained_failure(objective, "model"):
         model_trace = trace(seeded_model).get_trace(*args, **kwargs)

@@ -26,7 +26,10 @@ from numpyro_pvi._core.data_plate import (
 from numpyro_pvi._core.imputed import ImputationNeedsConstants, with_imputed_entries
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
-from numpyro_pvi._core.structure import latent_dependent_observations
+from numpyro_pvi._core.structure import (
+    amortized_latents,
+    latent_dependent_observations,
+)
 from numpyro_pvi._core.tracing import (
     guide_latent_log_density,
     is_sample_draw,
@@ -133,6 +136,12 @@ def _at_draws(key, params, args, kwargs, u, model, guide, plate):
         if imputed is None and {s["name"] for s in sites} & set(dependent):
             raise ImputationNeedsConstants("moment matching: traced arguments")
         log_lik = sum(site_log_lik(s, data)[0] for s in sites)
+        amortized = amortized_latents(
+            seeded_model, guide, params, args, kwargs, data.name
+        )
+        for name in amortized:  # the importance weight of the local latents
+            log_lik += site_log_lik(model_trace[name], data)[0]
+            log_lik -= site_log_lik(guide_trace[name], data)[0]
         return log_q + log_det, jnp.asarray(log_lik)
 
     return jax.vmap(one)(u)

@@ -19,7 +19,6 @@ from numpyro_pvi._core import (
     check_loss_target,
     data_sites,
     deprecation,
-    has_own_density,
     observed_sites,
     plate_of,
     structured_draws,
@@ -67,13 +66,11 @@ PSIS_LOO_NOTE = (
     "data.sample_stats.lp, data.sample_stats.log_q) (ArviZ >= 1.0) corrects "
     "PSIS-LOO for the variational approximation."
 )
-#: The root attribute ``guide_density`` of an export of a guide without a
-#: density of its own.
-NO_DENSITY_NOTE = (
-    "none: the draws come from a mixture of fits (a StackedGuide), each from "
-    "one component, so no log_q is stored and the log-likelihood is kept out "
-    "of ArviZ's LOO (the mixture does not target the posterior); the draws, "
-    "posterior_predictive and predictions serve predictive checks."
+#: The root attribute ``guide_density`` of an export of a mixture of fits.
+MIXTURE_NOTE = (
+    "the mixture's: the draws come from a mixture of fits (a StackedGuide) "
+    "and log_q is the mixture's density; the log-likelihood is kept out of "
+    "ArviZ's LOO (the mixture does not target the posterior)."
 )
 
 
@@ -188,8 +185,8 @@ def to_inference_data(
     num_draws = check_int(num_draws, "num_draws", where, minimum=1)
     data_plate = check_data_plate(data_plate, where)
     targets = check_loss_target(loss, where)
-    own_density = has_own_density(guide)
-    if not own_density:  # a mixture of fits (StackedGuide): not the posterior
+    mixture_of_fits = getattr(guide, "targets_posterior", True) is False
+    if mixture_of_fits:  # a StackedGuide: not the posterior
         targets = False
     spec = ParticleSpec(
         num_draws,
@@ -208,10 +205,10 @@ def to_inference_data(
         psis_loo=PSIS_LOO_NOTE,
         **objective_attrs(loss, targets),
     )
-    if not own_density:
+    if mixture_of_fits:
         attrs["objective"] = type(guide).__name__
-        attrs["guide_density"] = NO_DENSITY_NOTE
-    groups = export_groups(terms, tr, data_plate, targets, log_q=own_density)
+        attrs["guide_density"] = MIXTURE_NOTE
+    groups = export_groups(terms, tr, data_plate, targets)
     if not observed_sites(tr):  # a target density: draws and their lp only
         return ADAPTER.build(groups, attrs)
     plate = plate_of(tr, data_plate)
@@ -242,17 +239,14 @@ def export_groups(
     tr: dict[str, Any],
     data_plate: str | int | None,
     targets: bool | None,
-    *,
-    log_q: bool = True,
 ) -> dict[str, xr.Dataset]:
     """The groups of :func:`to_inference_data` from draws ``terms`` (with
     ``log_lik``, ``latents`` and ``observed``, at ``data_plate``) and the
     model's structure ``tr``: ``posterior``, the pointwise log-likelihood
     (``log_likelihood``, or :data:`NOT_POSTERIOR_LOG_LIKELIHOOD` when
-    ``targets`` is false), ``sample_stats`` (``lp``, and ``log_q`` unless
-    the guide has no density of its own) and ``observed_data``; a model
-    without an observed site (a target density) has ``posterior`` and
-    ``sample_stats`` only."""
+    ``targets`` is false), ``sample_stats`` (``lp`` and ``log_q``) and
+    ``observed_data``; a model without an observed site (a target density)
+    has ``posterior`` and ``sample_stats`` only."""
     dims = site_dims(tr)
     latents = present(terms.latents, "latents")
     groups = {
@@ -260,8 +254,10 @@ def export_groups(
             latents, dims={name: dims[name] for name in latents}
         ),
         "sample_stats": draws_dataset(
-            {"lp": np.asarray(log_joint(terms), dtype=np.float64)}
-            | ({"log_q": np.asarray(terms.log_q, dtype=np.float64)} if log_q else {})
+            {
+                "lp": np.asarray(log_joint(terms), dtype=np.float64),
+                "log_q": np.asarray(terms.log_q, dtype=np.float64),
+            }
         ),
     }
     if not observed_sites(tr):

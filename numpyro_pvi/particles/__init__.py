@@ -50,6 +50,7 @@ __all__ = [
     "GUIDE_DRAWS",
     "LATENTS",
     "LOG_LIK",
+    "LOG_LIK_SIM",
     "LOG_PMF",
     "LOG_Q_FIXED",
     "OBSERVED",
@@ -96,6 +97,10 @@ Y_NORMAL_MIXTURE = "y_normal_mixture"
 #: ``y_rate``, ``y_count_sim`` and the zero-inflation ``y_gate`` (with
 #: ``y_obs``).
 Y_POISSON = "y_poisson"
+#: The log-likelihood of each observation at one simulation of it per
+#: particle, ``log_lik_sim`` (``None`` where an observed site cannot be
+#: simulated): how far each observation lies in each particle's predictive.
+LOG_LIK_SIM = "log_lik_sim"
 #: The log pmf over a finite support, ``log_pmf``.
 LOG_PMF = "log_pmf"
 #: The pmf over a finite support, ``pmf`` (probabilities, no logarithm).
@@ -130,6 +135,7 @@ OBSERVED = "observed"
 #: request                fields
 #: =====================  ===========================================
 #: ``log_lik``            ``log_lik``, ``log_lik_scaled``
+#: ``log_lik_sim``        ``log_lik_sim``
 #: ``y_sim``              ``y_sim``, ``y_obs``
 #: ``y_loc_scale``        ``y_loc``, ``y_scale``, ``y_obs``
 #: ``y_log_loc_scale``    ``y_log_loc``, ``y_log_scale``, ``y_obs``
@@ -153,6 +159,7 @@ OBSERVED = "observed"
 FIELDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         LOG_LIK: ("log_lik", "log_lik_scaled"),
+        LOG_LIK_SIM: ("log_lik_sim",),
         Y_SIM: ("y_sim", "y_obs"),
         Y_LOC_SCALE: ("y_loc", "y_scale", "y_obs"),
         Y_LOG_LOC_SCALE: ("y_log_loc", "y_log_scale", "y_obs"),

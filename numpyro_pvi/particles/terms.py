@@ -67,6 +67,10 @@ class ParticleTerms(NamedTuple):
         scale applied (subsample scale ``N / b`` times any handler scale):
         ``log_prior + log_lik_scaled.sum(1)`` is the log joint density
         :func:`numpyro.infer.util.log_density` gives.
+    :ivar log_lik_sim: ``(M, b)`` the log-likelihood of one simulation of
+        each observation from ``p(y_i | θ_j)``: where ``log_lik`` is below
+        it for (nearly) every particle, the observation lies far in the tail
+        of every particle's predictive.
     :ivar mask: ``(b,)`` ``False`` for an observation that masks
         (``numpyro.handlers.mask``, ``Distribution.mask``, ``obs_mask=``)
         remove entirely: it contributes nothing to any score
@@ -150,6 +154,7 @@ class ParticleTerms(NamedTuple):
     num_strata: int
     log_lik: jax.Array | None = None
     log_lik_scaled: jax.Array | None = None
+    log_lik_sim: jax.Array | None = None
     mask: jax.Array | None = None
     y_obs: jax.Array | None = None
     y_sim: jax.Array | None = None

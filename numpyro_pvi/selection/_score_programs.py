@@ -69,6 +69,7 @@ def pointwise_scorer(
         plate.selector,
         objective="cross_validate",
         require_reparam=False,
+        held_out=True,
     )
 
     def draw(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202
@@ -96,6 +97,7 @@ def pair_gain_scorer(
         plate.selector,
         objective="cross_validate",
         require_reparam=False,
+        held_out=True,
     )
 
     def draw(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202

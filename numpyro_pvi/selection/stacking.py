@@ -55,7 +55,12 @@ from numpyro.infer import SVI
 from scipy import optimize
 from scipy.special import logsumexp, softmax
 
-from numpyro_pvi._core import FitRecipe, check_recipe
+from numpyro_pvi._core import (
+    FitRecipe,
+    check_recipe,
+    guide_latent_log_density,
+    is_sample_draw,
+)
 from numpyro_pvi.selection.cross_validation import CrossValidation
 
 __all__ = [
@@ -269,32 +274,41 @@ def stacking_weights(cv: CrossValidation) -> Stacking:
 
 
 class StackedGuide:
-    r"""The stacked posterior: a mixture of the candidates' fitted guides.
+    r"""The stacked posterior: a mixture of the candidates' fitted guides,
 
-    Each call draws a candidate :math:`c` with probability :math:`w_c` and
-    then the candidate's guide with its own fitted parameters, so the
-    posterior predictive of its draws is the stacked predictive
-    :math:`\sum_c w_c\, p_c(\tilde y \mid y)`. Its one parameter,
-    ``"stacked_params"``, holds every candidate's parameters stacked along a
-    leading axis (``StackedFit.params``). Use it wherever a fitted
-    guide's predictive is read (:func:`~numpyro_pvi.predictive_score`,
-    ``numpyro.infer.Predictive``, and
-    :func:`~numpyro_pvi.diagnostics.to_inference_data` for ArviZ's
-    predictive checks, which exports it without ``log_q`` and with its
-    log-likelihood kept out of ArviZ's LOO); it has no density of its own
-    (the component's density is not the mixture's), so the functions that
-    read a guide's density (``psis``, ``psis_resample``, ``report``) refuse
-    it with an error that says so.
+    .. math::
+
+        q(\theta) = \sum_c w_c\, q_c(\theta),
+
+    with the density of that mixture. Each call draws a candidate :math:`c`
+    with probability :math:`w_c`, then the candidate's guide with its own
+    fitted parameters, so the posterior predictive of its draws is the
+    stacked predictive :math:`\sum_c w_c\, p_c(\tilde y \mid y)`; a factor
+    ``"_stacked_density"``, :math:`\log q(\theta) - \log q_c(\theta)`, makes
+    the log density of its trace the mixture's at the draw (every
+    candidate's density evaluated there), so every function that reads a
+    guide's density (moment matching, ``psis``, ``psis_resample``,
+    ``report``, the export's ``log_q``) reads the mixture's. Its one
+    parameter, ``"stacked_params"``, holds every candidate's fitted
+    parameters stacked along a leading axis (``StackedFit.params``); those
+    the guide does not read (the model's own, e.g. a ``numpyro.module``
+    network of the model) it registers with ``numpyro.param`` at the drawn
+    candidate's values, and the package runs the model with them. NumPyro's
+    own :class:`~numpyro.infer.Predictive` reads the model's parameters
+    from ``params`` alone: for a model with parameters of its own, read the
+    stacked predictive through this package's functions.
+
+    The mixture does not target the Bayesian posterior
+    (``targets_posterior = False``): its exported log-likelihood is kept out
+    of ArviZ's LOO.
 
     :param guide: the candidates' guide (one guide, fitted once per
         candidate).
     :param weights: ``(C,)`` the stacking weights.
     """
 
-    #: its log density at its draws is not the mixture's: the functions that
-    #: read a guide's density (psis, psis_resample, report) refuse it, and
-    #: to_inference_data stores no log_q
-    has_density = False
+    #: a mixture of fits chosen for prediction, not the Bayesian posterior
+    targets_posterior = False
 
     def __init__(self, guide: Callable, weights: Any) -> None:
         self.guide = guide
@@ -312,7 +326,25 @@ class StackedGuide:
             key = random.PRNGKey(0)
         component = random.categorical(key, self.log_weights)
         params = jax.tree.map(lambda p: p[component], stacked)
-        return handlers.substitute(self.guide, data=params)(*args, **kwargs)
+        with handlers.trace() as tr:
+            out = handlers.substitute(self.guide, data=params)(*args, **kwargs)
+        draws = {n: s["value"] for n, s in tr.items() if is_sample_draw(s)}
+        log_q = jax.vmap(lambda p: self._log_density(p, draws, args, kwargs))(stacked)
+        mixture = jax.nn.logsumexp(self.log_weights + log_q)
+        numpyro.factor("_stacked_density", mixture - log_q[component])
+        for name, value in params.items():  # the model's own parameters
+            if name not in tr:
+                numpyro.param(name, value)
+        return out
+
+    def _log_density(
+        self, params: dict, draws: dict, args: tuple, kwargs: dict
+    ) -> jax.Array:
+        """One candidate's log density at the draws of the guide's sites."""
+        fixed = handlers.substitute(self.guide, data={**params, **draws})
+        with handlers.block():
+            tr = handlers.trace(handlers.seed(fixed, 0)).get_trace(*args, **kwargs)
+        return guide_latent_log_density(tr)
 
 
 @dataclasses.dataclass(frozen=True)

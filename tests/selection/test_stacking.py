@@ -4,6 +4,7 @@ the quadratic identity of the mixture's score estimates, and the stacked
 predictive scored held out on a misspecified model."""
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,6 +13,7 @@ import numpyro
 import numpyro.distributions as dist
 import optax
 import pytest
+from jax.example_libraries import stax
 from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
@@ -380,31 +382,133 @@ def test_stacked_guide_draws_each_candidate_with_its_weight():
     assert abs(frac - 0.75) < 4 * np.sqrt(0.75 * 0.25 / 4000)
 
 
+def _stacked_params(locs, scales):
+    return {
+        "stacked_params": {
+            "w_auto_loc": jnp.asarray(locs),
+            "w_auto_scale": jnp.asarray(scales),
+        }
+    }
+
+
+def _mixture_log_density(w, weights, locs, scales):
+    from scipy.stats import norm
+
+    parts = [np.log(p) + norm.logpdf(w, m, s) for p, m, s in zip(weights, locs, scales)]
+    return np.logaddexp.reduce(parts, axis=0)
+
+
 @pytest.mark.parametrize("call", ["psis", "psis_resample", "report"])
-def test_functions_that_read_the_guide_density_refuse_a_stacked_guide(call):
+def test_functions_that_read_the_guide_density_read_the_mixtures(call):
+    """psis, psis_resample and report read the stacked guide's density: the
+    mixture's at every draw (exact), not the drawn candidate's."""
     from numpyro_pvi import diagnostics
 
     guide = AutoNormal(_model)
     x = jnp.linspace(-1, 1, 5)
-    numpyro.handlers.seed(guide, 0)(x)
+    numpyro.handlers.seed(guide, 0)(x, jnp.zeros(5))
+    locs, scales, weights = [-1.0, 1.0], [0.3, 0.5], [0.3, 0.7]
+    out = getattr(diagnostics, call)(
+        jax.random.PRNGKey(0),
+        _stacked_params(locs, scales),
+        _model,
+        StackedGuide(guide, weights),
+        x,
+        jnp.zeros(5),
+        num_draws=400,
+    )
+    if call == "psis_resample":
+        return  # resampled by the weights of psis' draws, read below
+    stats = diagnostics.get_group(out, "sample_stats")
+    w = np.asarray(diagnostics.get_group(out, "posterior")["w"]).ravel()
+    np.testing.assert_allclose(
+        np.asarray(stats["log_q"]).ravel(),
+        _mixture_log_density(w, weights, locs, scales),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+
+
+def _point_model(y=None):
+    theta = numpyro.sample("theta", dist.Normal(0.0, 10.0))
+    with numpyro.plate("data", 1):
+        numpyro.sample("y", dist.Normal(theta, 1.0), obs=y)
+
+
+def _point_guide(y=None):
+    loc = numpyro.param("loc", 0.0)
+    scale = numpyro.param("scale", 1.0, constraint=dist.constraints.positive)
+    numpyro.sample("theta", dist.Normal(loc, scale))
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_a_stacked_guides_score_far_from_the_fit_is_the_mixtures(order):
+    """The known answer: candidates N(0, 0.3²) and N(3, 0.5²) with weights
+    (0.6, 0.4), y ~ N(θ, 1), y = -10: log Σ_c w_c N(y; μ_c, 1 + σ_c²) =
+    -47.344, in both orders (moment matching reads the guide's density at
+    given points: the mixture's, not one fixed candidate's, which gave -65)."""
+    from scipy.stats import norm
+
+    candidates = [(0.0, 0.3, 0.6), (3.0, 0.5, 0.4)]
+    candidates = [candidates[i] for i in order]
+    locs, scales, weights = (np.array(c) for c in zip(*candidates, strict=True))
+    exact = np.logaddexp.reduce(
+        np.log(weights) + norm.logpdf(-10, locs, np.sqrt(1 + scales**2))
+    )
     params = {
-        "stacked_params": {
-            "w_auto_loc": jnp.array([-1.0, 1.0]),
-            "w_auto_scale": jnp.array([0.1, 0.1]),
-        }
+        "stacked_params": {"loc": jnp.asarray(locs), "scale": jnp.asarray(scales)}
     }
-    stacked = StackedGuide(guide, [0.5, 0.5])
-    with pytest.raises(ValueError, match="a component's density is not the mixture"):
-        getattr(diagnostics, call)(
-            jax.random.PRNGKey(0), params, _model, stacked, x, jnp.zeros(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # an unreliable estimate says so
+        result = predictive_score(
+            jax.random.PRNGKey(0),
+            params,
+            _point_model,
+            StackedGuide(_point_guide, weights),
+            jnp.array([-10.0]),
         )
+    assert abs(result.score[0] - exact) < max(4 * result.se[0], 1.0), (
+        result.score[0],
+        result.se[0],
+        exact,
+    )
+
+
+def _module_model(x, y=None):
+    """A model with a parameter of its own (a numpyro.module's weights)."""
+    net = numpyro.module("net", stax.Dense(1), (x.shape[0], 1))
+    w = numpyro.sample("w", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", x.shape[0]):
+        mean = net(x[:, None])[:, 0] + w
+        numpyro.sample("y", dist.Normal(mean, 1.0), obs=y)
+
+
+def test_a_stacked_fit_gives_the_model_its_candidates_parameters():
+    """The model's own parameters reach it in a stacked fit: one candidate at
+    weight 1 scores what its own fit scores (the same draws: the component
+    draw takes its own key), where untrained model parameters score far
+    less."""
+    x = jnp.linspace(-2, 2, 30)
+    y = 3.0 * x + 1.0
+    guide = AutoNormal(_module_model)
+    svi = numpyro.infer.SVI(_module_model, guide, optax.adam(0.05), Trace_ELBO())
+    params = svi.run(jax.random.PRNGKey(0), 1500, x, y, progress_bar=False).params
+    own = predictive_score(jax.random.PRNGKey(1), params, _module_model, guide, x, y)
+    stacked = {"stacked_params": jax.tree.map(lambda p: p[None], params)}
+    mixed = predictive_score(
+        jax.random.PRNGKey(1), stacked, _module_model, StackedGuide(guide, [1.0]), x, y
+    )
+    se = np.hypot(own.total_se, mixed.total_se)
+    assert abs(mixed.total - own.total) < 4 * se + 1e-3, (mixed.total, own.total, se)
+    assert own.total > -60.0  # the fit predicts y, untrained weights do not
 
 
 @pytest.mark.py312
-def test_a_stacked_guide_exports_its_predictive_for_arviz_without_a_density():
+def test_a_stacked_guide_exports_its_predictive_for_arviz():
     """to_inference_data of the stacked predictive: draws from both
-    candidates, a posterior_predictive for ArviZ's checks, no log_q, and its
-    log-likelihood kept out of ArviZ's LOO (approximate_loo refuses it)."""
+    candidates, a posterior_predictive for ArviZ's checks, the mixture's
+    log_q, and its log-likelihood kept out of ArviZ's LOO (approximate_loo
+    refuses it)."""
     import arviz as az
     import matplotlib.pyplot as plt
 
@@ -412,7 +516,7 @@ def test_a_stacked_guide_exports_its_predictive_for_arviz_without_a_density():
 
     guide = AutoNormal(_model)
     x = jnp.linspace(-1, 1, 5)
-    numpyro.handlers.seed(guide, 0)(x)
+    numpyro.handlers.seed(guide, 0)(x, jnp.zeros(5))
     params = {
         "stacked_params": {
             "w_auto_loc": jnp.array([-1.0, 1.0]),
@@ -430,7 +534,10 @@ def test_a_stacked_guide_exports_its_predictive_for_arviz_without_a_density():
     )
     w = np.asarray(diagnostics.get_group(data, "posterior")["w"]).ravel()
     assert abs(np.mean(w > 0) - 0.5) < 4 * np.sqrt(0.25 / 400)
-    assert "log_q" not in diagnostics.get_group(data, "sample_stats")
+    log_q = np.asarray(diagnostics.get_group(data, "sample_stats")["log_q"]).ravel()
+    np.testing.assert_allclose(
+        log_q, _mixture_log_density(w, [0.5, 0.5], [-1.0, 1.0], [0.01, 0.01]), rtol=1e-4
+    )
     with pytest.raises(KeyError, match="no group 'log_likelihood'"):
         diagnostics.get_group(data, "log_likelihood")
     assert "y" in diagnostics.get_group(data, "pointwise_log_likelihood")
