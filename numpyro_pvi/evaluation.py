@@ -82,14 +82,31 @@ class Columns:
         return log_contributions(observation_subset(terms, index))
 
 
-@dataclasses.dataclass(frozen=True)
-class PredictiveScore:
+#: The attributes of a :class:`PredictiveScore` beside its scores.
+_FIELDS = (
+    "se",
+    "pareto_k",
+    "observed",
+    "adapted",
+    "good_k",
+    "name",
+    "num_draws",
+    "total_se",
+    "draws",
+    "unsettled",
+)
+
+
+class PredictiveScore(np.ndarray):
     r"""Per-observation held-out scores of a fitted guide's posterior
     predictive, each with its Monte Carlo error.
 
-    ``numpy.asarray(result)`` is ``result.score``.
+    It is the ``(n,)`` array of scores (a NumPy array subclass): sum it,
+    index it, pass it to ``numpy`` or ``jax.numpy``; the rest are
+    attributes. Indexing, slicing and arithmetic give plain arrays.
 
-    :ivar score: ``(n,)`` the estimate at each observation of the data plate
+    :ivar score: ``(n,)`` the scores as a plain array: the estimate at each
+        observation of the data plate
         (positively oriented; ``0`` for an observation that masks remove).
     :ivar se: ``(n,)`` its Monte Carlo standard error.
     :ivar pareto_k: ``(n,)`` for the log score, the Pareto k̂ of the
@@ -121,7 +138,6 @@ class PredictiveScore:
         whatever their k̂.
     """
 
-    score: np.ndarray
     se: np.ndarray
     pareto_k: np.ndarray
     observed: np.ndarray
@@ -132,6 +148,33 @@ class PredictiveScore:
     total_se: float
     draws: np.ndarray
     unsettled: np.ndarray
+
+    def __new__(cls, score: np.ndarray, *fields: Any) -> PredictiveScore:
+        result = np.asarray(score).view(cls)
+        for name, value in zip(_FIELDS, fields, strict=True):
+            setattr(result, name, value)
+        return result
+
+    def __array_finalize__(self, obj: Any) -> None:
+        for name in _FIELDS:  # a view keeps its attributes (copy, pickle)
+            if obj is not None and hasattr(obj, name):
+                setattr(self, name, getattr(obj, name))
+
+    def __reduce__(self) -> tuple:
+        return (PredictiveScore, (self.score, *(getattr(self, f) for f in _FIELDS)))
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.score[index]
+
+    def __array_wrap__(
+        self, array: np.ndarray, context: Any = None, return_scalar: bool = False
+    ) -> Any:
+        out = np.asarray(array)
+        return out[()] if return_scalar else out
+
+    @property
+    def score(self) -> np.ndarray:
+        return self.view(np.ndarray)
 
     @property
     def total(self) -> float:
@@ -145,11 +188,12 @@ class PredictiveScore:
         heavy = ~(self.pareto_k < self.good_k) & ~np.isnan(self.pareto_k)
         return np.flatnonzero(self.observed & (heavy | self.unsettled))
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return np.asarray(self.score, dtype=dtype)
-
-    def __len__(self) -> int:
-        return len(self.score)
+    def __repr__(self) -> str:
+        return (
+            f"PredictiveScore({self.name} score, total {self.total:.4f} ± "
+            f"{self.total_se:.4f} over {len(self)} observations, "
+            f"{self.unreliable.size} unreliable)"
+        )
 
 
 @deprecation.accepts_old_calls(deprecation.fitted)
@@ -367,7 +411,8 @@ def extend_unsettled(
     open_ = observed & unsettled(near, k, num_draws, threshold)
     while open_.any() and 4 * max(batches, 1) * num_draws <= max_draws:
         index = np.flatnonzero(open_)
-        padded = np.resize(index, 1 << max(0, len(index) - 1).bit_length())
+        # a few program shapes: at least 8 columns, else a power of two
+        padded = np.resize(index, max(8, 1 << max(0, len(index) - 1).bit_length()))
         for batch in range(batches, 4 * max(batches, 1)):
             key = jax.random.fold_in(rng_key, 1000 + batch)
             contrib, is_near = (

@@ -619,7 +619,9 @@ def test_an_amortized_guides_held_out_score_is_the_marginal_not_the_reconstructi
     marginal E_q[p(y|z) p(z) / q(z|y)], exact here in closed form: its total
     within 4 reported standard errors, every observation's within 4 of its
     own."""
-    a = np.asarray(_W.T) / (float(np.sum(_W**2)) + _SIGMA**2)  # the posterior mean's map
+    a = np.asarray(_W.T) / (
+        float(np.sum(_W**2)) + _SIGMA**2
+    )  # the posterior mean's map
     params = {
         "m": jnp.asarray(0.2),
         "s": jnp.asarray(0.1),
@@ -745,3 +747,24 @@ def test_far_observations_are_reliable_only_where_the_draws_settle_them():
         covered += ok & (np.abs(r.score - exact) < 1.96 * r.se)
     assert reliable[0] == 20 and reliable[1] == 20, reliable
     assert np.all(covered >= 0.9 * reliable), (covered, reliable)
+
+
+def test_the_result_is_the_array_of_scores_it_documents():
+    """Sum it, index it, hand it to NumPy or JAX (jnp.sum raised JAX's
+    "Error interpreting argument"; result[0] "not subscriptable"); the rest
+    are attributes, kept through a copy and a pickle."""
+    import pickle
+
+    params = {"m": jnp.asarray(0.3), "s": jnp.asarray(0.8)}
+    y = jnp.array([0.1, -0.4, 2.0])
+    result = predictive_score(random.PRNGKey(0), params, normal_model, normal_guide, y)
+    scores = np.asarray(result)
+    assert type(scores) is np.ndarray and scores.shape == (3,)
+    assert float(jnp.sum(result)) == pytest.approx(result.total, rel=1e-6)
+    assert float(result[0]) == scores[0] and type(result[1:]) is np.ndarray
+    assert float(jax.jit(jnp.mean)(result)) == pytest.approx(scores.mean(), rel=1e-6)
+    assert type(result * 2) is np.ndarray
+    for copy in (pickle.loads(pickle.dumps(result)), result.copy()):
+        np.testing.assert_array_equal(copy.se, result.se)
+        assert copy.total_se == result.total_se and copy.name == "log"
+    assert "log score, total" in repr(result)

@@ -115,6 +115,7 @@ from numpyro_pvi._core.rejection import (
     rejection_score_function,
 )
 from numpyro_pvi._core.site_laws import (
+    QUADRATIC_MAX_VALUES,
     censoring_refusal,
     describe,
     is_censored,
@@ -139,6 +140,7 @@ from numpyro_pvi._core.structure import (
 from numpyro_pvi._core.student_draws import standard_t
 from numpyro_pvi._core.svi_scan import svi_scan
 from numpyro_pvi._core.tracing import (
+    drawn_params,
     guide_latent_log_density,
     guide_log_density,
     guide_sample_values,
@@ -160,6 +162,8 @@ from numpyro_pvi._core.validation import (
 )
 
 __all__ = [
+    "QUADRATIC_MAX_VALUES",
+    "drawn_params",
     "amortized_latents",
     "normal_abs_mean",
     "observation_layout",

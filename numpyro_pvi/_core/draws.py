@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from numpyro_pvi._core.autoguide_setup import traceable_guide
-from numpyro_pvi._core.imputed import ImputationNeedsConstants
+from numpyro_pvi._core.imputed import NeedsConstantArguments
 from numpyro_pvi._core.laplace import laplace_posterior
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.structure import check_full_data, replay_trace
@@ -181,7 +181,7 @@ _NEEDS_CONSTANTS: set = set()
 #: What tracing raises when Python asks a traced argument for its value (and
 #: the particles, when an observed site's imputed entries need its value).
 CONCRETE_VALUE_ERRORS = (
-    ImputationNeedsConstants,
+    NeedsConstantArguments,
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerBoolConversionError,

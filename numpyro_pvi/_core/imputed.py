@@ -30,7 +30,7 @@ from numpyro.infer import init_to_uniform
 
 __all__ = [
     "IMPUTED",
-    "ImputationNeedsConstants",
+    "NeedsConstantArguments",
     "data_value",
     "imputed_density",
     "imputed_entries",
@@ -65,11 +65,12 @@ def _observed_values(
     }
 
 
-class ImputationNeedsConstants(ValueError):
-    """An observed site's value depends on the latent draws where the
-    model's arguments are traced, so its imputed entries cannot be told
-    apart: a program that can take the arguments as constants does
-    (:func:`~numpyro_pvi._core.draws.compiled`); elsewhere, the refusal."""
+class NeedsConstantArguments(ValueError):
+    """A value the program needs when it is compiled comes from a traced
+    argument (an observed site's imputed entries, a count's largest
+    ``total_count``): a program that can take the arguments as constants
+    does (:func:`~numpyro_pvi._core.draws.compiled`); elsewhere, the
+    refusal, its message saying what to do."""
 
 
 def imputed_entries(
@@ -125,8 +126,10 @@ class _SplitImputed(Messenger):
         super().__init__(fn)
 
     def process_message(self, msg: dict[str, Any]) -> None:
+        if msg["type"] != "sample" or not msg["is_observed"]:
+            return  # (a scan's control-flow message has no name)
         imputed = self.entries.get(msg["name"])
-        if msg["type"] != "sample" or not msg["is_observed"] or imputed is None:
+        if imputed is None:
             return
         fn = msg["fn"]
         msg["infer"] = {**msg["infer"], IMPUTED: (fn, imputed)}

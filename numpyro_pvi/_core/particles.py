@@ -43,7 +43,7 @@ from numpyro_pvi._core.data_plate import (
 )
 from numpyro_pvi._core.extractors import PER_PARTICLE, Particle
 from numpyro_pvi._core.imputed import (
-    ImputationNeedsConstants,
+    NeedsConstantArguments,
     data_value,
     with_imputed_entries,
 )
@@ -231,7 +231,7 @@ def particle_terms(
     shared = tracer.shared(keys[0], components[0])
     refused = [n for n in dependent if n in shared.names]
     if refused and imputed is None:  # traced arguments: constants may tell
-        raise ImputationNeedsConstants(
+        raise NeedsConstantArguments(
             f"{spec.objective}: the observed site '{refused[0]}' observes a "
             "value computed from the latent draws, and with the model's "
             "arguments traced the entries that are data cannot be told from "

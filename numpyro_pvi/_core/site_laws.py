@@ -229,14 +229,18 @@ def _enumerates(base: Distribution) -> bool:
 
 
 def score_advice(
-    site: dict[str, Any], scalar: bool, together: Sequence[dict[str, Any]] = ()
+    site: dict[str, Any], values: int, together: Sequence[dict[str, Any]] = ()
 ) -> str:
     """Which scores work for the site's likelihood, for a refusal (the CRPS
-    only where one observation is one value: ``scalar``). ``together``: the
-    observed sites of the whole observation, which a score must apply to as
-    well (an observation of a Normal and a Bernoulli value is scored by the
-    log score only)."""
+    only where one observation is one value, the quadratic score up to
+    :data:`QUADRATIC_MAX_VALUES`; ``values``: the observation's). ``together``:
+    the observed sites of the whole observation, which a score must apply to
+    as well (an observation of a Normal and a Bernoulli value is scored by
+    the log score only)."""
+    scalar = values == 1
     names = [n for n in working_scores(site) if scalar or n != "crps"]
+    if values > QUADRATIC_MAX_VALUES:
+        names = [n for n in names if n != "quadratic"]
     others = [s for s in together if s["name"] != site["name"]]
     for other in others:
         names = [n for n in names if n in working_scores(other)]
@@ -258,14 +262,21 @@ def score_advice(
     return f"Use score={listed} for {subject}."
 
 
+#: The most values of one observation for which the quadratic score informs
+#: a fit: beyond, the pmf of the one joint outcome observed (a product of as
+#: many probabilities) is nearly zero under every draw, and the score's
+#: gradient with it (a 64-pixel binary image: none to speak of).
+QUADRATIC_MAX_VALUES = 16
+
+
 @dataclass(frozen=True)
 class Advice:
     """The advice of a refusal at an observed site of an observation:
-    :func:`score_advice` with the observation's shape (``scalar``: one value)
-    and its observed sites (``sites``)."""
+    :func:`score_advice` with the observation's shape (``values``: how many
+    values it has) and its observed sites (``sites``)."""
 
-    scalar: bool
+    values: int
     sites: tuple[dict[str, Any], ...] = ()
 
     def __call__(self, site: dict[str, Any]) -> str:
-        return score_advice(site, self.scalar, self.sites)
+        return score_advice(site, self.values, self.sites)

@@ -20,7 +20,6 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.extend.core import concrete_or_error
 from numpyro.distributions import (
     BinomialLogits,
     BinomialProbs,
@@ -28,6 +27,7 @@ from numpyro.distributions import (
 )
 
 from numpyro_pvi._core.data_plate import DataPlate
+from numpyro_pvi._core.imputed import NeedsConstantArguments
 from numpyro_pvi._core.pmf import (
     CDF_SUMS_SUPPORT,
     UNROLLED_SUPPORT,
@@ -95,16 +95,17 @@ def _count_size(site: dict[str, Any], base: Distribution) -> int:
     """``max(total_count) + 1``, the values a site of :data:`COUNTS`
     enumerates (its ``total_count`` must be concrete)."""
     family = type(base).__name__
-    total_count = concrete_or_error(
-        np.asarray,
-        base.total_count,
-        f"The scores from the pmf (the quadratic score, the CRPS of counts) "
-        f"enumerate the support 0, ..., max(total_count) of the {family} site "
-        f"'{site['name']}', whose size must be known when the program is "
-        "compiled, but total_count is a traced value here (an argument of a "
-        "jitted function). Close over total_count instead (as SVI.run does "
-        "with the model's arguments), or use score='log'.",
-    )
+    try:
+        total_count = np.asarray(base.total_count)
+    except jax.errors.TracerArrayConversionError:
+        raise NeedsConstantArguments(
+            f"The scores from the pmf (the quadratic score, the CRPS of counts) "
+            f"enumerate the support 0, ..., max(total_count) of the {family} "
+            f"site '{site['name']}', whose size must be known when the program "
+            "is compiled, but total_count is a traced value here (an argument "
+            "of a jitted function). Close over total_count instead (as SVI.run "
+            "does with the model's arguments), or use score='log'."
+        ) from None
     return int(np.max(total_count)) + 1
 
 

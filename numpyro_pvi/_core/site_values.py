@@ -49,6 +49,7 @@ from numpyro_pvi._core.site_laws import (
     is_censored,
     no_sampler,
     sampler_failure,
+    working_scores,
 )
 
 
@@ -140,39 +141,40 @@ def observation_mask(
     return jnp.any(jnp.concatenate(rows, axis=1), axis=1)
 
 
-def _site_draw(
-    site: dict[str, Any],
-    plate: DataPlate,
-    key: jax.Array,
-    reparam: bool,
-    advice: Advice,
-) -> jax.Array:
+def _draw_refusal(site: dict[str, Any], reparam: bool) -> str | None:
+    """Why no outcome of the observed site can be simulated as the score
+    needs (reparameterised when ``reparam``), for a refusal; ``None`` where
+    it can."""
     fn = site["fn"]
     if is_censored(fn):
-        raise ValueError(
+        return (
             censoring_refusal(site["name"], describe(fn))
             + " A score that compares them (crps, energy, quadratic) would be "
-            "wrong. " + advice(site)
+            "wrong."
         )
     if isinstance(innermost(fn), Unit):
-        raise ValueError(
+        return (
             f"Observed site '{site['name']}' (a numpyro.factor) is a term of the "
             "log density, with no outcome to simulate, which this score "
-            "compares with the observations. " + advice(site)
+            "compares with the observations."
         )
     why = sampler_failure(fn)
     if why is not None:
-        raise ValueError(
+        return (
             no_sampler(site["name"], fn, why)
-            + " This score compares simulated outcomes with the observations. "
-            + advice(site)
+            + " This score compares simulated outcomes with the observations."
         )
     if reparam and not fn.has_rsample:
-        raise ValueError(
+        return (
             f"Observed site '{site['name']}' ({describe(fn)}) has no "
             "reparameterised sampler, which this score needs to differentiate "
-            "simulated observations. " + advice(site)
+            "simulated observations."
         )
+    return None
+
+
+def _site_draw(site: dict[str, Any], plate: DataPlate, key: jax.Array) -> jax.Array:
+    fn = site["fn"]
     draw = _vectorised_draw(fn, key)
     if draw is None:  # NumPyro's Delta(3.0) draws a Python float
         draw = jnp.asarray(fn.sample(key))
@@ -329,7 +331,8 @@ def scalar_observation(observed: list[dict[str, Any]], plate: DataPlate) -> bool
 def observation_advice(observed: list[dict[str, Any]], plate: DataPlate) -> Advice:
     """The advice of a refusal at one of the observed sites: the scores that
     apply to all of them, the CRPS only where one observation is one value."""
-    return Advice(scalar_observation(observed, plate), tuple(observed))
+    widths = observation_widths(observed, plate)
+    return Advice(sum(width for _, width in widths), tuple(observed))
 
 
 def simulated_values(
@@ -337,13 +340,14 @@ def simulated_values(
 ) -> jax.Array:
     """``(b, d)`` one draw of every observed site given the latents, laid out
     like :func:`observed_values` (reparameterised when ``reparam``)."""
+    refused = [(s, _draw_refusal(s, reparam)) for s in observed]
+    refused = [(s, why) for s, why in refused if why is not None]
+    if refused:  # the site no other estimator of a score takes is the cause
+        site, why = min(refused, key=lambda r: len(working_scores(r[0])))
+        raise ValueError(why + " " + observation_advice(observed, plate)(site))
     keys = random.split(key, len(observed))
-    advice = observation_advice(observed, plate)
     return jnp.concatenate(
-        [
-            _site_draw(s, plate, k, reparam, advice)
-            for s, k in zip(observed, keys, strict=True)
-        ],
+        [_site_draw(s, plate, k) for s, k in zip(observed, keys, strict=True)],
         axis=1,
     )
 

@@ -323,6 +323,36 @@ def with_guide_params(
     return {**drawn, **params}
 
 
+def drawn_params(
+    model: Callable,
+    guide: Callable,
+    params: Mapping[str, Any],
+    args: tuple,
+    kwargs: Mapping,
+) -> list[str]:
+    """The model's parameters that the guide registers at its draws and
+    ``params`` does not hold (:func:`with_guide_params`: a stacked fit's
+    candidates' own), from one abstract trace of guide and model."""
+    names: list[str] = []
+
+    def run(key: jax.Array) -> int:
+        seeded = substitute(seed(guide, key), data=dict(params))
+        guide_trace = trace(seeded).get_trace(*args, **kwargs)
+        drawn = with_guide_params(params, guide_trace)
+        model_trace = trace(
+            substitute(replay(seed(model, key), guide_trace), data=drawn)
+        ).get_trace(*args, **kwargs)
+        names.extend(
+            n
+            for n, s in model_trace.items()
+            if s["type"] == "param" and n in guide_trace and n not in params
+        )
+        return 0
+
+    jax.eval_shape(run, random.PRNGKey(0))
+    return sorted(names)
+
+
 def seed_plates(fn: Callable, plate_key: jax.Array) -> Callable:
     """``fn`` whose subsampled plates draw their indices from ``plate_key``
     (sample sites are left unseeded), as :func:`particle_terms` seeds model

@@ -23,7 +23,7 @@ from numpyro_pvi._core.data_plate import (
     plate_of,
     site_log_lik,
 )
-from numpyro_pvi._core.imputed import ImputationNeedsConstants, with_imputed_entries
+from numpyro_pvi._core.imputed import NeedsConstantArguments, with_imputed_entries
 from numpyro_pvi._core.observed import observed_sites
 from numpyro_pvi._core.particles import ParticleSpec, particle_terms
 from numpyro_pvi._core.structure import (
@@ -134,7 +134,7 @@ def _at_draws(key, params, args, kwargs, u, model, guide, plate):
         data = plate_of(model_trace, plate)
         sites = data_sites(observed_sites(model_trace), data)[0]
         if imputed is None and {s["name"] for s in sites} & set(dependent):
-            raise ImputationNeedsConstants("moment matching: traced arguments")
+            raise NeedsConstantArguments("moment matching: traced arguments")
         log_lik = sum(site_log_lik(s, data)[0] for s in sites)
         amortized = amortized_latents(
             seeded_model, guide, params, args, kwargs, data.name

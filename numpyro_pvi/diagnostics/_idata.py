@@ -51,18 +51,20 @@ def root_attrs(guide: Callable | None = None, **extra: Any) -> dict[str, Any]:
 
 
 def site_dims(tr: Mapping[str, dict[str, Any]]) -> dict[str, list[str]]:
-    """Dimension names of every sample site of a trace (without chain/draw).
+    """Dimension names of every sample and deterministic site of a trace
+    (without chain/draw).
 
     An axis indexed by a plate is named after the plate; the other axes are
     ``<site>_dim_<i>`` as ArviZ names them.
     """
     dims = {}
     for name, site in tr.items():
-        if site["type"] != "sample":
+        if site["type"] not in ("sample", "deterministic"):
             continue
         shape = np.shape(site["value"])
         names = [f"{name}_dim_{i}" for i in range(len(shape))]
-        batch_ndim = len(shape) - site["fn"].event_dim
+        event_dim = site["fn"].event_dim if site["type"] == "sample" else 0
+        batch_ndim = len(shape) - event_dim
         for frame in site["cond_indep_stack"]:
             axis = batch_ndim + frame.dim
             if 0 <= axis < batch_ndim and shape[axis] == frame.size:

@@ -17,7 +17,13 @@ import xarray as xr
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
-from numpyro_pvi._core import describe, is_censored, sampler_failure, simulation_law
+from numpyro_pvi._core import (
+    describe,
+    drawn_params,
+    is_censored,
+    sampler_failure,
+    simulation_law,
+)
 from numpyro_pvi.diagnostics._containers import ADAPTER
 from numpyro_pvi.diagnostics._idata import draws_dataset
 
@@ -91,7 +97,55 @@ def simulate_observed(
             UserWarning,
             stacklevel=stacklevel,
         )
-    return {n: np.asarray(out[n]) for n in observed if n not in simulating.left_out}
+    return {
+        n: np.asarray(out[n])
+        for n in observed
+        if n in out and n not in simulating.left_out
+    }
+
+
+def refuse_drawn_params(
+    model: Callable,
+    guide: Callable,
+    params: Mapping[str, Any],
+    args: tuple,
+    kwargs: dict,
+    where: str,
+) -> None:
+    """Refuse a guide that draws the model's own parameters (a
+    :class:`~numpyro_pvi.selection.StackedGuide` of a model with a
+    ``numpyro.module``: each candidate's): ``numpyro.infer.Predictive``,
+    which simulates from the model, takes one value of them."""
+    names = drawn_params(model, guide, params, args, kwargs)
+    if names:
+        raise ValueError(
+            f"{where}: the guide gives the model parameters of its own "
+            f"{names} with each draw (a stacked fit: each candidate's), and "
+            "simulating from the model takes one value of them. Export each "
+            "candidate's fit (its own parameters: StackedFit.candidate_params), "
+            "or score the stacked predictive with predictive_score."
+        )
+
+
+def deterministic_values(
+    rng_key: jax.Array,
+    model: Callable,
+    draws: Mapping[str, Any],
+    names: list[str],
+    args: tuple,
+    kwargs: dict,
+    *,
+    params: Mapping[str, Any],
+) -> dict[str, np.ndarray]:
+    """``(S, ...)`` the model's ``numpyro.deterministic`` sites ``names`` at
+    each of the latent ``draws``, the data as observed (what
+    ``numpyro.infer.Predictive`` returns of them)."""
+    if not names or not draws:
+        return {}
+    out = Predictive(
+        model, posterior_samples=dict(draws), params=dict(params), return_sites=names
+    )(rng_key, *args, **kwargs)
+    return {n: np.asarray(out[n]) for n in names if n in out}
 
 
 def model_inputs(
@@ -118,6 +172,11 @@ def model_inputs(
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=True))
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal up to rounding (two compiled programs of the same values)."""
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-6, equal_nan=True))
 
 
 def inputs_dataset(
@@ -150,12 +209,13 @@ def predictive_groups(
     observed_values, dims)``; ``plate`` the data plate's name and size;
     ``params`` the fitted parameters (the model's own among them) and
     ``num_draws`` the number of draws."""
-    draws, observed_values, dims = fit
+    draws, observed_values, dims, fixed = fit
     observed = list(observed_values)
+    sites = observed + list(fixed)  # the deterministic sites, as observed
     groups = {}
     simulate = functools.partial(simulate_observed, params=params, num_draws=num_draws)
     try:
-        simulated = simulate(rng_key, model, draws, observed, args, kwargs)
+        simulated = simulate(rng_key, model, draws, sites, args, kwargs)
     except NotImplementedError as err:  # a distribution without a sampler
         warnings.warn(
             f"to_inference_data: no posterior_predictive group: an observed site "
@@ -165,6 +225,12 @@ def predictive_groups(
             stacklevel=3,
         )
     else:
+        # the deterministic sites that depend on the data: simulated with it
+        simulated = {
+            n: v
+            for n, v in simulated.items()
+            if n not in fixed or not _close(v, fixed[n])
+        }
         groups["posterior_predictive"] = draws_dataset(
             simulated, dims={n: dims[n] for n in simulated}
         )
@@ -193,7 +259,7 @@ def predictive_groups(
             new.arguments[name] = None  # the observed data: simulated instead
     new.arguments.update(predictions)
     key = jax.random.fold_in(rng_key, 1)
-    predicted = simulate(key, model, draws, observed, new.args, new.kwargs)
+    predicted = simulate(key, model, draws, sites, new.args, new.kwargs)
     groups["predictions"] = draws_dataset(
         predicted, dims={n: dims[n] for n in predicted}
     )

@@ -33,7 +33,11 @@ from numpyro_pvi.diagnostics._idata import (
     root_attrs,
     site_dims,
 )
-from numpyro_pvi.diagnostics._predictive import predictive_groups
+from numpyro_pvi.diagnostics._predictive import (
+    deterministic_values,
+    predictive_groups,
+    refuse_drawn_params,
+)
 from numpyro_pvi.particles import (
     LATENTS,
     LOG_LIK,
@@ -208,7 +212,18 @@ def to_inference_data(
     if mixture_of_fits:
         attrs["objective"] = type(guide).__name__
         attrs["guide_density"] = MIXTURE_NOTE
-    groups = export_groups(terms, tr, data_plate, targets)
+    refuse_drawn_params(model, guide, params, args, kwargs, where)
+    latents = present(terms.latents, "latents")
+    fixed = deterministic_values(
+        random.fold_in(rng_key, 2),
+        model,
+        latents,
+        [n for n, site in tr.items() if site["type"] == "deterministic"],
+        args,
+        kwargs,
+        params=params,
+    )
+    groups = export_groups(terms, tr, data_plate, targets, fixed)
     if not observed_sites(tr):  # a target density: draws and their lp only
         return ADAPTER.build(groups, attrs)
     plate = plate_of(tr, data_plate)
@@ -219,9 +234,10 @@ def to_inference_data(
             random.fold_in(rng_key, 1),
             model,
             (
-                present(terms.latents, "latents"),
+                latents,
                 {site["name"]: observed_values[site["name"]] for site in observed},
                 site_dims(tr),
+                fixed,
             ),
             (plate.name, plate.size),
             args,
@@ -239,16 +255,18 @@ def export_groups(
     tr: dict[str, Any],
     data_plate: str | int | None,
     targets: bool | None,
+    deterministic: dict[str, np.ndarray] | None = None,
 ) -> dict[str, xr.Dataset]:
     """The groups of :func:`to_inference_data` from draws ``terms`` (with
     ``log_lik``, ``latents`` and ``observed``, at ``data_plate``) and the
-    model's structure ``tr``: ``posterior``, the pointwise log-likelihood
+    model's structure ``tr``: ``posterior`` (with the ``deterministic``
+    sites' values at the draws), the pointwise log-likelihood
     (``log_likelihood``, or :data:`NOT_POSTERIOR_LOG_LIKELIHOOD` when
     ``targets`` is false), ``sample_stats`` (``lp`` and ``log_q``) and
     ``observed_data``; a model without an observed site (a target density)
     has ``posterior`` and ``sample_stats`` only."""
     dims = site_dims(tr)
-    latents = present(terms.latents, "latents")
+    latents = {**present(terms.latents, "latents"), **(deterministic or {})}
     groups = {
         "posterior": draws_dataset(
             latents, dims={name: dims[name] for name in latents}

@@ -28,11 +28,12 @@ from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
 from numpyro_pvi.diagnostics._containers import ADAPTER, Container
 from numpyro_pvi.diagnostics._idata import guide_name, root_attrs, site_dims
 from numpyro_pvi.diagnostics._pareto import K_THRESHOLD
+from numpyro_pvi.diagnostics._predictive import deterministic_values
 from numpyro_pvi.diagnostics.export import PSIS_LOO_NOTE, export_groups
 from numpyro_pvi.diagnostics.loo import MIN_LOO_DRAWS, approximate_loo
 from numpyro_pvi.diagnostics.psis import psis_arrays, psis_groups
 from numpyro_pvi.diagnostics.psis_summary import summary_table
-from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED
+from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED, present
 
 __all__ = ["report"]
 
@@ -140,10 +141,18 @@ def report(
     fit = (rng_key, params, model, guide, args, kwargs)
     terms, tr = structured_draws(*fit, spec)  # the one draw
     arrays = psis_arrays(fit, terms, max_draws=_MAX_RATIO_DRAWS)
-    groups = {
-        **export_groups(terms, tr, data_plate, None),
-        **psis_groups(arrays, site_dims(tr), loss, targets),
-    }
+    deterministic = deterministic_values(
+        jax.random.fold_in(rng_key, 2),
+        model,
+        present(terms.latents, "latents"),
+        [n for n, site in tr.items() if site["type"] == "deterministic"],
+        args,
+        kwargs,
+        params=params,
+    )
+    exported = export_groups(terms, tr, data_plate, None, deterministic)
+    groups = {**exported, **psis_groups(arrays, site_dims(tr), loss, targets)}
+    groups["posterior"] = exported["posterior"]  # the same draws, deterministic too
     summary = summary_table(groups["posterior"], groups["sample_stats"], groups["psis"])
     has_data = bool(observed_sites(tr))  # else a target density: no LOO
     observed = (

@@ -22,6 +22,7 @@ from jax import random
 
 from numpyro_pvi._core import (
     ParticleSpec,
+    check_data_plate,
     check_fitted_call,
     check_int,
     check_loss_target,
@@ -37,7 +38,11 @@ from numpyro_pvi.diagnostics._idata import (
     root_attrs,
     site_dims,
 )
-from numpyro_pvi.diagnostics._predictive import simulate_observed
+from numpyro_pvi.diagnostics._predictive import (
+    deterministic_values,
+    refuse_drawn_params,
+    simulate_observed,
+)
 from numpyro_pvi.diagnostics.psis import psis_arrays
 from numpyro_pvi.particles import LATENTS, LOG_LIK, WHOLE_DATA
 
@@ -79,6 +84,7 @@ def psis_resample(
     num_draws: int = 1000,
     num_proposals: int = 4000,
     replace: bool = True,
+    data_plate: str | int | None = None,
     **kwargs: Any,
 ) -> Container:
     r"""Resample a fitted guide's draws with their Pareto-smoothed importance
@@ -110,7 +116,17 @@ def psis_resample(
         Bayesian fit).
     :param num_draws: the number of resampled draws.
     :param num_proposals: the number of guide draws resampled from.
-    :param replace: resample with replacement (multinomial) or without.
+    :param replace: resample with replacement (multinomial, the default:
+        each draw is a draw of the smoothed weights' distribution) or
+        without (successive sampling, each proposal at most once: the heavy
+        proposals cannot be taken as often as their weights say, so the
+        draws lean toward the guide, more so as ``num_draws`` nears
+        ``num_proposals``; 1000 of 4000 proposals moved a mean and sd by
+        about 1% of a posterior sd toward the guide's).
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations, whose observed sites are simulated (the others, a
+        prior written as an observed site, keep their values), as for
+        :func:`~numpyro_pvi.diagnostics.to_inference_data`.
     :param kwargs: the model's keyword arguments.
     :return: ArviZ's container (``InferenceData`` / ``DataTree``).
 
@@ -134,6 +150,7 @@ def psis_resample(
     num_proposals = check_int(
         num_proposals, "num_proposals", "psis_resample", minimum=2
     )
+    data_plate = check_data_plate(data_plate, "psis_resample")
     targets = check_loss_target(loss, "psis_resample")
     if targets is False:
         raise ValueError(
@@ -169,9 +186,19 @@ def psis_resample(
     seed = int(random.randint(key_resample, (), 0, np.iinfo(np.int32).max))
     index = resample_indices(arrays.log_weight, num_draws, replace=replace, seed=seed)
     draws = {name: value[index] for name, value in arrays.latents.items()}
+    refuse_drawn_params(model, guide, params, args, kwargs, "psis_resample")
+    deterministic = deterministic_values(
+        random.fold_in(key_predict, 1),
+        model,
+        draws,
+        [n for n, site in tr.items() if site["type"] == "deterministic"],
+        args,
+        kwargs,
+        params=params,
+    )
     # the observations' sites (a prior written as an observed site keeps its value)
     observed = [
-        s["name"] for s in data_sites(observed_sites(tr), plate_of(tr, None))[0]
+        s["name"] for s in data_sites(observed_sites(tr), plate_of(tr, data_plate))[0]
     ]
     predictive = simulate_observed(
         key_predict,
@@ -187,7 +214,10 @@ def psis_resample(
     )
     dims = site_dims(tr)
     groups = {
-        "posterior": draws_dataset(draws, dims={n: dims[n] for n in draws}),
+        "posterior": draws_dataset(
+            {**draws, **deterministic},
+            dims={n: dims[n] for n in [*draws, *deterministic]},
+        ),
         "posterior_predictive": draws_dataset(
             predictive, dims={n: dims[n] for n in predictive}
         ),

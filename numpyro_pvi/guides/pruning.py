@@ -15,6 +15,7 @@ from numpyro.infer import SVI
 
 from numpyro_pvi._core import (
     ParticleSpec,
+    check_data_plate,
     check_fitted_call,
     check_int,
     deprecation,
@@ -45,7 +46,8 @@ class PrunedFit(NamedTuple):
 
 
 @partial(
-    jax.jit, static_argnames=("model", "guide", "num_particles", "with_likelihood")
+    jax.jit,
+    static_argnames=("model", "guide", "num_particles", "with_likelihood", "plate"),
 )
 def _strata_log_weights(
     rng_key: jax.Array,
@@ -56,11 +58,13 @@ def _strata_log_weights(
     kwargs: dict,
     num_particles: int,
     with_likelihood: bool,
+    plate: str | int | None,
 ) -> jax.Array:
     """``(K, b)`` log ω_k(x_i), plus log p̂_k(y_i) when ``with_likelihood``."""
     spec = ParticleSpec(
         num_particles,
         frozenset({LOG_LIK} if with_likelihood else ()),
+        plate,
         objective="prune_components",
         require_reparam=False,
     )
@@ -83,6 +87,7 @@ def prune_components(
     *args: Any,
     criterion: str = "auto",
     num_particles: int = 64,
+    data_plate: str | int | None = None,
     **kwargs: Any,
 ) -> tuple[AutoGaussianMixture, dict[str, jax.Array], np.ndarray]:
     r"""Remove the components that are never the most probable for any
@@ -111,6 +116,8 @@ def prune_components(
     :param args: model arguments (the training data).
     :param str criterion: ``"auto"``, ``"weight"`` or ``"responsibility"``.
     :param int num_particles: draws per component for :math:`\hat p_l`.
+    :param data_plate: the plate (or negative batch dimension) that indexes
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param kwargs: model keyword arguments.
     :return: ``(new_guide, new_params, kept)`` with ``kept`` the indices of
         the surviving components.
@@ -132,6 +139,7 @@ def prune_components(
         kwargs,
         num_particles,
         criterion == "responsibility",
+        check_data_plate(data_plate, "prune_components"),
     )
     winners = np.asarray(jnp.argmax(scores, axis=0))
     kept = np.unique(winners)
@@ -255,6 +263,7 @@ def fit_gm_pvi(
                 *args,
                 criterion=criterion,
                 num_particles=num_prune_particles,
+                data_plate=getattr(loss, "data_plate", None),
                 **kwargs,
             )
             if new_guide is not guide:

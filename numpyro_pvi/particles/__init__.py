@@ -50,7 +50,6 @@ __all__ = [
     "GUIDE_DRAWS",
     "LATENTS",
     "LOG_LIK",
-    "LOG_LIK_SIM",
     "LOG_PMF",
     "LOG_Q_FIXED",
     "OBSERVED",

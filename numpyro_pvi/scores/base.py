@@ -7,7 +7,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import site_names
+from numpyro_pvi._core import QUADRATIC_MAX_VALUES, site_names
 from numpyro_pvi.particles import (
     LOG_LIK,
     ParticleTerms,
@@ -15,7 +15,14 @@ from numpyro_pvi.particles import (
     present,
 )
 
-__all__ = ["LogScore", "Score", "simulations", "strata", "stratum_weights"]
+__all__ = [
+    "LogScore",
+    "Score",
+    "finite_support_advice",
+    "simulations",
+    "strata",
+    "stratum_weights",
+]
 
 
 class Score:
@@ -162,9 +169,7 @@ def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]
         "the observed values of a finite support have no reparameterised "
         "sampler (a draw is a discrete value)": (
             terms.obs_support,  # the request finite_pmf, filled
-            "Use the CRPS from the pmf (score='crps', estimator 'auto' or "
-            "'pmf'; EnergyScore(beta=1.0) on scalar observations is the same), "
-            "score='quadratic' or score='log'.",
+            finite_support_advice(terms),
         ),
     }
     why = next((k for k, (v, _) in closed.items() if v is not None), None)
@@ -181,6 +186,22 @@ def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]
         )
     dtype = jnp.result_type(terms.y_sim, terms.y_obs, float)
     return terms.y_sim.astype(dtype), terms.y_obs.astype(dtype)
+
+
+def finite_support_advice(terms: ParticleTerms, *, scalar: bool = True) -> str:
+    """The scores of observations of a finite support, by their number of
+    values (:data:`~numpyro_pvi._core.site_laws.QUADRATIC_MAX_VALUES`;
+    ``scalar=False``: not the CRPS)."""
+    values = sum(width for _, width in terms.observation_sites)
+    if values == 1 and scalar:
+        return (
+            "Use the CRPS from the pmf (score='crps', estimator 'auto' or "
+            "'pmf'; EnergyScore(beta=1.0) on scalar observations is the same), "
+            "score='quadratic' or score='log'."
+        )
+    if values <= QUADRATIC_MAX_VALUES:
+        return "Use score='quadratic' (which scores them jointly) or score='log'."
+    return f"Use score='log' (an observation has {values} values)."
 
 
 def strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:

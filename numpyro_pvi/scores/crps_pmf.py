@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from numpyro_pvi._core import CDF_SUMS_SUPPORT, binomial_cdf_sums, observation_layout
 from numpyro_pvi.particles import ParticleTerms, present
-from numpyro_pvi.scores.base import stratum_weights
+from numpyro_pvi.scores.base import finite_support_advice, stratum_weights
 from numpyro_pvi.scores.pair_sums import stratum_sums
 from numpyro_pvi.scores.quadratic import binomial_closed_form
 
@@ -80,9 +80,7 @@ def pmf_crps(terms: ParticleTerms) -> jax.Array:
             f"({observation_layout(terms.observation_sites)}; a vector-valued "
             "site, several observed sites at one index of the data plate, or "
             "scalar observed sites outside any plate form one observation "
-            "together). Use "
-            "score='quadratic' (which scores them jointly) or 'log' for these "
-            "observations."
+            "together). " + finite_support_advice(terms, scalar=False)
         )
     below = jnp.cumsum(below[:-1, :, 0], axis=0).astype(pmf.dtype)  # 1{y <= v}
     totals, own = _cdf_sums(terms, pmf, terms.num_strata)

@@ -122,8 +122,8 @@ class EnergyScore(Score):
         is_crps = self.beta == 1.0 and scalar
         if is_crps and self.estimator == "auto" and has_closed_form(terms):
             return closed_form(terms)
-        if self.beta == 1.0 and self.estimator == "auto" and has_ordered_pmf(terms):
-            return pmf_crps(terms)  # refuses observations of several values
+        if is_crps and self.estimator == "auto" and has_ordered_pmf(terms):
+            return pmf_crps(terms)
         y_sim, y_obs = simulations(terms, self.name)
         if self.estimator == "derangement":
             return derangement(

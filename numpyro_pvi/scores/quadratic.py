@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
 
 from numpyro_pvi._core import (
+    QUADRATIC_MAX_VALUES,
     UNROLLED_SUPPORT,
     binomial_next_overlaps,
     binomial_strata_overlaps,
     binomial_support_sums,
+    observation_layout,
 )
 from numpyro_pvi.particles import (
     BINOMIAL,
@@ -160,6 +163,24 @@ def _next_overlaps(terms: ParticleTerms) -> jax.Array:
 def _at_observed(totals: jax.Array, obs_support: jax.Array) -> jax.Array:
     """``(b,)`` the totals at the observed values (``obs_support`` ``(K, b)``)."""
     return jnp.sum(jnp.where(obs_support, totals, 0.0), axis=0)
+
+
+def _warn_many_values(terms: ParticleTerms) -> None:
+    """Warn, when the program is traced, of observations of more values than
+    :data:`~numpyro_pvi._core.site_laws.QUADRATIC_MAX_VALUES`: the score is
+    then nearly zero under every draw, and informs no fit."""
+    values = sum(width for _, width in terms.observation_sites)
+    if values > QUADRATIC_MAX_VALUES:
+        warnings.warn(
+            f"QuadraticScore: each observation has {values} values "
+            f"({observation_layout(terms.observation_sites)}): its score is the "
+            f"pmf of the one joint outcome observed, a product of {values} "
+            "probabilities, nearly zero under every draw, so the score gives a "
+            "fit next to no gradient and compares fits by next to nothing. Use "
+            "score='log' for such observations.",
+            UserWarning,
+            stacklevel=2,
+        )
 
 
 class QuadraticScore(Score):
@@ -313,6 +334,7 @@ class QuadraticScore(Score):
                 "score='quadratic' needs the pmf over the finite support and "
                 "the log-likelihoods: request 'pmf' and 'log_lik'."
             )
+        _warn_many_values(terms)
         if self._derangement(terms):
             return 2.0 * _predictive_pmf(terms) - _next_overlaps(terms)
         if terms.num_strata > 1:

@@ -172,14 +172,20 @@ def test_swapped_call_says_which_argument_is_which(fit, function):
 
 
 def test_predictive_score_compiles_once_per_shape(fit):
-    """New data of the same shapes: no new program, for the draws and for
-    the moment matching of far observations (an outlier in each data set)."""
+    """New data of the same shapes: no new program, for the draws, for the
+    further draws of the observations far in the predictive's tail (shifted
+    covariates) and for the moment matching of far observations (an outlier
+    in each data set)."""
     guide, params = fit
-    calls = [(X, Y.at[3].set(30.0)), (X + 1.0, Y.at[5].set(-30.0)), (X, Y - 1.0)]
+    calls = [
+        (X + 1.0, Y.at[3].set(30.0)),
+        (X + 1.0, Y.at[5].set(-30.0)),
+        (X, Y - 1.0),
+    ]
     for i, data in enumerate(calls):
         scores = predictive_score(random.PRNGKey(i), params, model, guide, *data)
         if i == 0:
-            assert scores.adapted[3]
+            assert scores.adapted[3] and (scores.draws > 1000).any()
             size = cached_program_count()
     assert cached_program_count() == size
 

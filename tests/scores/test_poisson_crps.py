@@ -460,3 +460,72 @@ def test_geometric_estimate_and_gradient_are_scoringrules():
     g = np.asarray(grads["a_auto_loc"])
     assert abs(g.mean() - want_grad) / (g.std() / math.sqrt(g.size)) < 4.5
     assert abs(want_grad) > 10 * g.std() / math.sqrt(g.size)  # power
+
+
+def _mixed_counts(kind):
+    """Counts whose rate or probability varies with θ ~ N(0, 1) under the
+    guide: the predictive is a mixture over θ."""
+
+    def model(y):
+        t = numpyro.sample("t", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", y.shape[0]):
+            if kind == "negative_binomial":
+                likelihood = dist.NegativeBinomial2(3.0 * jnp.exp(0.5 * t), 0.6)
+            else:
+                likelihood = dist.GeometricLogits(-0.85 + 0.5 * t)
+            numpyro.sample("y", likelihood, obs=y)
+
+    def guide(y):
+        numpyro.sample("t", dist.Normal(0.0, 1.0))
+
+    return model, guide
+
+
+def _mixture_crps(kind, y):
+    """The exact CRPS of the predictive mixture: Σ_k (F(k) - 1{y ≤ k})² with
+    F the mixture's cdf over θ by Gauss–Hermite quadrature."""
+    from scipy.special import expit
+    from scipy.stats import nbinom
+
+    k = np.arange(0, 4000)
+    nodes, weights = np.polynomial.hermite_e.hermegauss(120)
+    weights = weights / weights.sum()
+    if kind == "negative_binomial":
+        parts = [nbinom.cdf(k, 0.6, 0.6 / (0.6 + 3.0 * np.exp(0.5 * t))) for t in nodes]
+    else:
+        parts = [1 - (1 - expit(-0.85 + 0.5 * t)) ** (k + 1) for t in nodes]
+    cdf = np.tensordot(weights, np.stack(parts), axes=1)
+    return np.array([np.sum((cdf - (k >= v)) ** 2) for v in y])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["negative_binomial", "geometric"])
+def test_count_closed_forms_are_unbiased_for_the_predictive_mixture(kind):
+    """400,000 estimates (M = 8 each) of the CRPS of a predictive mixture
+    over θ, against its exact value: within 4 standard errors at every
+    observation and in total, with the power to see a bias of 0.3% of the
+    expected loss (the audit's +0.33% and +0.37% at z 2.4 and 2.6 over 3000
+    keys)."""
+    model, guide = _mixed_counts(kind)
+    y = jnp.array([0.0, 2.0, 5.0, 20.0])
+    loss = PredictiveELBO("crps", num_particles=8)
+
+    @jax.jit
+    def estimates(keys):
+        return jax.vmap(
+            lambda key: CRPS().estimate(loss.particle_terms(key, {}, model, guide, y))
+        )(keys)
+
+    values = np.concatenate(
+        [
+            np.asarray(estimates(random.split(random.PRNGKey(s), 50_000)))
+            for s in range(8)
+        ]
+    )
+    want = -_mixture_crps(kind, np.asarray(y))
+    se = values.std(0) / math.sqrt(values.shape[0])
+    z = (values.mean(0) - want) / se
+    assert np.all(np.abs(z) < 4), (z, values.mean(0), want)
+    total, total_se = values.sum(1).mean(), values.sum(1).std() / math.sqrt(len(values))
+    assert abs(total - want.sum()) < 4 * total_se, (total, want.sum(), total_se)
+    assert 0.003 * abs(want.sum()) > 4 * total_se  # power

@@ -394,7 +394,10 @@ def _stacked_params(locs, scales):
 def _mixture_log_density(w, weights, locs, scales):
     from scipy.stats import norm
 
-    parts = [np.log(p) + norm.logpdf(w, m, s) for p, m, s in zip(weights, locs, scales)]
+    parts = [
+        np.log(p) + norm.logpdf(w, m, s)
+        for p, m, s in zip(weights, locs, scales, strict=True)
+    ]
     return np.logaddexp.reduce(parts, axis=0)
 
 
