@@ -37,10 +37,10 @@ CACHE_ENV = ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME
 
 
 def quickstart() -> str:
-    """The README quickstart's Python code blocks, in order, as one script."""
+    """The README's Python code blocks from its quickstart on (the loss
+    swap, choosing λ, the diagnostics), in order, as one script."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = readme.index(QUICKSTART)
-    section = readme[start : readme.index("\n## ", start + len(QUICKSTART))]
+    section = readme[readme.index(QUICKSTART) :]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     if not blocks:
         raise SystemExit("check_release: the README's quickstart has no code")

@@ -43,7 +43,7 @@ from benchmarks.step_time import Objective, _load, _machine, time_case
 from numpyro_pvi import PredictiveELBO
 from numpyro_pvi.particles import Y_SIM, ParticleTerms, particle_sum, require_iid
 from numpyro_pvi.scores import CRPS, Score
-from numpyro_pvi.scores.base import simulations
+from numpyro_pvi.scores._sites import simulations
 
 __all__ = [
     "ESTIMATORS",

@@ -4,7 +4,7 @@ arithmetic.
 ``PredictiveELBO("crps")`` on a Normal likelihood computes, at every particle
 ``j`` and observation ``i``, :math:`\\mathbb{E}|Y_j - y_i|` and, for each
 draw paired with the next, :math:`\\mathbb{E}|Y_j - Y_{j+1}|` in closed form
-(:func:`numpyro_pvi._core.normal.normal_abs_mean`: one error function and
+(:func:`numpyro_pvi._trace.normal.normal_abs_mean`: one error function and
 one exponential each), where ``Trace_ELBO`` computes one Normal
 log-likelihood. This benchmark times, in one process and interleaved:
 
@@ -40,10 +40,10 @@ import optax
 from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
+from numpyro_pvi._trace.normal import normal_abs_mean
 
 from benchmarks.step_models import make_glm
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._core.normal import normal_abs_mean
 
 __all__ = ["main"]
 

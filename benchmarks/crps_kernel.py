@@ -37,12 +37,12 @@ import optax
 from jax import random
 from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
+from numpyro_pvi._trace.normal import normal_abs_mean
 
 import numpyro_pvi.scores.crps as crps_module
 from benchmarks.crps_floor import arguments, interleaved_medians
 from benchmarks.step_models import make_glm
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._core.normal import normal_abs_mean
 
 __all__ = ["kernel_crps", "main"]
 

@@ -23,7 +23,7 @@ from numpyro.infer.elbo import ELBO
 
 from benchmarks.harness import BenchmarkResult, DataSplit, decaying_adam
 from numpyro_pvi import FitRecipe, predictive_score
-from numpyro_pvi._core import svi_scan
+from numpyro_pvi.objectives.svi_scan import svi_scan
 from numpyro_pvi.selection import (
     StackedGuide,
     cross_validate,

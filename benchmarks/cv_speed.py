@@ -41,8 +41,8 @@ from numpyro.infer.autoguide import AutoNormal
 from benchmarks.harness import decaying_adam
 from benchmarks.posteriordb import _default_data_dir, paper_models
 from numpyro_pvi import FitRecipe, predictive_score
-from numpyro_pvi._core import fold_ids
 from numpyro_pvi.selection import cross_validate, default_candidates, mask_observations
+from numpyro_pvi.selection.fold_ids import fold_ids
 
 __all__ = ["main"]
 

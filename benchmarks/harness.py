@@ -23,7 +23,7 @@ from numpyro.infer.elbo import ELBO
 
 from benchmarks.candidates import Objective
 from numpyro_pvi import predictive_score
-from numpyro_pvi._core import svi_scan
+from numpyro_pvi.objectives.svi_scan import svi_scan
 
 __all__ = [
     "BenchmarkResult",

@@ -485,9 +485,7 @@ MODELS: dict[str, BenchModel] = {
         make_trivariate,
     ),
     "bnn": BenchModel(
-        "bnn",
-        f"BNN 20-{BNN_HIDDEN}-1 tanh, N=10000 (likelihood-dominated)",
-        make_bnn,
+        "bnn", f"BNN 20-{BNN_HIDDEN}-1 tanh, N=10000 (likelihood-dominated)", make_bnn
     ),
     "bnn_example": BenchModel(
         "bnn_example",

@@ -50,17 +50,10 @@ from numpyro_pvi import (
     SoftCVIELBO,
     StratifiedELBO,
 )
-from numpyro_pvi._core.svi_scan import svi_scan
+from numpyro_pvi.objectives.svi_scan import svi_scan
 from numpyro_pvi.scores import CRPS, QuadraticScore
 
-__all__ = [
-    "GUIDES",
-    "MODELS",
-    "OBJECTIVES",
-    "Objective",
-    "main",
-    "time_case",
-]
+__all__ = ["GUIDES", "MODELS", "OBJECTIVES", "Objective", "main", "time_case"]
 
 
 # --------------------------------------------------------------------------

@@ -27,11 +27,23 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urldefrag, urljoin, urlparse
 
-#: page, text it must show, minimum number of loaded images
+#: page, text it must show, minimum number of loaded images: what a reader
+#: opens first (the landing page, each page of the user guide, the API pages
+#: of the five objectives, two tutorials)
 PAGES = (
     ("index.html", "numpyro-pvi", 0),
+    ("guide/swap_the_loss.html", "held-out log score", 0),
+    ("guide/choosing_an_objective.html", "Choosing", 0),
+    ("guide/choosing_lambda.html", "selected", 0),
+    ("guide/did_it_work.html", "reliable", 0),
+    ("guide/scale_out.html", "mesh", 0),
     ("api/generated/numpyro_pvi.PredictiveELBO.html", "PredictiveELBO", 0),
+    ("api/generated/numpyro_pvi.PACmELBO.html", "PACmELBO", 0),
+    ("api/generated/numpyro_pvi.SoftCVIELBO.html", "SoftCVIELBO", 0),
+    ("api/generated/numpyro_pvi.StratifiedELBO.html", "StratifiedELBO", 0),
+    ("api/generated/numpyro_pvi.SNISForwardKL.html", "SNISForwardKL", 0),
     ("tutorials/01_swap_the_loss.html", "Swap the loss", 3),
+    ("tutorials/06_did_it_work.html", "k̂", 3),
 )
 
 
@@ -131,6 +143,18 @@ return Array.from(document.images).map(
 """
 
 
+#: headings or math wider than their box (clipped titles and formulas), and
+#: the number of links in the sidebar of sections
+_LAYOUT = """
+const clipped = Array.from(document.querySelectorAll('main h1, main mjx-container'))
+    .filter(e => e.scrollWidth > e.clientWidth + 2
+                 && getComputedStyle(e).overflowX !== 'auto')
+    .map(e => e.textContent.slice(0, 60));
+const sidebar = document.querySelectorAll('.bd-sidebar-primary a.reference').length;
+return [clipped, sidebar];
+"""
+
+
 _MATH = """
 return [document.querySelectorAll('.math').length,
         document.querySelectorAll('mjx-container').length];
@@ -170,6 +194,11 @@ def rendered_pages(base: str, shots: Path) -> list[str]:
                 problems.append(f"{page}: the rendered page does not show {text!r}")
             if not _math_typeset(browser):
                 problems.append(f"{page}: its math is not typeset (MathJax)")
+            clipped, sidebar = browser.execute_script(_LAYOUT)
+            if clipped:
+                problems.append(f"{page}: clipped: {clipped}")
+            if page.startswith("guide/") and sidebar == 0:
+                problems.append(f"{page}: the sidebar shows no pages")
             images = browser.execute_script(_IMAGES)
             unloaded = [src for src, ok in images if not ok]
             if unloaded:

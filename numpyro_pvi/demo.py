@@ -53,10 +53,10 @@ from numpyro.infer.autoguide import AutoNormal
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi.diagnostics.report import report
-from numpyro_pvi.evaluation import predictive_score
-from numpyro_pvi.pacm import PACmELBO
-from numpyro_pvi.predictive import PredictiveELBO
-from numpyro_pvi.softcvi import SoftCVIELBO
+from numpyro_pvi.evaluation.scoring import predictive_score
+from numpyro_pvi.objectives.pacm import PACmELBO
+from numpyro_pvi.objectives.predictive import PredictiveELBO
+from numpyro_pvi.objectives.softcvi import SoftCVIELBO
 
 __all__ = [
     "METHODS",
@@ -225,8 +225,7 @@ def run_demo(
         bands.append(_predictive_bands(key_eval, latents, x_grid))
         fits.append((guide, params, loss))
         print(
-            f"fitted {method.name:<24} {steps} steps in {seconds:5.1f} s",
-            file=stream,
+            f"fitted {method.name:<24} {steps} steps in {seconds:5.1f} s", file=stream
         )
 
     print(_table(results, num_test), file=stream)

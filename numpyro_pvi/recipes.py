@@ -17,7 +17,7 @@ Both check their fields when built, so a wrong option is refused before
 anything is compiled.
 """
 
-from numpyro_pvi._core import FitRecipe, Replications
+from numpyro_pvi._trace.recipes import FitRecipe, Replications
 
 FitRecipe.__module__ = __name__
 Replications.__module__ = __name__

@@ -147,10 +147,7 @@ def pytest_collection_modifyitems(items):
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(units[id(item)]))
     items.sort(
-        key=lambda item: (
-            _schedule_rank(units[id(item)]),
-            -sizes[units[id(item)]],
-        )
+        key=lambda item: (_schedule_rank(units[id(item)]), -sizes[units[id(item)]])
     )
 
 
@@ -258,7 +255,7 @@ def run_particles(
     **options,
 ):
     """``particle_terms`` with its spec given as keywords (tests only)."""
-    from numpyro_pvi._core import ParticleSpec, particle_terms
+    from numpyro_pvi._trace.particles import ParticleSpec, particle_terms
 
     if vectorize_particles_fn is not None:
         options["vectorize"] = vectorize_particles_fn

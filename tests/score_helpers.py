@@ -6,6 +6,7 @@ Gaussian-process example model (also read by the diagnostics' tests)."""
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
@@ -15,7 +16,8 @@ from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import FitRecipe, PredictiveELBO
-from numpyro_pvi.particles import ParticleTerms, Weights
+from numpyro_pvi._trace.data_plate import DataPlate
+from numpyro_pvi.particles import Likelihood, ParticleTerms, Weights
 from numpyro_pvi.scores import CRPS, Score
 from numpyro_pvi.selection import CrossValidation, cross_validate
 
@@ -39,6 +41,51 @@ def weighted_terms(km, b, num_strata=1, omega=None, **fields) -> ParticleTerms:
         num_strata=num_strata,
         **fields,
     )
+
+
+def likelihood(law, *params, values, reparam=True, key=None) -> Likelihood:
+    """The :class:`Likelihood` of one observed site of ``b`` observations
+    whose distribution at particle ``j`` is ``law(*(p[j] for p in
+    params))`` (each ``p`` with a leading particle axis), observing
+    ``values`` (``(b, ...)``)."""
+    laws = jax.vmap(law)(*params)
+    first = law(*(p[0] for p in params))
+    km, b = params[0].shape[0], values.shape[0]
+    keys = random.split(random.PRNGKey(0) if key is None else key, km)
+    plate = DataPlate("data", -1, b, b)
+    return Likelihood((laws,), (first,), (values,), keys, None, plate, ("y",), reparam)
+
+
+def law_terms(law, *params, y_obs, num_strata=1, omega=None, **options):
+    """:func:`weighted_terms` of ``M`` particles whose likelihood at one
+    observed site is ``law`` (:func:`likelihood`), observing ``y_obs``
+    ``(b, d)``, with its log-likelihoods ``(M, b)``."""
+    values = y_obs[:, 0] if y_obs.shape[1] == 1 else y_obs
+    lik = likelihood(law, *params, values=values, **options)
+    log_lik = jax.vmap(lambda d: d.log_prob(values))(lik.laws[0])
+    log_lik = log_lik.reshape(log_lik.shape[:2] + (-1,)).sum(-1)
+    km, b = params[0].shape[0], y_obs.shape[0]
+    return weighted_terms(
+        km, b, num_strata, omega, y_obs=y_obs, likelihood=lik, log_lik=log_lik
+    )
+
+
+def simulated_terms(x, y_obs, num_strata=1, omega=None) -> ParticleTerms:
+    """:func:`weighted_terms` of ``M`` particles that simulate ``x``
+    ``(M, b, d)`` (:func:`with_simulations`), observing ``y_obs``."""
+    terms = weighted_terms(*x.shape[:2], num_strata, omega, y_obs=y_obs)
+    return with_simulations(terms, x)
+
+
+def with_simulations(terms, x) -> ParticleTerms:
+    """``terms`` whose observed site simulates ``x`` ``(M, b, d)``: point
+    masses at the simulations (what the estimators from simulations read)."""
+    d = x.shape[-1]
+    if d == 1:
+        lik = likelihood(dist.Delta, x[..., 0], values=terms.y_obs[:, 0])
+    else:
+        lik = likelihood(lambda v: dist.Delta(v, event_dim=1), x, values=terms.y_obs)
+    return terms._replace(likelihood=lik)
 
 
 def initial_params(model, *args) -> tuple[AutoNormal, dict]:

@@ -29,7 +29,6 @@ from numpyro.infer.autoguide import AutoNormal
 
 import numpyro_pvi
 from numpyro_pvi import Replications
-from numpyro_pvi._core import normal
 from numpyro_pvi.sharding import data_mesh, shard_data
 
 N, D = 64, 3
@@ -335,9 +334,6 @@ def calibration_dispatch() -> dict:
 
 def main():
     assert len(jax.devices()) == int(sys.argv[1]), jax.devices()
-    # the mixture guide's closed-form CRPS in blocks of 16 observations (4
-    # per run of N = 64), as it takes them beyond 2^19 draws x observations
-    normal.UNBLOCKED_SIZE, normal.STRATA_BLOCK_SIZE = 0, 16 * 2 * 8
     if sys.argv[2] == "vsbc":
         print(json.dumps({"vsbc_dispatch": vsbc_dispatch()}))
         return

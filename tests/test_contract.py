@@ -43,8 +43,7 @@ class Objective(NamedTuple):
 N, B = 12, 5
 OBJECTIVES = [
     Objective(
-        "pvi-log-prior",
-        lambda m: numpyro_pvi.PredictiveELBO("log", num_particles=m),
+        "pvi-log-prior", lambda m: numpyro_pvi.PredictiveELBO("log", num_particles=m)
     ),
     Objective(
         "pvi-log-posterior",

@@ -17,6 +17,7 @@ from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PredictiveELBO
 from numpyro_pvi.distributions import Simulator, setup_guide
+from numpyro_pvi.scores import simulations
 
 LIKELIHOOD_FREE = "this site is likelihood-free: use score='crps' or 'energy'"
 NOISE = 0.1
@@ -125,16 +126,17 @@ def test_simulator_site_in_subsampled_plate_gives_per_particle_draws(population_
             {},
             num_particles=6,
             vectorize_particles_fn=lambda f, k: jax.vmap(f)(k),
-            requests=("y_sim", "weight"),
+            requests=("likelihood", "weight"),
         )
     )(random.PRNGKey(0))
-    assert terms.y_sim.shape == (6, 50, 1) and terms.y_obs.shape == (50, 1)
+    y_sim, _ = simulations(terms)
+    assert y_sim.shape == (6, 50, 1) and terms.y_obs.shape == (50, 1)
     np.testing.assert_allclose(
         terms.weights.observation, N / 50, rtol=1e-6
     )  # subsample scale
     # each particle's draws scatter by NOISE around that particle's mu, and the
     # observed values are a subsample of the data
-    spread = jnp.std(terms.y_sim[..., 0], axis=1)
+    spread = jnp.std(y_sim[..., 0], axis=1)
     assert np.all(np.abs(np.asarray(spread) - NOISE) < 0.05)
     assert np.all(np.isin(np.asarray(terms.y_obs[:, 0]), np.asarray(y)))
     # and Trace_ELBO cannot run on it
@@ -142,9 +144,7 @@ def test_simulator_site_in_subsampled_plate_gives_per_particle_draws(population_
         Trace_ELBO().loss(random.PRNGKey(0), params, lf_model, guide, y)
 
 
-def test_crps_fit_of_likelihood_free_model_recovers_population_spread(
-    population_data,
-):
+def test_crps_fit_of_likelihood_free_model_recovers_population_spread(population_data):
     # PVI: the predictive N(mu_q, s^2 + NOISE^2) matches the data, so the guide
     # must be as wide as the population, s -> TAU (VI's q would shrink to 0)
     steps = 500
@@ -200,7 +200,7 @@ def test_energy_score_on_vector_simulator_and_second_site():
 
     loss, grad, terms = run({"loc": jnp.asarray(0.5)})
     assert np.isfinite(loss) and np.isfinite(grad["loc"]) and grad["loc"] != 0
-    assert terms.y_sim.shape == (8, 3, 3)
+    assert simulations(terms)[0].shape == (8, 3, 3)
     np.testing.assert_allclose(terms.y_obs, jnp.c_[y_scalar, y_vec])
     # the posterior regularizer needs the likelihood, which the site lacks
     with pytest.raises(NotImplementedError, match=LIKELIHOOD_FREE):

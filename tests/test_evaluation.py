@@ -29,8 +29,10 @@ from numpyro.infer.importance import _psis_khat
 from scipy.stats import norm
 
 from numpyro_pvi import FitRecipe, PredictiveELBO, StratifiedELBO, predictive_score
-from numpyro_pvi._core import log_sum_estimate, psis_smooth, svi_scan
+from numpyro_pvi.evaluation.held_out import log_sum_estimate
+from numpyro_pvi.evaluation.psis import psis_smooth
 from numpyro_pvi.guides import AutoFlow, AutoGaussianMixture
+from numpyro_pvi.objectives.svi_scan import svi_scan
 from numpyro_pvi.scores import QuadraticScore
 from numpyro_pvi.selection import cross_validate, mask_observations
 
@@ -106,9 +108,9 @@ def test_a_moment_matched_estimate_replaces_the_first_when_it_is_better(
     """Ranked as the matching ranks its steps: by k̂ when either estimate's
     weights have a mean (k̂ < 1), else by the estimate (one whose weights
     have no mean falls short of the integral)."""
-    from numpyro_pvi._core import Pointwise
-    from numpyro_pvi._core.moment_matching import Matched
-    from numpyro_pvi.evaluation import match_unreliable
+    from numpyro_pvi.evaluation.held_out import Pointwise
+    from numpyro_pvi.evaluation.moment_matching import Matched
+    from numpyro_pvi.evaluation.scoring import match_unreliable
 
     class Matcher:
         def match(self, indices, threshold):
@@ -214,7 +216,7 @@ def test_the_totals_standard_error_is_the_spread_of_its_estimates(score, guide):
 def test_totals_of_scores_whose_squares_overflow_float32():
     """The data set's score and its standard error are summed in float64:
     float32 squares overflow above 1.8e19 (a fit that diverged)."""
-    from numpyro_pvi.evaluation import PredictiveScore, _total_se
+    from numpyro_pvi.evaluation.scoring import PredictiveScore, _total_se
 
     n = 4
     scores = PredictiveScore(
@@ -538,11 +540,10 @@ def test_scores_at_some_observations_are_those_of_all_observations(case):
     error and k̂, and the pair gain of two fits, of the observations
     chosen: the same values as scoring every observation and taking
     theirs."""
-    from numpyro_pvi._core import (
-        ParticleSpec,
+    from numpyro_pvi._trace.particles import ParticleSpec, particle_terms
+    from numpyro_pvi.evaluation.held_out import (
         observation_subset,
         pair_gain,
-        particle_terms,
         pointwise_estimate,
     )
     from numpyro_pvi.scores import get_score
@@ -671,7 +672,7 @@ def test_other_scores_of_an_amortized_guide_are_refused_naming_the_site(score):
 def test_a_guide_that_reads_covariates_only_is_not_amortized_over_the_data():
     """A guide whose local latents read a covariate, not the observations,
     keeps its draws: the data it is scored on do not reach it."""
-    from numpyro_pvi._core import amortized_latents
+    from numpyro_pvi._trace.structure import amortized_latents
 
     def model(x, y):
         with numpyro.plate("data", x.shape[0]):

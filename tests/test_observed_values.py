@@ -19,7 +19,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PredictiveELBO, SoftCVIELBO, diagnostics, predictive_score
-from numpyro_pvi._core import latent_dependent_observations
+from numpyro_pvi._trace.structure import latent_dependent_observations
 
 pytestmark = pytest.mark.py312
 

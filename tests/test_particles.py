@@ -10,24 +10,16 @@ from conftest import run_particles
 from jax import random
 from numpyro.infer.autoguide import AutoDelta, AutoNormal
 
+from numpyro_pvi._trace.terms import FIELDS, LOG_Q_FIXED, OBS_WEIGHT
 from numpyro_pvi.particles import (
-    BINOMIAL,
-    FIELDS,
-    FINITE_PMF,
+    LIKELIHOOD,
     LOG_LIK,
-    LOG_PMF,
-    LOG_Q_FIXED,
-    OBS_WEIGHT,
-    PMF,
-    Y_LOG_LOC_SCALE,
-    Y_NORMAL_MIXTURE,
-    Y_POISSON,
-    Y_SIM,
     ParticleTerms,
     log_mean_exp,
     particle_logsumexp,
     particle_sum,
 )
+from numpyro_pvi.scores import simulations, support_pmf
 
 
 def _vmap(f, keys):
@@ -211,8 +203,10 @@ def test_simulated_observations_and_pmf_shapes():
     y1 = jnp.arange(5.0)
     y2 = jnp.ones((5, 3))
     guide = AutoNormal(two_site_model)
-    terms = _terms(two_site_model, guide, y1, y2, requests=(LOG_LIK, Y_SIM))
-    assert terms.y_sim.shape == (4, 5, 4)
+    terms = _terms(two_site_model, guide, y1, y2, requests=(LOG_LIK, LIKELIHOOD))
+    y_sim, y_obs = simulations(terms)
+    assert y_sim.shape == (4, 5, 4)
+    np.testing.assert_allclose(y_obs, terms.y_obs)
     np.testing.assert_allclose(terms.y_obs, jnp.concatenate([y1[:, None], y2], 1))
 
     def bern_model(y):
@@ -222,14 +216,14 @@ def test_simulated_observations_and_pmf_shapes():
 
     y = jnp.array([0.0, 1.0, 1.0])
     guide = AutoDelta(bern_model)
-    terms = _terms(bern_model, guide, y, requests=(LOG_LIK, LOG_PMF, PMF))
-    assert terms.log_pmf.shape == terms.pmf.shape == (4, 2, 3, 1)  # (M, K, b, c)
-    np.testing.assert_allclose(jnp.exp(terms.log_pmf).sum(1), 1.0, rtol=1e-6)
-    # the probabilities (one sigmoid) are the exponentials of the log pmf
-    np.testing.assert_allclose(terms.pmf, jnp.exp(terms.log_pmf), rtol=1e-6)
+    terms = _terms(bern_model, guide, y, requests=(LOG_LIK, LIKELIHOOD))
+    pmf, support = support_pmf(terms)
+    assert pmf.shape == (4, 2, 3, 1)  # (M, K, b, c)
+    assert support.shape == (2, 3, 1)
+    np.testing.assert_allclose(pmf.sum(1), 1.0, rtol=1e-6)
     # the pmf at the observed value is the likelihood
-    picked = jnp.take_along_axis(terms.log_pmf[..., 0], y.astype(int)[None, None, :], 1)
-    np.testing.assert_allclose(picked[:, 0], terms.log_lik, rtol=1e-6)
+    picked = jnp.take_along_axis(pmf[..., 0], y.astype(int)[None, None, :], 1)
+    np.testing.assert_allclose(jnp.log(picked[:, 0]), terms.log_lik, rtol=1e-6)
 
 
 def test_log_q_fixed_has_value_of_log_q_and_score_function_gradient():
@@ -304,7 +298,7 @@ def test_particle_reductions_match_jax_reductions(m):
 
 
 def test_spec_protocol_and_iid_terms():
-    from numpyro_pvi._core import ParticleSpec
+    from numpyro_pvi._trace.particles import ParticleSpec
     from numpyro_pvi.guides import AutoGaussianMixture
     from numpyro_pvi.particles import StratifiedGuide, require_iid
 
@@ -382,19 +376,11 @@ def _binomial_model(y):
 
 @pytest.mark.parametrize("request_name", sorted(FIELDS))
 def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
-    """``particles.FIELDS`` is the protocol: a request fills its fields and
-    no other optional field (``mask``, ``entropy`` and ``observation_sites``
-    are every call's)."""
-    model = {
-        LOG_PMF: _bernoulli_model,
-        PMF: _bernoulli_model,
-        BINOMIAL: _binomial_model,
-        FINITE_PMF: _binomial_model,
-        Y_LOG_LOC_SCALE: _lognormal_model,
-        Y_NORMAL_MIXTURE: _normal_mixture_model,
-        Y_POISSON: _zero_inflated_poisson_model,
-    }.get(request_name, _normal_model)
+    """``FIELDS`` is the protocol: a request fills its fields and no other
+    optional field (``mask``, ``entropy`` and ``observation_sites`` are
+    every call's)."""
     y = jnp.array([0.0, 1.0, 1.0, 0.0])
+    model = _normal_model
     terms = _terms(
         model, AutoNormal(model), y, num_particles=2, requests=(request_name,)
     )
@@ -410,36 +396,63 @@ def test_each_request_fills_exactly_the_fields_of_the_table(request_name):
 
 
 @pytest.mark.parametrize(
+    "model",
+    [
+        _normal_model,
+        _lognormal_model,
+        _normal_mixture_model,
+        _zero_inflated_poisson_model,
+        _bernoulli_model,
+        _binomial_model,
+    ],
+)
+def test_the_likelihood_holds_each_particles_distribution(model):
+    """The ``likelihood`` request is family-free: each particle's observed
+    distribution, whose log density at the observations is ``log_lik``."""
+    y = jnp.array([0.0, 1.0, 1.0, 0.0])
+    terms = _terms(
+        model, AutoNormal(model), y, num_particles=2, requests=(LOG_LIK, LIKELIHOOD)
+    )
+    (site,) = terms.likelihood.sites()
+    law = terms.likelihood.laws[0]
+    log_lik = jax.vmap(lambda d, v: d.log_prob(v))(
+        law, site["value"][None].repeat(2, 0)
+    )
+    np.testing.assert_allclose(log_lik, terms.log_lik, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
     "model, filled",
     [
         (_normal_model, False),  # no finite support
         (_zero_inflated_poisson_model, False),  # an infinite one
         (_bernoulli_model, True),
+        (_binomial_model, True),
     ],
 )
-def test_the_finite_pmf_request_fills_only_a_finite_support(model, filled):
-    """``finite_pmf`` fills the pmf of a finite support and leaves other
-    likelihoods' fields ``None`` instead of refusing them, as ``pmf`` does."""
+def test_the_pmf_covers_only_a_finite_support(model, filled):
+    """The pmf over a finite support sums to one; other likelihoods are
+    refused, naming the support."""
     y = jnp.array([0.0, 1.0, 1.0, 0.0])
-    terms = _terms(model, AutoNormal(model), y, num_particles=2, requests=(FINITE_PMF,))
-    assert (terms.pmf is not None) is filled
-    assert (terms.obs_support is not None) is filled
-    if filled:  # (M, V, b, c): the Bernoulli's two values at each observation
-        assert terms.pmf.shape == (2, 2, 4, 1)
-        np.testing.assert_allclose(terms.pmf.sum(1), 1.0, rtol=1e-6)
-    else:  # where the request pmf refuses the likelihood
+    terms = _terms(model, AutoNormal(model), y, num_particles=2, requests=(LIKELIHOOD,))
+    if filled:  # (M, V, b, c): each value at each observation
+        pmf, _ = support_pmf(terms)
+        assert pmf.shape[0] == 2 and pmf.shape[2:] == (4, 1)
+        np.testing.assert_allclose(pmf.sum(1), 1.0, rtol=1e-6)
+    else:
         with pytest.raises(ValueError, match="no finite support to enumerate"):
-            _terms(model, AutoNormal(model), y, num_particles=2, requests=(PMF,))
+            support_pmf(terms)
 
 
 def test_the_per_particle_fields_are_the_tables_less_the_shared_ones():
-    """Held-out subsampling and mixtures of two fits' draws (``_core.held_out``)
-    concatenate or take every field with a particle axis: the request table's
-    fields less those read once for all particles (a field missing there
-    was silently left out of a mixture's strata)."""
-    from numpyro_pvi._core import held_out
+    """Held-out subsampling and mixtures of two fits' draws
+    (``evaluation.held_out``) concatenate or take every field with a
+    particle axis: the request table's fields less those read once for all
+    particles (a field missing there was silently left out of a mixture's
+    strata); the likelihood takes its own particles."""
+    from numpyro_pvi.evaluation import held_out
 
-    shared = {"y_obs", "obs_support", "weights.observation", "observed"}
+    shared = {"y_obs", "weights.observation", "observed", "likelihood"}
     per_particle = {f for fields in FIELDS.values() for f in fields} - shared
     assert set(held_out._PER_PARTICLE) == per_particle | {"log_prior", "log_q"}
 
@@ -484,7 +497,7 @@ def test_the_log_density_of_autodais_includes_its_kinetic_energy_factor():
     from numpyro.infer.autoguide import AutoDAIS
     from numpyro.infer.util import log_density
 
-    from numpyro_pvi._core.particles import _particle_keys, split_particle_key
+    from numpyro_pvi._trace.particles import _particle_keys, split_particle_key
 
     y = jnp.array([0.5, -1.0, 2.0, 1.5])
     guide = AutoDAIS(_one_site_model, K=3, eta_init=0.05)

@@ -1,5 +1,5 @@
 """The Poisson cdf and pmf of the count CRPS
-(``numpyro_pvi/_core/poisson_cdf.py``): Temme's coefficients against their
+(``numpyro_pvi/_trace/poisson_cdf.py``): Temme's coefficients against their
 closed forms, and the cdf and pmf against SciPy's in every branch, at the
 branches' edges and at counts in the millions, where a pmf from ``n log λ −
 λ − log n!`` loses its precision in float32."""
@@ -16,8 +16,8 @@ from jax.scipy.special import xlogy as jxlogy
 from scipy import optimize, stats
 from scipy.special import xlogy
 
-from numpyro_pvi._core.poisson import poisson_abs_mean
-from numpyro_pvi._core.poisson_cdf import (
+from numpyro_pvi.scores.closed_forms.counts import poisson_abs_mean
+from numpyro_pvi.scores.closed_forms.poisson_cdf import (
     poisson_cdf_pmf,
     poisson_quantile,
     quantile_start,
@@ -169,7 +169,7 @@ def test_blocks_end_at_the_last_value(shape):
     """More values than a block, not a multiple of it: the last block,
     overlapping the one before it, gives every value (against one pass over
     all of them), and the last values are not left at the loop's zeros."""
-    from numpyro_pvi._core import poisson_cdf
+    from numpyro_pvi.scores.closed_forms import poisson_cdf
 
     assert math.prod(shape) > poisson_cdf.BLOCK
     keys = jax.random.split(jax.random.PRNGKey(5), 2)

@@ -29,7 +29,8 @@ from numpyro.infer.autoguide import (
 from scipy import stats
 
 from numpyro_pvi import SNISForwardKL, SoftCVIELBO
-from numpyro_pvi._core import fixed_draw_terms, guide_log_density, guide_sample_values
+from numpyro_pvi._trace.tracing import guide_log_density, guide_sample_values
+from numpyro_pvi.objectives.contrastive import fixed_draw_terms
 
 # float64 reaches ~1e-13; float32 rounding of log p - log q (|log p| ~ 30)
 # leaves ~1e-5 relative noise in the labels.

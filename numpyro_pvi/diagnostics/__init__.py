@@ -11,18 +11,14 @@ corrected for the approximation) and the PVI heterogeneity check of Lai & Yao
 (2024).
 """
 
-from numpyro_pvi.diagnostics._containers import get_group
+from numpyro_pvi._arviz.containers import get_group
 from numpyro_pvi.diagnostics._pareto import ParetoSmoothing, pareto_smooth
 from numpyro_pvi.diagnostics.export import to_inference_data
 from numpyro_pvi.diagnostics.heterogeneity import heterogeneity, plot_heterogeneity
 from numpyro_pvi.diagnostics.loo import approximate_loo, approximate_loo_weights
+from numpyro_pvi.diagnostics.plots import plot_predictive_calibration, plot_psis
 from numpyro_pvi.diagnostics.predictive_calibration import predictive_calibration
-from numpyro_pvi.diagnostics.predictive_calibration_plot import (
-    plot_predictive_calibration,
-)
-from numpyro_pvi.diagnostics.psis import psis
-from numpyro_pvi.diagnostics.psis_plot import plot_psis
-from numpyro_pvi.diagnostics.psis_summary import psis_summary
+from numpyro_pvi.diagnostics.psis import psis, psis_summary
 from numpyro_pvi.diagnostics.report import report
 from numpyro_pvi.diagnostics.resample import psis_resample
 from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc

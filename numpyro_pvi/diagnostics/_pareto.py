@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import logsumexp
 
-from numpyro_pvi._core import MIN_TAIL
-from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
+from numpyro_pvi._arviz.numerics import NUMERICS
+from numpyro_pvi.evaluation.psis import MIN_TAIL
 
 __all__ = [
     "CONSTANT_WEIGHTS",

@@ -17,15 +17,11 @@ import xarray as xr
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
-from numpyro_pvi._core import (
-    describe,
-    drawn_params,
-    is_censored,
-    sampler_failure,
-    simulation_law,
-)
-from numpyro_pvi.diagnostics._containers import ADAPTER
-from numpyro_pvi.diagnostics._idata import draws_dataset
+from numpyro_pvi._arviz.containers import ADAPTER
+from numpyro_pvi._arviz.idata import draws_dataset
+from numpyro_pvi._trace.data_plate import simulation_law
+from numpyro_pvi._trace.site_laws import describe, is_censored, sampler_failure
+from numpyro_pvi._trace.tracing import drawn_params
 
 
 class _simulate_observed(Messenger):
@@ -74,7 +70,7 @@ def simulate_observed(
     params: Mapping[str, Any],
     num_draws: int,
     function: str = "to_inference_data",
-    stacklevel: int = 5,
+    stacklevel: int = 4,
 ) -> dict[str, np.ndarray]:
     """``(S, ...)`` every site of ``observed`` simulated at each of the
     ``S = num_draws`` latent ``draws`` (one vectorised call of
@@ -194,7 +190,9 @@ def inputs_dataset(
 def predictive_groups(
     rng_key: jax.Array,
     model: Callable,
-    fit: tuple[Mapping[str, Any], Mapping[str, Any], dict[str, list[str]]],
+    fit: tuple[
+        Mapping[str, Any], Mapping[str, Any], dict[str, list[str]], Mapping[str, Any]
+    ],
     plate: tuple[str | None, int],
     args: tuple,
     kwargs: dict,
@@ -206,7 +204,7 @@ def predictive_groups(
     """``posterior_predictive`` and ``constant_data`` of a fit, and with
     ``predictions`` (new values of the model's arguments, by name)
     ``predictions`` and ``predictions_constant_data``. ``fit`` is ``(draws,
-    observed_values, dims)``; ``plate`` the data plate's name and size;
+    observed_values, dims, fixed)``; ``plate`` the data plate's name and size;
     ``params`` the fitted parameters (the model's own among them) and
     ``num_draws`` the number of draws."""
     draws, observed_values, dims, fixed = fit

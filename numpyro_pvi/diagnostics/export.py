@@ -11,47 +11,26 @@ import numpy as np
 import xarray as xr
 from jax import random
 
-from numpyro_pvi._core import (
-    ParticleSpec,
-    check_data_plate,
-    check_fitted_call,
-    check_int,
-    check_loss_target,
-    data_sites,
-    deprecation,
-    observed_sites,
-    plate_of,
-    structured_draws,
-)
-from numpyro_pvi.diagnostics._containers import (
-    ADAPTER,
-    Container,
-)
-from numpyro_pvi.diagnostics._idata import (
+from numpyro_pvi._arviz.containers import ADAPTER, Container
+from numpyro_pvi._arviz.idata import (
     draws_dataset,
     objective_attrs,
     root_attrs,
     site_dims,
 )
+from numpyro_pvi._trace.data_plate import data_sites, observed_sites, plate_of
+from numpyro_pvi._trace.particles import ParticleSpec
+from numpyro_pvi._trace.reductions import log_joint
+from numpyro_pvi._trace.terms import LATENTS, LOG_LIK, OBSERVED, ParticleTerms, present
+from numpyro_pvi._trace.validation import check_data_plate, check_int, check_loss_target
 from numpyro_pvi.diagnostics._predictive import (
     deterministic_values,
     predictive_groups,
     refuse_drawn_params,
 )
-from numpyro_pvi.particles import (
-    LATENTS,
-    LOG_LIK,
-    OBSERVED,
-    ParticleTerms,
-    log_joint,
-    present,
-)
+from numpyro_pvi.evaluation.draws import check_fitted_call, structured_draws
 
-__all__ = [
-    "NOT_POSTERIOR_LOG_LIKELIHOOD",
-    "PSIS_LOO_NOTE",
-    "to_inference_data",
-]
+__all__ = ["NOT_POSTERIOR_LOG_LIKELIHOOD", "PSIS_LOO_NOTE", "to_inference_data"]
 
 #: The group that holds the pointwise log-likelihood of a fit whose
 #: objective does not target the Bayesian posterior (not ``log_likelihood``:
@@ -78,7 +57,6 @@ MIXTURE_NOTE = (
 )
 
 
-@deprecation.accepts_old_calls(deprecation.fitted)
 def to_inference_data(
     rng_key: jax.Array,
     params: dict[str, jax.Array],

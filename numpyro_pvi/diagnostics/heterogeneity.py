@@ -26,22 +26,19 @@ import numpy as np
 import xarray as xr
 from numpyro.infer import Predictive
 
-from numpyro_pvi._core import (
-    ParticleSpec,
-    check_fitted_call,
+from numpyro_pvi._arviz.containers import ADAPTER, Container, dataset
+from numpyro_pvi._arviz.idata import component_labels, guide_name, root_attrs
+from numpyro_pvi._trace.data_plate import WHOLE_DATA, observed_sites
+from numpyro_pvi._trace.particles import ParticleSpec
+from numpyro_pvi._trace.structure import (
     check_full_data,
-    check_int,
-    check_real,
-    deprecation,
     feasible_improper,
-    guide_draws,
     improper_latents,
-    observed_sites,
     replay_trace,
 )
-from numpyro_pvi.diagnostics._containers import ADAPTER, Container, dataset
-from numpyro_pvi.diagnostics._idata import component_labels, guide_name, root_attrs
-from numpyro_pvi.particles import LATENTS, WHOLE_DATA
+from numpyro_pvi._trace.terms import LATENTS
+from numpyro_pvi._trace.validation import check_int, check_real
+from numpyro_pvi.evaluation.draws import check_fitted_call, guide_draws
 
 __all__ = [
     "HETEROGENEOUS",
@@ -130,7 +127,6 @@ def _readings(
     )
 
 
-@deprecation.accepts_old_calls(deprecation.heterogeneity)
 def heterogeneity(
     rng_key: jax.Array,
     params: dict[str, jax.Array],
@@ -160,10 +156,7 @@ def heterogeneity(
 
     The arguments are those of every function on a fitted guide,
     ``(rng_key, params, model, guide, *args)``, for the PVI fit; the VI fit
-    it is compared with is the reference. The orders ``(rng_key, pvi_params,
-    vi_params, model, pvi_guide, vi_guide, ...)`` and ``(rng_key, model,
-    pvi_guide, pvi_params, vi_guide, vi_params, ...)`` of earlier versions
-    still work, with a ``FutureWarning``, until the next release.
+    it is compared with is the reference.
 
     **Example**::
 

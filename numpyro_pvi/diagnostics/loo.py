@@ -10,15 +10,11 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from numpyro_pvi._core import MIN_TAIL, approximate_loo_log_weights
-from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
-from numpyro_pvi.diagnostics._containers import (
-    ADAPTER,
-    SAMPLE_DIMS,
-    Container,
-    dataset,
-)
+from numpyro_pvi._arviz.containers import ADAPTER, SAMPLE_DIMS, Container, dataset
+from numpyro_pvi._arviz.loo import approximate_loo_log_weights
+from numpyro_pvi._arviz.numerics import NUMERICS
 from numpyro_pvi.diagnostics.export import NOT_POSTERIOR_LOG_LIKELIHOOD
+from numpyro_pvi.evaluation.psis import MIN_TAIL
 
 __all__ = ["MIN_LOO_DRAWS", "approximate_loo", "approximate_loo_weights"]
 

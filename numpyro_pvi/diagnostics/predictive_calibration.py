@@ -22,45 +22,42 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax import random
+from numpyro.handlers import condition
 
-from numpyro_pvi._core import (
-    Replications,
-    check_full_data,
-    check_recipe,
+from numpyro_pvi._arviz.containers import ADAPTER, Container
+from numpyro_pvi._arviz.idata import component_labels, draws_dataset, root_attrs
+from numpyro_pvi._trace.data_plate import (
+    DataPlate,
     check_same_plate,
-    deprecation,
-    model_structure,
+    data_sites,
+    per_observation,
     plate_of,
-    single_observation,
 )
-from numpyro_pvi.diagnostics._containers import ADAPTER, Container
-from numpyro_pvi.diagnostics._idata import draws_dataset, root_attrs
-from numpyro_pvi.diagnostics._pit import (
-    in_plate,
-    pit_columns,
-    pit_ranks,
-    pit_replication,
-)
+from numpyro_pvi._trace.particles import ParticleSpec, particle_terms
+from numpyro_pvi._trace.recipes import Replications, check_recipe
+from numpyro_pvi._trace.site_values import single_observation
+from numpyro_pvi._trace.structure import check_full_data, model_structure
+from numpyro_pvi._trace.terms import LIKELIHOOD
 from numpyro_pvi.diagnostics._replications import (
-    check_verdict,
-    fit_stats,
-    run_replications,
-)
-from numpyro_pvi.diagnostics._simulated_data import (
-    data_injector,
-    generated_data,
-    resolve_sites,
-    set_up_guide,
-)
-from numpyro_pvi.diagnostics._simulation_check import (
     EagerRuns,
     check_fits_are_the_simulating_model,
+    check_verdict,
+    data_injector,
     eager_runs,
+    fit_replication,
+    fit_stats,
+    generated_data,
+    resolve_sites,
+    run_replications,
+    set_up_guide,
 )
 from numpyro_pvi.diagnostics.rank_tests import rank_datasets
-from numpyro_pvi.predictive import PredictiveELBO
+from numpyro_pvi.objectives.predictive import PredictiveELBO
+from numpyro_pvi.scores import simulations
+from numpyro_pvi.selection import mask_observations
 
 __all__ = [
     "CalibrationArrays",
@@ -72,7 +69,6 @@ __all__ = [
 _WHERE = "predictive_calibration"
 
 
-@deprecation.accepts_old_calls(deprecation.replicated)
 def predictive_calibration(
     rng_key: jax.Array,
     model: Callable,
@@ -119,10 +115,7 @@ def predictive_calibration(
 
     The call shape is that of every procedure that fits, NumPyro's
     :func:`~numpyro.infer.calibration.vsbc_diagnostic`'s; how the data sets
-    are simulated, fitted and read travels in ``replications``. The loose
-    keywords of earlier versions (``num_simulations=``, ``num_svi_steps=``,
-    ``data_generator=``, ...) still work, with a ``FutureWarning``, until the
-    next release.
+    are simulated, fitted and read travels in ``replications``.
 
     **Example**::
 
@@ -140,7 +133,7 @@ def predictive_calibration(
     :param loss: the objective, e.g. ``Trace_ELBO()`` or
         ``PredictiveELBO("log")``.
     :param args: positional arguments of the model and guide.
-    :param replications: a :class:`~numpyro_pvi.recipes.Replications`: the
+    :param replications: a :class:`~numpyro_pvi.Replications`: the
         number of data sets (≥ 2), SVI steps per fit, posterior-predictive
         draws ``L`` per rank, how the fits are dispatched, and optionally
         the ``data_generator`` (``rng_key -> dict`` of observed values,
@@ -298,13 +291,7 @@ def calibration_arrays(
     if isinstance(loss, PredictiveELBO):
         check_same_plate(model_trace, plate, loss.data_plate, f"{_WHERE}: {loss!r}")
     inject = data_injector(
-        model,
-        observed,
-        args,
-        kwargs,
-        r.simulated_data_to_args,
-        model_trace,
-        _WHERE,
+        model, observed, args, kwargs, r.simulated_data_to_args, model_trace, _WHERE
     )
     data = generated_data(
         key_data,
@@ -386,7 +373,7 @@ def _result(
         attrs={"num_draws": num_draws, "quantity": "(rank + 1/2) / (L + 1)"},
     ).assign_coords(component=labels)
     fit_ds = fit_stats(
-        *fits, options, function=_WHERE, group="calibration_fit_stats", stacklevel=5
+        *fits, options, function=_WHERE, group="calibration_fit_stats", stacklevel=4
     )
     tests.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
     groups = {
@@ -397,3 +384,116 @@ def _result(
     }
     attrs = root_attrs(guide, loss=type(loss).__name__, diagnostic=_WHERE)
     return ADAPTER.build(groups, attrs)
+
+
+def pit_ranks(
+    rng_key: jax.Array,
+    params: dict[str, jax.Array],
+    model: Callable,
+    guide: Callable,
+    args: tuple,
+    kwargs: dict,
+    *,
+    index: jax.Array,
+    plate: DataPlate,
+    num_draws: int,
+) -> jax.Array:
+    r"""Randomised PIT ranks of observation ``index`` of the data plate.
+
+    With :math:`\tilde y_l \sim p(\tilde y \mid \theta_l)`,
+    :math:`\theta_l \sim q` (:math:`l = 1..L`), the rank of the observed
+    :math:`y` is :math:`\#\{\tilde y_l < y\} + U`, :math:`U` uniform on
+    :math:`0, \dots, \#\{\tilde y_l = y\}`: discrete uniform on
+    :math:`0..L` when :math:`y` is a draw from the same predictive, for
+    continuous and discrete outcomes alike. One rank per scalar component
+    of the observation (observed sites in trace order).
+
+    :return: ``(d,)`` integer ranks in ``0..num_draws``.
+
+    **References**
+
+    - Czado, C., Gneiting, T. & Held, L. (2009). *Predictive model
+      assessment for count data.* Biometrics (the randomised PIT).
+    """
+    key_draw, key_tie = random.split(rng_key)
+    spec = ParticleSpec(
+        num_draws,
+        frozenset({LIKELIHOOD}),
+        plate.selector,
+        objective="predictive_calibration",
+        require_reparam=False,
+        stratified=False,
+    )
+    terms = particle_terms(key_draw, params, model, guide, args, kwargs, spec)
+    y_sim, y_obs = simulations(terms)
+    y_sim, y_obs = jax.lax.stop_gradient(y_sim[:, index]), y_obs[index]  # (L, d), (d,)
+    below = jnp.sum(y_sim < y_obs, axis=0)
+    ties = jnp.sum(y_sim == y_obs, axis=0)
+    return below + random.randint(key_tie, below.shape, 0, ties + 1)
+
+
+def in_plate(model_trace: dict, observed: Sequence[str], plate: DataPlate) -> list:
+    """The observed sites of the data plate (the ones ranked)."""
+    sites = data_sites([model_trace[name] for name in observed], plate)[0]
+    return [site["name"] for site in sites]
+
+
+def pit_columns(model_trace: dict, observed: Sequence[str], plate: DataPlate) -> list:
+    """``(label, site)`` of every scalar component of one observation."""
+    out = []
+    for name in observed:
+        site = model_trace[name]
+        rows = per_observation(
+            np.zeros(np.shape(site["value"])), plate, site["fn"].event_dim, xp=np
+        )
+        width = rows.shape[1]
+        labels = component_labels(name, () if width == 1 else (width,))
+        out += [(label, name) for label in labels]
+    return out
+
+
+def pit_replication(
+    model: Callable,
+    guide: Callable,
+    optim: Any,
+    loss: Any,
+    inject: Callable,
+    plate: DataPlate,
+    num_svi_steps: int,
+    num_draws: int,
+) -> Callable:
+    """``(key, data, index) -> (ranks, final loss, tail loss, drift)``: fit
+    to the data without observation ``index``, rank that observation."""
+
+    def one(inputs: tuple) -> tuple:
+        key, data, index = inputs
+        key_svi, key_pit = random.split(key)
+        args, kwargs = inject(data)
+        keep = jnp.ones(plate.size).at[index].set(0.0)
+        conditioned = condition(model, data)
+        assert plate.selector is not None  # one observation is held out of a plate
+        masked = mask_observations(conditioned, keep=keep, data_plate=plate.selector)
+        params, fit = fit_replication(
+            key_svi,
+            masked,
+            guide,
+            optim,
+            loss,
+            args,
+            kwargs,
+            num_svi_steps=num_svi_steps,
+        )
+        ranks = pit_ranks(
+            key_pit,
+            params,
+            conditioned,
+            guide,
+            args,
+            kwargs,
+            index=index,
+            plate=plate,
+            num_draws=num_draws,
+        )
+        return (ranks, *fit)
+
+    return one

@@ -12,28 +12,19 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from numpyro_pvi._core import (
-    ParticleSpec,
-    check_data_plate,
-    check_fitted_call,
-    check_int,
-    check_loss_target,
-    data_sites,
-    deprecation,
-    observed_sites,
-    plate_of,
-    structured_draws,
-)
-from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
-from numpyro_pvi.diagnostics._containers import ADAPTER, Container
-from numpyro_pvi.diagnostics._idata import guide_name, root_attrs, site_dims
+from numpyro_pvi._arviz.containers import ADAPTER, Container
+from numpyro_pvi._arviz.idata import guide_name, root_attrs, site_dims
+from numpyro_pvi._arviz.numerics import NUMERICS
+from numpyro_pvi._trace.data_plate import data_sites, observed_sites, plate_of
+from numpyro_pvi._trace.particles import ParticleSpec
+from numpyro_pvi._trace.terms import LATENTS, LOG_LIK, OBSERVED, present
+from numpyro_pvi._trace.validation import check_data_plate, check_int, check_loss_target
 from numpyro_pvi.diagnostics._pareto import K_THRESHOLD
 from numpyro_pvi.diagnostics._predictive import deterministic_values
 from numpyro_pvi.diagnostics.export import PSIS_LOO_NOTE, export_groups
 from numpyro_pvi.diagnostics.loo import MIN_LOO_DRAWS, approximate_loo
-from numpyro_pvi.diagnostics.psis import psis_arrays, psis_groups
-from numpyro_pvi.diagnostics.psis_summary import summary_table
-from numpyro_pvi.particles import LATENTS, LOG_LIK, OBSERVED, present
+from numpyro_pvi.diagnostics.psis import psis_arrays, psis_groups, summary_table
+from numpyro_pvi.evaluation.draws import check_fitted_call, structured_draws
 
 __all__ = ["report"]
 
@@ -64,7 +55,6 @@ def _loss_name(loss: Any) -> str:
     return "an unnamed objective (loss=None)" if loss is None else type(loss).__name__
 
 
-@deprecation.accepts_old_calls(deprecation.fitted)
 def report(
     rng_key: jax.Array,
     params: dict[str, jax.Array],
@@ -94,7 +84,7 @@ def report(
       (:func:`~numpyro_pvi.diagnostics.approximate_loo`) with the
       per-observation k̂, the worst observations named;
     - the **PSIS-adjusted vs plain** mean and sd of every component
-      (:func:`~numpyro_pvi.diagnostics.psis_summary`).
+      (:func:`~numpyro_pvi.diagnostics.psis`).
 
     :param rng_key: random key.
     :param params: the fitted parameters.

@@ -20,31 +20,29 @@ import numpy as np
 import xarray as xr
 from jax import random
 
-from numpyro_pvi._core import (
-    ParticleSpec,
-    check_data_plate,
-    check_fitted_call,
-    check_int,
-    check_loss_target,
-    data_sites,
-    observed_sites,
-    plate_of,
-    structured_draws,
-)
-from numpyro_pvi.diagnostics._containers import ADAPTER, Container
-from numpyro_pvi.diagnostics._idata import (
+from numpyro_pvi._arviz.containers import ADAPTER, Container
+from numpyro_pvi._arviz.idata import (
     draws_dataset,
     objective_attrs,
     root_attrs,
     site_dims,
 )
+from numpyro_pvi._trace.data_plate import (
+    WHOLE_DATA,
+    data_sites,
+    observed_sites,
+    plate_of,
+)
+from numpyro_pvi._trace.particles import ParticleSpec
+from numpyro_pvi._trace.terms import LATENTS, LOG_LIK
+from numpyro_pvi._trace.validation import check_data_plate, check_int, check_loss_target
 from numpyro_pvi.diagnostics._predictive import (
     deterministic_values,
     refuse_drawn_params,
     simulate_observed,
 )
 from numpyro_pvi.diagnostics.psis import psis_arrays
-from numpyro_pvi.particles import LATENTS, LOG_LIK, WHOLE_DATA
+from numpyro_pvi.evaluation.draws import check_fitted_call, structured_draws
 
 __all__ = ["psis_resample", "resample_indices"]
 

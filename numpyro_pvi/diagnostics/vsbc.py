@@ -14,48 +14,44 @@ all local devices (``jax.sharding``), in chunks for progress reporting.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import xarray as xr
 from jax import random
 from numpyro.infer import Predictive
 
-from numpyro_pvi._core import (
-    Replications,
-    check_full_data,
-    check_recipe,
-    deprecation,
-    model_structure,
-    validate_latent_sites,
-)
-from numpyro_pvi.diagnostics._containers import ADAPTER, Container
-from numpyro_pvi.diagnostics._idata import (
+from numpyro_pvi._arviz.containers import ADAPTER, Container
+from numpyro_pvi._arviz.idata import (
+    component_labels,
+    draws_dataset,
     root_attrs,
     site_dims,
 )
+from numpyro_pvi._trace.data_plate import joint_log_likelihood
+from numpyro_pvi._trace.numpyro_private import validate_latent_sites
+from numpyro_pvi._trace.recipes import Replications, check_recipe
+from numpyro_pvi._trace.structure import check_full_data, model_structure
 from numpyro_pvi.diagnostics._replications import (
     TRACER_ERRORS,
+    check_fits_are_the_simulating_model,
     check_verdict,
+    data_injector,
+    eager_runs,
+    fit_stats,
     loss_drift,
     replication_fn,
-    run_replications,
-    traced_argument_error,
-)
-from numpyro_pvi.diagnostics._simulated_data import (
-    data_injector,
     resolve_sites,
+    run_replications,
     set_up_guide,
+    traced_argument_error,
     unobserve,
 )
-from numpyro_pvi.diagnostics._simulation_check import (
-    check_fits_are_the_simulating_model,
-    eager_runs,
-)
-from numpyro_pvi.diagnostics._test_quantities import resolve_quantities
-from numpyro_pvi.diagnostics._vsbc_groups import VSBCArrays, vsbc_groups
-from numpyro_pvi.diagnostics.vsbc_plot import plot_vsbc
+from numpyro_pvi.diagnostics.plots import plot_vsbc
+from numpyro_pvi.diagnostics.rank_tests import rank_datasets
 
 __all__ = [
     "VSBCArrays",
@@ -97,13 +93,7 @@ def _setup(
     )
     validate_latent_sites(model_trace, latent_names)
     inject = data_injector(
-        model,
-        observed,
-        args,
-        kwargs,
-        r.simulated_data_to_args,
-        model_trace,
-        "vsbc",
+        model, observed, args, kwargs, r.simulated_data_to_args, model_trace, "vsbc"
     )
     quantities = resolve_quantities(
         test_quantities,
@@ -155,8 +145,7 @@ def _at_true_values(name: str, f: Callable, theta: dict, data: dict) -> np.ndarr
         return np.asarray(jax.jit(jax.vmap(f))(theta, data))
     except TRACER_ERRORS as err:  # the model (log_likelihood runs it) or f
         raise traced_argument_error(
-            f"vsbc (test quantity '{name}', which must be written with jax.numpy)",
-            err,
+            f"vsbc (test quantity '{name}', which must be written with jax.numpy)", err
         ) from err
     except Exception as err:  # a user function: say which one failed
         raise ValueError(
@@ -167,7 +156,6 @@ def _at_true_values(name: str, f: Callable, theta: dict, data: dict) -> np.ndarr
         ) from err
 
 
-@deprecation.accepts_old_calls(deprecation.vsbc)
 def vsbc(
     rng_key: jax.Array,
     model: Callable,
@@ -194,71 +182,37 @@ def vsbc(
         p = \Pr_q(θ < θ^*) \approx \frac{1}{L} \sum_{l=1}^{L}
         \mathbb{1}\{θ^{(l)} < θ^*\}, \qquad θ^{(l)} \sim q,
 
-    per scalar component, with :math:`L` = ``num_draws``. If the method's
-    marginals are unbiased on average, :math:`p` and :math:`1 - p` have the
-    same distribution; each component is tested with a two-sample
-    Kolmogorov–Smirnov statistic of :math:`p` against :math:`1 - p`, whose
-    p-value is exact under the null that :math:`p` is symmetric about 1/2
-    (a sign-flip null, conditional on :math:`|p - 1/2|`; the usual
-    two-sample KS p-value treats :math:`p` and :math:`1 - p` as independent,
-    which they are not), corrected for multiplicity over
-    all components of all latent sites. The one-sided tests give the
-    direction: ``"over"`` when :math:`p` piles up near 0 (q overestimates
-    θ, the paper's right-skewed histogram), ``"under"`` when it piles up near
-    1, ``"ok"`` when symmetry is not rejected at level ``alpha``.
+    per scalar component, with :math:`L` = ``num_draws``. Each component is
+    read three ways, each corrected for multiplicity over all components:
 
-    Symmetry is blind to a guide that is unbiased but too narrow (a
-    symmetric U-shaped histogram: its intervals under-cover, the commonest
-    failure of mean-field VI) or too wide (a hump). Two more tests read the
-    same ranks :math:`r = L p` (modules ``numpyro_pvi.diagnostics.dispersion``,
-    ``numpyro_pvi.diagnostics.uniformity``): ``dispersion`` (``"too
-    narrow"``, ``"too wide"`` or ``"ok"``) from the spread of the normal
-    scores :math:`\Phi^{-1}((r + 1/2)/(L+1))`, whatever the bias; and
-    ``p_value_uniformity`` from the simultaneous ECDF band of Säilynoja et
-    al. (2022), which rejects any departure from what an exact posterior
-    gives. Both are corrected for multiplicity like the symmetry test.
+    - **symmetry** (``direction``): for unbiased marginals :math:`p` and
+      :math:`1 - p` have the same law; a two-sample Kolmogorov–Smirnov
+      statistic of the two, with its p-value exact under a sign-flip null.
+      ``"over"`` when :math:`p` piles up near 0 (q overestimates θ),
+      ``"under"`` near 1, ``"ok"`` otherwise;
+    - **dispersion** (``"too narrow"``, ``"too wide"`` or ``"ok"``): the
+      spread of the normal scores :math:`\Phi^{-1}((r + 1/2)/(L+1))` of the
+      ranks :math:`r = L p`, whatever the bias: a U-shaped histogram, which
+      symmetry cannot see;
+    - **uniformity** (``p_value_uniformity``): the simultaneous ECDF band of
+      Säilynoja et al. (2022).
 
-    **Test quantities.** Besides every scalar component of every latent
-    site, functions :math:`f(\theta, y)` of the latent values and the data
-    set are calibrated the same way, :math:`p = \Pr_q(f(\theta, y) <
-    f(\theta^*, y))`: ``test_quantities`` maps names to such functions
-    (``theta`` and ``data`` are dicts site → value; write them with
-    ``jax.numpy``), and the joint log-likelihood
-    :math:`\log p(y \mid \theta)` is one of them, named
-    ``"log_likelihood"``, unless ``test_quantities`` maps that name to
-    ``None``: it sees the joint posterior, where a guide can be off in
-    directions no marginal shows (Modrák et al. 2023).
+    Functions :math:`f(\theta, y)` of the latents and the data set
+    (``test_quantities``, name → ``f(theta, data)`` written with
+    ``jax.numpy``) are calibrated the same way; the joint log-likelihood
+    ``"log_likelihood"`` is one unless mapped to ``None`` (Modrák et al.
+    2023).
 
     The model must be generative: observed sites are sampled from the prior
-    predictive whatever data the model is called with (only their shapes are
-    used), and each fit conditions on the simulated values. An observed site
-    whose name is an argument of the model also receives its simulated value
-    through that argument, so guides that read the data see the simulated
-    data; for data passed in another way use
-    ``replications.simulated_data_to_args``.
-    Only continuous latent sites are supported.
-
-    The latents are drawn from the sample sites' distributions, so a term of
-    the joint density that those draws do not see would make an exact fit
-    look miscalibrated; such models are refused, naming the site and a
-    remedy: a ``numpyro.factor``, an observed site whose value is computed
-    from the latents (a prior written as an observed site), a prior tempered
-    by ``numpyro.handlers.scale``, an improper prior, and a distribution that
-    reads the data argument (a prior centred on ``y.mean()``, a likelihood of
-    lagged values ``y[t - 1]``: each data set is simulated by the model given
-    the original data and fitted by the model given the simulated data set).
-
-    Every replication starts from the same initial guide parameters (those of
-    the guide's initialisation strategy) and has its own key, so results do
-    not depend on ``chain_method`` or on the chunking (up to floating-point
-    reassociation between batch sizes).
-
-    The call shape is NumPyro's
-    :func:`~numpyro.infer.calibration.vsbc_diagnostic`'s; how the data sets
-    are simulated, fitted and read travels in ``replications``. The loose
-    keywords of earlier versions (``num_simulations=``, ``num_svi_steps=``,
-    ``chain_method=``, ``log_likelihood=``, ...) still work, with a
-    ``FutureWarning``, until the next release.
+    predictive (only the data's shapes are used) and each fit conditions on
+    the simulated values, passed also through a model argument of the site's
+    name (or ``replications.simulated_data_to_args``). Continuous latent
+    sites only. Terms of the joint density that the prior draws do not see
+    (``numpyro.factor``, a prior written as an observed site, a tempered or
+    improper prior, a distribution reading the data argument) are refused,
+    naming the site. Every replication starts from the same initial guide
+    parameters with its own key, so results do not depend on
+    ``chain_method`` or the chunking.
 
     **Example**::
 
@@ -277,7 +231,7 @@ def vsbc(
     :param optim: NumPyro optimizer or optax ``GradientTransformation``.
     :param loss: the objective, e.g. ``Trace_ELBO()`` or ``PACmELBO()``.
     :param args: positional arguments of the model and guide.
-    :param replications: a :class:`~numpyro_pvi.recipes.Replications`: the
+    :param replications: a :class:`~numpyro_pvi.Replications`: the
         number of replications (≥ 2), SVI steps per replication, guide draws
         per replication to estimate :math:`p`, how the fits are dispatched
         (``chain_method``, ``chunk_size``, ``progress_bar``) and
@@ -370,13 +324,7 @@ def vsbc_arrays(
     """The array core of :func:`vsbc`: ``procedure`` is ``(model, guide,
     optim, loss)``."""
     one, inputs, model_trace, latent_names, true_values = _setup(
-        rng_key,
-        procedure,
-        args,
-        kwargs,
-        replications,
-        observed_sites,
-        test_quantities,
+        rng_key, procedure, args, kwargs, replications, observed_sites, test_quantities
     )
     below, final_loss, tail_loss, drift = run_replications(one, inputs, replications)
     truth = {n: np.asarray(v) for n, v in {**inputs[2], **true_values}.items()}
@@ -390,3 +338,124 @@ def vsbc_arrays(
         list(latent_names),
         dims,
     )
+
+
+#: The name of the joint log-likelihood test quantity.
+LOG_LIKELIHOOD = "log_likelihood"
+
+
+def resolve_quantities(
+    test_quantities: Mapping[str, Callable | None] | None,
+    *,
+    latent_names: Sequence[str],
+    model: Callable,
+    inject: Callable[[dict], tuple[tuple, dict]],
+    function: str,
+) -> dict[str, Callable]:
+    """The test quantities to calibrate, checked: the joint log-likelihood
+    as ``"log_likelihood"`` unless ``test_quantities`` maps that name to
+    ``None`` (leave it out) or to a function of one's own, then every other
+    entry name → callable, whose names differ from the latent sites'."""
+    if test_quantities is None:
+        test_quantities = {}
+    if not isinstance(test_quantities, Mapping):
+        raise TypeError(
+            f"{function}: test_quantities must be a mapping name -> f(theta, "
+            f"data), got {type(test_quantities).__name__}."
+        )
+    quantities: dict[str, Any] = {LOG_LIKELIHOOD: joint_log_likelihood(model, inject)}
+    quantities.update(test_quantities)
+    if quantities[LOG_LIKELIHOOD] is None:
+        del quantities[LOG_LIKELIHOOD]
+    for name, f in quantities.items():
+        if not isinstance(name, str) or not callable(f):
+            raise TypeError(
+                f"{function}: test_quantities must map names (str) to callables "
+                f"f(theta, data) (or '{LOG_LIKELIHOOD}' to None, to leave the "
+                f"joint log-likelihood out); got {name!r}: {type(f).__name__}."
+            )
+        if name in latent_names:
+            raise ValueError(
+                f"{function}: test quantity '{name}' has the name of a latent "
+                "site; give it another name."
+            )
+    return quantities
+
+
+class VSBCArrays(NamedTuple):
+    """The numbers of :func:`vsbc`, per replication (leading axis ``S``):
+    ``truth`` (:math:`θ^*` of each latent site, then each test quantity at
+    :math:`θ^*`), ``below`` (the count of guide draws below it, same keys
+    and shapes), each fit's ``final_loss``, ``tail_loss`` and ``drift``;
+    ``latent_names`` (the keys of ``truth`` that are latent sites) and
+    ``dims`` (their named dims)."""
+
+    truth: dict[str, np.ndarray]
+    below: dict[str, np.ndarray]
+    final_loss: np.ndarray
+    tail_loss: np.ndarray
+    drift: np.ndarray
+    latent_names: list[str]
+    dims: dict[str, list[str]]
+
+
+def _components(arrays: VSBCArrays) -> tuple[dict, np.ndarray]:
+    """The ``component`` coords (label, variable, kind) and the ``(S, C)``
+    ranks of every scalar component of every site and test quantity."""
+    names = list(arrays.truth)
+    shapes = {n: arrays.truth[n].shape[1:] for n in names}
+    labels = [lab for n in names for lab in component_labels(n, shapes[n])]
+    variable = [n for n in names for _ in range(math.prod(shapes[n]))]
+    num_latent = sum(math.prod(shapes[n]) for n in arrays.latent_names)
+    kind = ["parameter"] * num_latent + ["test quantity"] * (len(labels) - num_latent)
+    num = arrays.final_loss.shape[0]
+    ranks = np.concatenate([arrays.below[n].reshape(num, -1) for n in names], axis=1)
+    component = {
+        "component": labels,
+        "variable": ("component", variable),
+        "kind": ("component", kind),
+    }
+    return component, ranks
+
+
+def vsbc_groups(
+    arrays: VSBCArrays,
+    replications: Replications,
+    *,
+    correction: str | None,
+    alpha: float,
+) -> dict[str, xr.Dataset]:
+    """The groups of :func:`vsbc`'s container."""
+    num_draws = replications.num_draws
+    component, ranks = _components(arrays)
+    sym_ds, hist_ds = rank_datasets(
+        ranks, num_draws, component, correction=correction, alpha=alpha
+    )
+    chain_method = replications.chain_method
+    attrs = {
+        "num_svi_steps": replications.num_svi_steps,
+        "num_draws": num_draws,
+        "chain_method": getattr(chain_method, "__name__", str(chain_method)),
+    }
+    p = {n: v / num_draws for n, v in arrays.below.items()}
+    vsbc_ds = draws_dataset(
+        p, dims=arrays.dims, attrs={**attrs, "quantity": "p = Pr_q(theta < theta*)"}
+    )
+    fit_ds = fit_stats(
+        arrays.final_loss,
+        arrays.tail_loss,
+        arrays.drift,
+        attrs,
+        function="vsbc",
+        group="vsbc_fit_stats",
+        stacklevel=4,  # the user's call: fit_stats, vsbc_groups, vsbc
+    )
+    sym_ds.attrs["num_unconverged"] = fit_ds.attrs["num_unconverged"]
+    return {
+        "prior": draws_dataset(arrays.truth, dims=arrays.dims),
+        "vsbc": vsbc_ds,
+        "prior_sbc": vsbc_ds,
+        "vsbc_symmetry": sym_ds,
+        "vsbc_fit_stats": fit_ds,
+        "vsbc_histogram": hist_ds,
+    }

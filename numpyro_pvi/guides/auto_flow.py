@@ -28,7 +28,8 @@ from numpyro.handlers import substitute
 from numpyro.infer.autoguide import AutoContinuous
 from numpyro.infer.initialization import init_to_uniform
 
-from numpyro_pvi._core import check_int, check_real, feasible_improper
+from numpyro_pvi._trace.structure import feasible_improper
+from numpyro_pvi._trace.validation import check_int, check_real
 from numpyro_pvi.distributions import simulators_without_density
 from numpyro_pvi.guides.flow import FlowDistribution
 

@@ -16,10 +16,10 @@ from numpyro.infer.autoguide import AutoContinuous
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.primitives import Messenger
 
-from numpyro_pvi._core import check_int, check_real
+from numpyro_pvi._trace.reductions import log_mean_exp
+from numpyro_pvi._trace.validation import check_int, check_real
 from numpyro_pvi.distributions import simulators_without_density
 from numpyro_pvi.guides.gaussian_mixture import GaussianMixture, component_draw
-from numpyro_pvi.particles import log_mean_exp
 
 __all__ = ["AutoGaussianMixture"]
 

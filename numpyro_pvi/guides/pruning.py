@@ -13,17 +13,12 @@ import numpy as np
 from jax import random
 from numpyro.infer import SVI
 
-from numpyro_pvi._core import (
-    ParticleSpec,
-    check_data_plate,
-    check_fitted_call,
-    check_int,
-    deprecation,
-    particle_terms,
-    svi_scan,
-)
+from numpyro_pvi._trace.particles import ParticleSpec, particle_terms
+from numpyro_pvi._trace.terms import LOG_LIK, present
+from numpyro_pvi._trace.validation import check_data_plate, check_int
+from numpyro_pvi.evaluation.draws import check_fitted_call
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
-from numpyro_pvi.particles import LOG_LIK, present
+from numpyro_pvi.objectives.svi_scan import svi_scan
 
 __all__ = ["PrunedFit", "fit_gm_pvi", "prune_components"]
 
@@ -78,7 +73,6 @@ def _strata_log_weights(
     return jax.nn.logsumexp(log_w + log_lik, axis=1)  # log ω_k p̂_k(y_i)
 
 
-@deprecation.accepts_old_calls(deprecation.fitted)
 def prune_components(
     rng_key: jax.Array,
     params: dict[str, jax.Array],
@@ -105,9 +99,7 @@ def prune_components(
     coefficients re-anchored so that :math:`\eta_1 = 0`).
 
     The arguments are those of every function on a fitted guide (NumPyro's
-    :func:`~numpyro.infer.psis_diagnostic`); the order ``(rng_key, model,
-    guide, params, ...)`` of earlier versions still works, with a
-    ``FutureWarning``, until the next release.
+    :func:`~numpyro.infer.psis_diagnostic`).
 
     :param rng_key: random key (for the responsibilities).
     :param params: the fitted parameters of ``guide``.
@@ -178,7 +170,6 @@ def _subset_guide(
     return new_guide, new_params
 
 
-@deprecation.accepts_old_calls(deprecation.fit_gm_pvi)
 def fit_gm_pvi(
     rng_key: jax.Array,
     model: Callable,
@@ -204,9 +195,7 @@ def fit_gm_pvi(
     The arguments are those of every procedure that fits, ``(rng_key, model,
     guide, optim, loss, *args)`` (NumPyro's
     :func:`~numpyro.infer.calibration.vsbc_diagnostic`), with ``num_steps``
-    by keyword as in :meth:`numpyro.infer.SVI.run`; ``num_steps`` as the
-    sixth positional argument, as in earlier versions, still works with a
-    ``FutureWarning`` until the next release.
+    by keyword as in :meth:`numpyro.infer.SVI.run`.
 
     **Example**::
 

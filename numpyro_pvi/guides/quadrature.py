@@ -13,7 +13,8 @@ import numpy as np
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
-from numpyro_pvi._core import check_int, deprecation, unpack_latent
+from numpyro_pvi._trace.numpyro_private import unpack_latent
+from numpyro_pvi._trace.validation import check_int
 from numpyro_pvi.guides.auto_mixture import AutoGaussianMixture
 
 __all__ = ["linear_predictor_score"]
@@ -61,7 +62,6 @@ def _site_indices(guide: AutoGaussianMixture, site: str | None) -> np.ndarray:
     return np.asarray(latent[site], dtype=int).reshape(-1)
 
 
-@deprecation.accepts_old_calls(deprecation.params_first)
 def linear_predictor_score(
     params: dict[str, jax.Array],
     guide: AutoGaussianMixture,
@@ -95,10 +95,6 @@ def linear_predictor_score(
     :math:`\sigma` the integral is exact:
     :math:`\mathcal{N}(y_i; m_{ik}, \sigma^2 + s_{ik}^2)`. The result is
     differentiable in ``params``.
-
-    As on every fitted guide, the parameters come before the guide; the order
-    ``(guide, params, ...)`` of earlier versions still works, with a
-    ``FutureWarning``, until the next release.
 
     :param params: the fitted parameters of ``guide``.
     :param guide: a fitted :class:`AutoGaussianMixture`.

@@ -24,6 +24,7 @@ name                class                   needs from the model
 
 from __future__ import annotations
 
+from numpyro_pvi.scores._sites import simulations, support_pmf
 from numpyro_pvi.scores.base import LogScore, Score
 from numpyro_pvi.scores.crps import CRPS
 from numpyro_pvi.scores.energy import EnergyScore
@@ -39,6 +40,8 @@ __all__ = [
     "crps_fair",
     "get_score",
     "register_score",
+    "simulations",
+    "support_pmf",
 ]
 
 

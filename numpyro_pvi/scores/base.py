@@ -7,76 +7,48 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import QUADRATIC_MAX_VALUES, site_names
-from numpyro_pvi.particles import (
-    LOG_LIK,
-    ParticleTerms,
-    predictive_log_density,
-    present,
-)
+from numpyro_pvi._trace.reductions import predictive_log_density
+from numpyro_pvi._trace.terms import LOG_LIK, ParticleTerms, present
 
-__all__ = [
-    "LogScore",
-    "Score",
-    "finite_support_advice",
-    "simulations",
-    "strata",
-    "stratum_weights",
-]
+__all__ = ["LogScore", "Score", "strata", "stratum_weights"]
 
 
 class Score:
     r"""Base class of positively oriented scoring rules estimated from particles.
 
-    Subclasses set ``requires`` (a subset of ``{"log_lik", "y_sim",
-    "y_loc_scale", "y_log_loc_scale", "y_normal_mixture", "y_poisson",
-    "log_pmf", "pmf", "binomial"}``: per-observation log-likelihoods,
-    reparameterised simulated observations, the location and scale of Normal
-    likelihoods and of the logarithm of LogNormal ones, the components of
-    Normal-mixture likelihoods, the rates and a draw of Poisson ones, the pmf
-    over a finite support as log probabilities or probabilities, or the
-    logits and counts of Binomial likelihoods) and implement
-    :meth:`estimate`. ``min_particles`` is the smallest number of
-    particles the estimator is defined for.
-
-    ``mixture_is_quadratic`` says that the score of a mixture
-    :math:`\sum_c w_c F_c` of predictives is a quadratic function of the
-    weights :math:`w` (kernel scores such as the CRPS and the energy score,
-    and the quadratic score), and that :meth:`estimate` under stratified
-    draws is that quadratic function of the strata weights: stacking
-    (:func:`~numpyro_pvi.selection.stacking_weights`) then solves for the
-    weights from the candidates' pairwise mixtures.
-
-    ``terms.log_lik`` is ``(M, b)``; ``terms.y_sim`` is ``(M, b, d)`` with
-    ``terms.y_obs`` ``(b, d)`` (one flattened row per observation, several
-    observed sites concatenated); ``terms.log_pmf`` and ``terms.pmf`` are
-    ``(M, K, b, c)`` (the support axis ``K`` before the observations,
-    components ``c`` last); see
-    :class:`~numpyro_pvi.particles.ParticleTerms`.
+    Subclasses set ``requires``, what they read of the particle
+    machinery (``"log_lik"``: per-observation log-likelihoods;
+    ``"likelihood"``: the observed sites' distributions at every particle,
+    from which :func:`~numpyro_pvi.scores.simulations` draws and
+    :func:`~numpyro_pvi.scores.support_pmf` enumerates), and implement
+    :meth:`estimate`. ``min_particles`` is the smallest number of particles
+    the estimator is defined for. ``mixture_is_quadratic`` says that the
+    score of a mixture :math:`\sum_c w_c F_c` of predictives is a quadratic
+    function of the weights (kernel scores, the quadratic score) and that
+    :meth:`estimate` under stratified draws is that function of the strata
+    weights: stacking then solves for the weights from pairwise mixtures.
 
     **Weights.** Particle ``j`` enters the predictive of observation ``i``
-    with weight ``exp(terms.weights.log_predictive[j, i])``: ``1/M`` for i.i.d. draws
-    (``terms.num_strata == 1``), the strata weights of a mixture guide
-    otherwise. An estimator must use them (e.g. through
-    :func:`~numpyro_pvi.particles.predictive_log_density`), or call
-    :func:`~numpyro_pvi.particles.require_iid` to refuse stratified draws,
-    as the example does.
+    with weight ``exp(terms.weights.log_predictive[j, i])``: ``1/M`` for
+    i.i.d. draws, the strata weights of a mixture guide otherwise. An
+    estimator uses them (e.g. through
+    :func:`~numpyro_pvi.particles.predictive_log_density`), or refuses
+    stratified draws with :func:`~numpyro_pvi.particles.require_iid`.
 
-    **Example**: a user-defined score, the (negated) interval score of the
-    central :math:`(1-\alpha)` prediction interval :math:`[l, u]` (Gneiting
-    & Raftery 2007, §6.2),
-    :math:`S = -(u - l) - \tfrac{2}{\alpha}(l - y)_+ - \tfrac{2}{\alpha}(y - u)_+`,
-    with :math:`l, u` the empirical quantiles of the simulated observations:
+    **Example**: the (negated) interval score of the central
+    :math:`(1-\alpha)` prediction interval :math:`[l, u]` (Gneiting &
+    Raftery 2007, §6.2), :math:`l, u` the empirical quantiles of the
+    simulated observations:
 
     .. code-block:: python
 
         import jax.numpy as jnp
         from numpyro_pvi.particles import require_iid
-        from numpyro_pvi.scores import Score
+        from numpyro_pvi.scores import Score, simulations
 
         class IntervalScore(Score):
             name = "interval"
-            requires = frozenset({"y_sim"})
+            requires = frozenset({"likelihood"})
             min_particles = 2
 
             def __init__(self, alpha=0.1):
@@ -84,7 +56,8 @@ class Score:
 
             def estimate(self, terms):
                 require_iid(terms, "IntervalScore")  # unweighted quantiles
-                y, sims = terms.y_obs[:, 0], terms.y_sim[..., 0]  # (b,), (M, b)
+                y_sim, y_obs = simulations(terms)  # (M, b, d), (b, d)
+                sims, y = y_sim[..., 0], y_obs[:, 0]
                 lo = jnp.quantile(sims, self.alpha / 2, axis=0)
                 hi = jnp.quantile(sims, 1 - self.alpha / 2, axis=0)
                 miss = jnp.maximum(lo - y, 0) + jnp.maximum(y - hi, 0)
@@ -147,61 +120,6 @@ class LogScore(Score):
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         return predictive_log_density(terms, present(terms.log_lik, "log_lik"))
-
-
-def simulations(terms: ParticleTerms, score: str) -> tuple[jax.Array, jax.Array]:
-    """The simulated and the observed values, ``(M, b, d)`` and ``(b, d)``,
-    as floating-point arrays (counts are simulated as integers)."""
-    closed_form = (
-        "Use the CRPS in closed form (score='crps', estimator 'auto' or "
-        "'closed-form'; EnergyScore(beta=1.0) on scalar observations is the "
-        "same), or score='log'."
-    )
-    closed = {
-        "the observed site's Normal mixture (MixtureSameFamily or "
-        "MixtureGeneral) has no reparameterised sampler (its component is a "
-        "discrete draw)": (terms.y_mix_loc, closed_form),
-        "the observed Poisson or negative-binomial counts have no "
-        "reparameterised sampler (a count is a discrete draw)": (
-            terms.y_rate,
-            closed_form,
-        ),
-        "the observed values of a finite support have no reparameterised "
-        "sampler (a draw is a discrete value)": (
-            terms.obs_support,  # the request finite_pmf, filled
-            finite_support_advice(terms),
-        ),
-    }
-    why = next((k for k, (v, _) in closed.items() if v is not None), None)
-    if terms.y_sim is None and why is not None:
-        raise ValueError(
-            f"score={score!r} with this estimator compares simulated observations "
-            f"with the observed ones, and {why} (observed site(s) "
-            f"{site_names(terms.observation_sites)}). {closed[why][1]}"
-        )
-    if terms.y_sim is None or terms.y_obs is None:
-        raise ValueError(
-            f"score={score!r} needs simulated observations: request 'y_sim' from "
-            "the particle machinery."
-        )
-    dtype = jnp.result_type(terms.y_sim, terms.y_obs, float)
-    return terms.y_sim.astype(dtype), terms.y_obs.astype(dtype)
-
-
-def finite_support_advice(terms: ParticleTerms, *, scalar: bool = True) -> str:
-    """The scores of observations of a finite support, by their number of
-    values (:data:`~numpyro_pvi._core.site_laws.QUADRATIC_MAX_VALUES`;
-    ``scalar=False``: not the CRPS)."""
-    values = sum(width for _, width in terms.observation_sites)
-    if values == 1 and scalar:
-        return (
-            "Use the CRPS from the pmf (score='crps', estimator 'auto' or "
-            "'pmf'; EnergyScore(beta=1.0) on scalar observations is the same), "
-            "score='quadratic' or score='log'."
-        )
-    if values <= QUADRATIC_MAX_VALUES:
-        return "Use score='quadratic' (which scores them jointly) or score='log'."
-    return f"Use score='log' (an observation has {values} values)."
 
 
 def strata(terms: ParticleTerms) -> tuple[jax.Array, int, int]:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi._core import CDF_SUMS_SUPPORT, binomial_cdf_sums, observation_layout
-from numpyro_pvi.particles import ParticleTerms, present
-from numpyro_pvi.scores.base import finite_support_advice, stratum_weights
+from numpyro_pvi._trace.site_values import observation_layout
+from numpyro_pvi._trace.terms import ParticleTerms
+from numpyro_pvi.scores._pmf import CDF_SUMS_SUPPORT, binomial_cdf_sums
+from numpyro_pvi.scores._sites import QUADRATIC_MAX_VALUES, support_pmf
+from numpyro_pvi.scores.base import stratum_weights
+from numpyro_pvi.scores.closed_forms.binomial import binomial_parts
 from numpyro_pvi.scores.pair_sums import stratum_sums
-from numpyro_pvi.scores.quadratic import binomial_closed_form
 
-__all__ = ["has_ordered_pmf", "pmf_crps"]
+__all__ = ["pmf_crps"]
 
 
 def _cdf_sums(
@@ -22,9 +24,9 @@ def _cdf_sums(
     the last support value, and ``(K, b)`` the sums of their squares over
     those values and the particles: for one Binomial component per
     observation from its logits and counts block by block
-    (:func:`~numpyro_pvi._core.pmf.binomial_cdf_sums`), else from the
+    (:func:`~numpyro_pvi._trace.pmf.binomial_cdf_sums`), else from the
     ``(K M, V, b, 1)`` pmf."""
-    closed = binomial_closed_form(terms, CDF_SUMS_SUPPORT)
+    closed = binomial_parts(terms, CDF_SUMS_SUPPORT)
     if closed is None:
         cdf = jnp.cumsum(pmf[:, :-1, :, 0], axis=1)  # (K M, V - 1, b)
         return stratum_sums(cdf, k), stratum_sums(jnp.sum(jnp.square(cdf), 1), k)
@@ -57,22 +59,13 @@ def _squares(
     return mean, between + within / (m - 1)
 
 
-def has_ordered_pmf(terms: ParticleTerms) -> bool:
-    """Whether the terms carry the pmf of a finite support of ordered values
-    (the request ``finite_pmf`` fills it only for such likelihoods)."""
-    return terms.obs_support is not None and (
-        terms.pmf is not None or terms.binomial_logits is not None
-    )
-
-
 def pmf_crps(terms: ParticleTerms) -> jax.Array:
     r"""``(b,)`` the fair CRPS from the pmf over a finite support of
     consecutive integers, :math:`-\sum_v (F(v) - 1\{y_i \le v\})^2` with
     :math:`F(v)^2` estimated from distinct pairs of particles (strata
     weighted as in the quadratic score); the last support value, where both
     are 1, is left out."""
-    pmf = present(terms.pmf, "pmf")  # (K M, V, b, c)
-    below = present(terms.obs_support, "obs_support")  # (V, b, c)
+    pmf, below = support_pmf(terms)  # (K M, V, b, c), (V, b, c)
     if pmf.shape[-1] != 1:
         raise ValueError(
             f"The CRPS from the pmf is for scalar observations, but each "
@@ -80,7 +73,13 @@ def pmf_crps(terms: ParticleTerms) -> jax.Array:
             f"({observation_layout(terms.observation_sites)}; a vector-valued "
             "site, several observed sites at one index of the data plate, or "
             "scalar observed sites outside any plate form one observation "
-            "together). " + finite_support_advice(terms, scalar=False)
+            "together). "
+            + (
+                "Use score='quadratic' (which scores them jointly) or 'log' for "
+                "these observations."
+                if pmf.shape[-1] <= QUADRATIC_MAX_VALUES
+                else "Use score='log' for these observations."
+            )
         )
     below = jnp.cumsum(below[:-1, :, 0], axis=0).astype(pmf.dtype)  # 1{y <= v}
     totals, own = _cdf_sums(terms, pmf, terms.num_strata)

@@ -7,17 +7,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi.particles import ParticleTerms, particle_sum
-from numpyro_pvi.scores.base import Score, simulations, strata
-from numpyro_pvi.scores.crps import (
-    ESTIMATORS,
-    all_pairs,
-    check_estimator,
-    derangement,
-    estimator_requests,
-)
-from numpyro_pvi.scores.crps_closed_form import closed_form, has_closed_form
-from numpyro_pvi.scores.crps_pmf import has_ordered_pmf, pmf_crps
+from numpyro_pvi._trace.reductions import particle_sum
+from numpyro_pvi._trace.terms import LIKELIHOOD, ParticleTerms
+from numpyro_pvi.scores._sites import ordered_pmf, simulations
+from numpyro_pvi.scores.base import Score, strata
+from numpyro_pvi.scores.closed_forms import crps_closed_form
+from numpyro_pvi.scores.crps import ESTIMATORS, all_pairs, check_estimator, derangement
+from numpyro_pvi.scores.crps_pmf import pmf_crps
 from numpyro_pvi.scores.pair_sums import pair_norm_sum
 
 __all__ = ["EnergyScore"]
@@ -55,9 +51,7 @@ class EnergyScore(Score):
 
     in :math:`O(M^2 b\, d)` time and :math:`O(M b\, d)` memory, its value
     and gradient from one pass over the pairs
-    (``scores.pair_sums.pair_norm_sum``; on a regression with three
-    outcomes, ``N = 4000``, one core, a step takes about 3× ``Trace_ELBO``
-    at ``M = 8`` and 7–9× at ``M = 64``, ``benchmarks/RESULTS.md``). Under
+    (``scores.pair_sums.pair_norm_sum``). Under
     stratified sampling (mixture guides) the pairs are weighted as in
     :class:`CRPS`: :math:`v_j v_l`, times :math:`M/(M-1)` within a component.
 
@@ -90,9 +84,7 @@ class EnergyScore(Score):
     """
 
     name = "energy"
-    # as for the CRPS: the closed form's request is dropped by XLA where the
-    # estimate does not read it
-    requires = estimator_requests("auto")
+    requires = frozenset({LIKELIHOOD})
     min_particles = 2
     mixture_is_quadratic = True
     default_estimator = "auto"
@@ -113,18 +105,17 @@ class EnergyScore(Score):
             )
         self.beta = beta
         self.estimator = check_estimator(estimator, "EnergyScore", ESTIMATORS[:3])
-        # the pmf serves beta = 1 only (the CRPS of scalar observations)
-        auto = self.estimator == "auto" and beta == 1.0
-        self.requires = estimator_requests("auto" if auto else "all-pairs")
 
     def estimate(self, terms: ParticleTerms) -> jax.Array:
         scalar = terms.y_obs is not None and terms.y_obs.shape[-1] == 1
         is_crps = self.beta == 1.0 and scalar
-        if is_crps and self.estimator == "auto" and has_closed_form(terms):
-            return closed_form(terms)
-        if is_crps and self.estimator == "auto" and has_ordered_pmf(terms):
-            return pmf_crps(terms)
-        y_sim, y_obs = simulations(terms, self.name)
+        if is_crps and self.estimator == "auto":  # the CRPS's estimators
+            if ordered_pmf(terms):
+                return pmf_crps(terms)
+            closed = crps_closed_form(terms)
+            if closed is not None:
+                return closed
+        y_sim, y_obs = simulations(terms)
         if self.estimator == "derangement":
             return derangement(
                 terms, y_sim, y_obs, lambda diff: _pow_norm(diff, self.beta)

@@ -9,7 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from numpyro_pvi.particles import ParticleTerms, particle_sum
+from numpyro_pvi._trace.reductions import particle_sum
+from numpyro_pvi._trace.terms import ParticleTerms
 from numpyro_pvi.scores.base import strata
 
 __all__ = [
@@ -44,8 +45,7 @@ def crps_fair(samples: jax.Array, y: jax.Array) -> jax.Array:
 
 
 #: Largest ensemble whose pair sums are computed by the O(M^2) sign sums;
-#: beyond it, by sorting. On CPU, XLA's comparator sort costs about as much
-#: as 1024 vectorised sign sums per element (``benchmarks/RESULTS.md``).
+#: beyond it, by sorting (XLA's comparator sort is slow on CPU).
 _PAIR_SIGN_MAX = 1024
 
 
@@ -117,11 +117,8 @@ def _weighted_pair_abs_sum_jvp(
 
 #: Largest event size whose pair sums take each component of the draws as an
 #: ``(N, b)`` array of its own: XLA's CPU backend reduces a short trailing
-#: event axis slowly (the value and gradient of ``(64, 4000, 3)`` draws'
-#: pair sums: 166–212 ms with the event axis, 25–31 ms by components), and
-#: beyond about 6 components it evaluates each component's accumulation as a
-#: fusion of its own, each recomputing the norms (d = 8: equal; 12: twice
-#: as slow; ``benchmarks/RESULTS.md``).
+#: event axis slowly, and beyond about 6 components it evaluates each
+#: component's accumulation as a fusion of its own.
 _COMPONENTS_MAX = 6
 
 
@@ -225,9 +222,7 @@ def _pair_norm_sum_jvp(
 
 
 def derangement_pair_mean(
-    x: Any,
-    pair: Callable[[Any, Any], jax.Array],
-    omega: jax.Array | None = None,
+    x: Any, pair: Callable[[Any, Any], jax.Array], omega: jax.Array | None = None
 ) -> jax.Array:
     r"""Unbiased :math:`\mathbb{E}\, d(X, X')` from each draw paired with
     the next one, :math:`O(M)`.
@@ -286,8 +281,7 @@ def derangement_pair_mean(
 def stratum_sums(x: jax.Array, num_strata: int) -> jax.Array:
     """``(S, ...)`` the sums of ``x`` ``(S M, ...)`` over each stratum's
     ``M`` draws: one reduction over the middle axis of ``(S, M, ...)``
-    (slices per stratum of a stacked pmf, and their zero-padded gradients,
-    took 8× as long on a Bernoulli likelihood)."""
+    (not slices per stratum, whose gradients are zero-padded copies)."""
     if num_strata == 1:
         return particle_sum(x)[None]
     return jnp.sum(x.reshape((num_strata, -1) + x.shape[1:]), axis=1)

@@ -12,10 +12,10 @@ import numpy as np
 from numpyro.infer import Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi.particles import StratifiedGuide
-from numpyro_pvi.predictive import PredictiveELBO
+from numpyro_pvi._trace.tracing import StratifiedGuide
+from numpyro_pvi.objectives.predictive import PredictiveELBO
+from numpyro_pvi.objectives.stratified import StratifiedELBO
 from numpyro_pvi.scores import Score
-from numpyro_pvi.stratified import StratifiedELBO
 
 #: λ of the default candidates per regularizer: pure prediction (λ = 0), the
 #: prior regularizer up to λ = 1, the posterior one up to λ = 10 (near VI).

@@ -1,7 +1,7 @@
 """The model that sees one fold's complement: :func:`mask_observations`
 wraps a model so that only the kept observations enter any objective, with
 every other site unchanged (the folds themselves:
-:func:`numpyro_pvi._core.folds.fold_ids`)."""
+:func:`numpyro_pvi.selection.fold_ids.fold_ids`)."""
 
 from __future__ import annotations
 

@@ -19,27 +19,16 @@ import xarray as xr
 from jax import random
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._core import (
-    CONCRETE_VALUE_ERRORS,
-    DataPlate,
-    FitRecipe,
-    Pointwise,
-    good_k,
-    moment_matcher,
-)
-from numpyro_pvi.evaluation import match_unreliable
+from numpyro_pvi._trace.data_plate import DataPlate
+from numpyro_pvi._trace.recipes import FitRecipe
+from numpyro_pvi.evaluation.draws import CONCRETE_VALUE_ERRORS
+from numpyro_pvi.evaluation.held_out import Pointwise
+from numpyro_pvi.evaluation.moment_matching import moment_matcher
+from numpyro_pvi.evaluation.psis import good_k
+from numpyro_pvi.evaluation.scoring import match_unreliable
 from numpyro_pvi.scores import LogScore, Score
-from numpyro_pvi.selection._candidates import (
-    Grid,
-    grids,
-    lam_coordinates,
-)
-from numpyro_pvi.selection._programs import (
-    ModelData,
-    compile_all,
-    fit_grid,
-    lower_grid,
-)
+from numpyro_pvi.selection._candidates import Grid, grids, lam_coordinates
+from numpyro_pvi.selection._programs import ModelData, compile_all, fit_grid, lower_grid
 from numpyro_pvi.selection._score_programs import (
     HeldOut,
     lower_pair_gains,
@@ -92,7 +81,7 @@ def reliable_scores(
                 num_draws=num_draws,
                 plate=plate.selector,
             ),
-            stacklevel=6,  # match_unreliable, here, _held_out, cross_validate, shim
+            stacklevel=5,  # match_unreliable, here, _held_out, cross_validate
         )
         estimates = Pointwise(
             *(np.where(in_fold, m, e) for m, e in zip(matched, estimates, strict=True))
@@ -119,7 +108,7 @@ def warn_unreliable(dataset: xr.Dataset, plate: str | None) -> None:
         "fits' predictives; their scores are likely too low. Increase "
         "FitRecipe(num_draws=...).",
         UserWarning,
-        stacklevel=4,  # the user's call: warn_unreliable, cross_validate, shim
+        stacklevel=3,  # the user's call: warn_unreliable, cross_validate
     )
 
 
@@ -230,9 +219,7 @@ def held_out_scores(
     fit: FitRecipe,
     keys: tuple[jax.Array, jax.Array],
 ) -> tuple[
-    dict[str, tuple[Pointwise, np.ndarray]],
-    dict[str, np.ndarray],
-    np.ndarray | None,
+    dict[str, tuple[Pointwise, np.ndarray]], dict[str, np.ndarray], np.ndarray | None
 ]:
     """Every candidate's held-out score of every observation, the final
     loss of its fits and, for a score whose mixture score is quadratic in
@@ -268,9 +255,7 @@ def _held_out_scores(
     fit: FitRecipe,
     keys: tuple[jax.Array, jax.Array],
 ) -> tuple[
-    dict[str, tuple[Pointwise, np.ndarray]],
-    dict[str, np.ndarray],
-    np.ndarray | None,
+    dict[str, tuple[Pointwise, np.ndarray]], dict[str, np.ndarray], np.ndarray | None
 ]:
     model, guide, optim, plate, data, init_params = procedure
     fit_key, score_key = keys
@@ -299,10 +284,7 @@ def _held_out_scores(
         )
         lowered.append(pairs.program)
     fits, compiled = _fit_grids(
-        grid_list,
-        lowered,
-        fit,
-        (model, guide, optim, plate, keeps, fit_key, data),
+        grid_list, lowered, fit, (model, guide, optim, plate, keeps, fit_key, data)
     )
     params = [fitted for _, fitted, _ in fits]
     pointwise = split_scores(

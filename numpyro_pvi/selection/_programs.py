@@ -19,13 +19,13 @@ from jax import lax
 from numpyro.handlers import seed, trace
 from numpyro.infer import SVI, Trace_ELBO
 
-from numpyro_pvi._core import (
+from numpyro_pvi._trace.autoguide_setup import traceable_guide
+from numpyro_pvi._trace.data_plate import DataPlate
+from numpyro_pvi._trace.structure import feasible_improper
+from numpyro_pvi.evaluation.draws import (
     CONCRETE_VALUE_ERRORS,
-    DataPlate,
-    feasible_improper,
     join_arrays,
     split_arrays,
-    traceable_guide,
 )
 from numpyro_pvi.selection._candidates import Grid
 from numpyro_pvi.selection._folds import mask_observations
@@ -89,9 +89,8 @@ def initial_params(
     """The shapes of the guide's initial parameters, from ``SVI.init``
     traced abstractly: an autoguide that has not built its prototype builds
     it in that trace, on a copy, and so does every program that fits or
-    scores (:func:`~numpyro_pvi._core.traceable_guide`), where built
-    eagerly it cost more than the programs' compilation
-    (``benchmarks/RESULTS.md``). With ``eager``, or where the abstract
+    scores (:func:`~numpyro_pvi._trace.autoguide_setup.traceable_guide`).
+    With ``eager``, or where the abstract
     trace fails (a guide that cannot be copied or built under a trace),
     ``SVI.init`` runs eagerly, as ``SVI.run`` runs it: it builds the guide's
     prototype (the programs then use it) and raises NumPyro's own errors,
@@ -111,13 +110,10 @@ def initial_params(
     return svi.get_params(svi.init(rng_key, *args, **kwargs))
 
 
-#: Per-observation particle terms (``M × b`` per fit) a ``vmap``-ped batch of
-#: fits may hold. One fit of a few hundred observations and 32 particles
-#: keeps its step's arrays in the core's cache; a batch of them did not,
-#: and its fits' steps ran up to 2.5 times slower than one at a time. Only
-#: fits small enough that four or more fit in this many terms are batched,
-#: where the cost per operation dominates (``benchmarks/RESULTS.md``, "Fits
-#: one after another").
+#: Per-observation particle terms (``M b`` per fit) a ``vmap``-ped batch of
+#: fits may hold: only fits small enough that four or more fit in this many
+#: terms are batched, where the cost per operation dominates; larger ones
+#: run one after another, their step's arrays in the core's cache.
 BATCH_TERMS = 1 << 15
 
 
@@ -182,9 +178,7 @@ def lower_grid(
     folds = np.tile(np.arange(num_folds, dtype=np.int32), num_lams)
     particles = getattr(grid.make_loss(values[0]), "num_particles", 1)
     layout = FitLayout.of(
-        len(folds),
-        particles * plate.subsample_size,
-        cpu=jax.default_backend() == "cpu",
+        len(folds), particles * plate.subsample_size, cpu=jax.default_backend() == "cpu"
     )
 
     def svi(value: jax.Array, fold: jax.Array, keeps: jax.Array, g: Callable) -> SVI:
@@ -241,9 +235,8 @@ def lower_grid(
 
 
 #: XLA's options for the programs of a cross-validation on CPU: the backend
-#: (LLVM) optimisation level 1 instead of 2 compiles them in about 60% of
-#: the time, and their fits ran as fast (``benchmarks/RESULTS.md``, "CPU
-#: programs at backend optimisation level 1"); level 0 runs them 5x slower.
+#: (LLVM) optimisation level 1 instead of 2: they compile sooner and run as
+#: fast.
 CPU_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 

@@ -18,16 +18,11 @@ import numpy as np
 from jax import lax
 from numpyro.handlers import substitute
 
-from numpyro_pvi._core import (
-    DataPlate,
-    ParticleSpec,
-    Pointwise,
-    observation_subset,
-    pair_gain,
-    particle_terms,
-    traceable_guide,
-)
-from numpyro_pvi.evaluation import PointwiseEstimate
+from numpyro_pvi._trace.autoguide_setup import traceable_guide
+from numpyro_pvi._trace.data_plate import DataPlate
+from numpyro_pvi._trace.particles import ParticleSpec, particle_terms
+from numpyro_pvi.evaluation.held_out import Pointwise, observation_subset, pair_gain
+from numpyro_pvi.evaluation.scoring import PointwiseEstimate
 from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._programs import ModelData
 
@@ -89,7 +84,7 @@ def pair_gain_scorer(
     """``scorer(key, (params_a, params_b), dynamic, index) -> (n,)``: the
     quadratic coefficient of the score of the mixture of two fits'
     predictives at the observations ``index``
-    (:func:`~numpyro_pvi._core.pair_gain`), from the draws
+    (:func:`~numpyro_pvi.evaluation.held_out.pair_gain`), from the draws
     :func:`pointwise_scorer` makes with the same key."""
     spec = ParticleSpec(
         num_draws,
@@ -121,7 +116,8 @@ def _at_observations(
     """``scorer(key, params, dynamic, index)``: ``reduce(*terms)`` of the
     particle terms ``draw(key, params, model, guide, args, kwargs)`` at the
     observations ``index`` of the data plate. The terms of a whole plate are
-    cut to those observations (:func:`~numpyro_pvi._core.observation_subset`)
+    cut to those observations
+    (:func:`~numpyro_pvi.evaluation.held_out.observation_subset`)
     before the reduction; a subsampled data plate is drawn in batches of its
     subsample size with the plate's indices substituted, so the model runs
     as written."""

@@ -3,7 +3,6 @@ r"""K-fold cross-validation of candidate objectives over the data plate."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -13,22 +12,14 @@ import xarray as xr
 from jax import random
 from numpyro.infer.elbo import ELBO
 
-from numpyro_pvi._core import (
-    DataPlate,
-    FitRecipe,
-    check_int,
-    check_recipe,
-    check_same_plate,
-    deprecation,
-    fold_ids,
-    good_k,
-    needs_prototype,
-    plate_of,
-    replay_trace,
-    single_observation,
-    warn_laplace_held_out,
-)
-from numpyro_pvi.predictive import PredictiveELBO
+from numpyro_pvi._trace.autoguide_setup import needs_prototype
+from numpyro_pvi._trace.data_plate import DataPlate, check_same_plate, plate_of
+from numpyro_pvi._trace.recipes import FitRecipe, check_recipe
+from numpyro_pvi._trace.site_values import single_observation
+from numpyro_pvi._trace.structure import replay_trace
+from numpyro_pvi._trace.validation import check_int, warn_laplace_held_out
+from numpyro_pvi.evaluation.psis import good_k
+from numpyro_pvi.objectives.predictive import PredictiveELBO
 from numpyro_pvi.scores import Score, get_score
 from numpyro_pvi.selection._candidates import (
     default_candidates,
@@ -41,6 +32,7 @@ from numpyro_pvi.selection._held_out_scores import (
     warn_unreliable,
 )
 from numpyro_pvi.selection._programs import ModelData, initial_params, model_data
+from numpyro_pvi.selection.fold_ids import fold_ids
 
 __all__ = ["CrossValidation", "cross_validate"]
 
@@ -106,7 +98,7 @@ class CrossValidation:
 
         :return: label -> ``ELPDData``, in the candidates' order.
         """
-        from numpyro_pvi.diagnostics._arviz_numerics import NUMERICS
+        from numpyro_pvi._arviz.numerics import NUMERICS
 
         s = self.scores
         if s.attrs["score"] != "log":
@@ -148,9 +140,6 @@ class CrossValidation:
 _WHERE = "cross_validate"
 
 
-@deprecation.accepts_old_calls(
-    functools.partial(deprecation.cross_validate, default_candidates=default_candidates)
-)
 def cross_validate(
     rng_key: jax.Array,
     model: Callable,
@@ -193,10 +182,7 @@ def cross_validate(
     **Selection.** ``rule="one_se"`` (default) takes the candidate with the
     best mean unless VI is within one paired standard error of it, and then
     VI: a predictive objective is chosen only when the data show it predicts
-    better. ``rule="best"`` takes the best mean. On the posteriordb
-    benchmark (``benchmarks/RESULTS.md``) the one-standard-error rule kept
-    the gains of PVI where it helps and avoided its losses where the
-    candidates' scores differ by less than their noise.
+    better. ``rule="best"`` takes the best mean.
 
     **Cost.** Candidates that differ only in λ form one compiled program
     (λ traced) of ``fit.num_steps`` steps for every λ and fold, run in
@@ -209,18 +195,12 @@ def cross_validate(
     current block (a twentieth of the steps) and is raised at once. An
     autoguide that has not run yet builds its prototype inside these
     programs, on a copy, where ``SVI.init`` would build it eagerly, one
-    small compiled program per operation (2.5 s for a regression's
-    autoguide in a fresh process); the guide passed in is left as it was.
-    On four posteriordb models (8 candidates, 5 folds, 2000 steps, 2 CPU
-    cores) this is 5.5 to 8.6 times faster than the 40 fits done one
-    ``SVI.run`` at a time (``benchmarks/RESULTS.md``,
-    ``benchmarks/cv_speed.py``).
+    small compiled program per operation; the guide passed in is left as
+    it was.
 
     The call shape is that of every procedure that fits, ``(rng_key, model,
     guide, optim, *args)``; how each fit is run and read travels in
-    ``fit``. The shape ``(rng_key, model, guide, optim, num_steps, *args,
-    num_particles=, num_draws=, progress_bar=)`` of earlier versions still
-    works, with a ``FutureWarning``, until the next release.
+    ``fit``.
 
     **Example**
 
@@ -239,7 +219,7 @@ def cross_validate(
     :param guide: the guide (e.g. an autoguide of ``model``).
     :param optim: the optimizer, as for :class:`~numpyro.infer.SVI`.
     :param args: model arguments (the full data).
-    :param fit: a :class:`~numpyro_pvi.recipes.FitRecipe`: SVI steps of each
+    :param fit: a :class:`~numpyro_pvi.FitRecipe`: SVI steps of each
         fit, draws of each held-out score, progress bar (one per compiled
         block).
     :param candidates: label -> loss, or a sequence of losses (labelled by

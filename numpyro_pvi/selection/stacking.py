@@ -55,12 +55,8 @@ from numpyro.infer import SVI
 from scipy import optimize
 from scipy.special import logsumexp, softmax
 
-from numpyro_pvi._core import (
-    FitRecipe,
-    check_recipe,
-    guide_latent_log_density,
-    is_sample_draw,
-)
+from numpyro_pvi._trace.recipes import FitRecipe, check_recipe
+from numpyro_pvi._trace.tracing import guide_latent_log_density, is_sample_draw
 from numpyro_pvi.selection.cross_validation import CrossValidation
 
 __all__ = [

@@ -19,7 +19,7 @@ from jax import random
 from scipy import stats
 from scipy.special import logsumexp
 
-from numpyro_pvi._core import approximate_loo_pointwise
+from numpyro_pvi._arviz.loo import approximate_loo_pointwise
 from numpyro_pvi.diagnostics import approximate_loo, pareto_smooth, to_inference_data
 from tests.arviz_generation import ARVIZ_1, elpd, group
 

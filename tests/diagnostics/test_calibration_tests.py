@@ -13,16 +13,14 @@ import numpy as np
 import pytest
 from scipy import optimize, special, stats
 
-from numpyro_pvi.diagnostics.dispersion import (
+from numpyro_pvi.diagnostics.rank_tests import (
     censored_spreads,
     dispersion_test,
-    normal_scores,
-)
-from numpyro_pvi.diagnostics.rank_tests import rank_datasets
-from numpyro_pvi.diagnostics.symmetry import holm
-from numpyro_pvi.diagnostics.uniformity import (
     ecdf_band,
     eval_points,
+    holm,
+    normal_scores,
+    rank_datasets,
     rank_positions,
     uniformity_test,
 )

@@ -26,8 +26,8 @@ from numpyro_pvi import (
     diagnostics,
     predictive_score,
 )
-from numpyro_pvi._core import cached_program_count
 from numpyro_pvi.diagnostics.vsbc import loss_drift
+from numpyro_pvi.evaluation.draws import cached_program_count
 from tests.arviz_generation import elpd, group, group_names
 
 matplotlib.use("Agg")
@@ -177,11 +177,7 @@ def test_predictive_score_compiles_once_per_shape(fit):
     covariates) and for the moment matching of far observations (an outlier
     in each data set)."""
     guide, params = fit
-    calls = [
-        (X + 1.0, Y.at[3].set(30.0)),
-        (X + 1.0, Y.at[5].set(-30.0)),
-        (X, Y - 1.0),
-    ]
+    calls = [(X + 1.0, Y.at[3].set(30.0)), (X + 1.0, Y.at[5].set(-30.0)), (X, Y - 1.0)]
     for i, data in enumerate(calls):
         scores = predictive_score(random.PRNGKey(i), params, model, guide, *data)
         if i == 0:
@@ -282,11 +278,7 @@ def test_a_point_mass_guide_has_no_importance_ratios(function):
     remedy; a hand-written Delta guide likewise, and an AutoGuideList with
     an AutoDelta part (naming its sites); the same list with AutoNormal
     parts, and AutoMultivariateNormal (Deltas of its one draw), are not."""
-    from numpyro.infer.autoguide import (
-        AutoDelta,
-        AutoGuideList,
-        AutoMultivariateNormal,
-    )
+    from numpyro.infer.autoguide import AutoDelta, AutoGuideList, AutoMultivariateNormal
 
     guide = AutoDelta(model)
     params = (
@@ -326,10 +318,7 @@ def test_a_point_mass_guide_has_no_importance_ratios(function):
     guide, params = listed(AutoDelta)
     with pytest.raises(ValueError, match=r"latent sites \['a'\] as point masses"):
         function(random.PRNGKey(1), params, model, guide, X, Y, num_draws=20)
-    for guide, params in (
-        listed(AutoNormal),
-        (AutoMultivariateNormal(model), None),
-    ):
+    for guide, params in (listed(AutoNormal), (AutoMultivariateNormal(model), None)):
         if params is None:
             svi = SVI(model, guide, optax.adam(0.01), Trace_ELBO())
             params = svi.get_params(svi.init(random.PRNGKey(0), X, Y))

@@ -12,7 +12,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PredictiveELBO, diagnostics
-from numpyro_pvi._core import single_draw_outcome
+from numpyro_pvi._trace.structure import single_draw_outcome
 from numpyro_pvi.diagnostics.heterogeneity import NOT_IDENTIFIED, _readings
 from tests.arviz_generation import group
 from tests.score_helpers import gp_model, initial_params

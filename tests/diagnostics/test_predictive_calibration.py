@@ -14,7 +14,7 @@ from numpyro.infer.autoguide import AutoNormal
 from scipy import stats
 
 from numpyro_pvi import PredictiveELBO, Replications, diagnostics
-from numpyro_pvi._core import DataPlate
+from numpyro_pvi._trace.data_plate import DataPlate
 from numpyro_pvi.diagnostics.predictive_calibration import pit_ranks
 from tests.arviz_generation import CONTAINER, group, group_names
 from tests.recipes import with_replications

@@ -15,14 +15,14 @@ from numpyro.infer.autoguide import AutoNormal
 from scipy import stats
 
 from numpyro_pvi import PredictiveELBO, Replications, SoftCVIELBO, diagnostics
-from numpyro_pvi.diagnostics.rank_tests import band_level
-from numpyro_pvi.diagnostics.symmetry import (
+from numpyro_pvi.diagnostics.rank_tests import (
     adjust_p_values,
+    band_level,
+    ecdf_band,
     reflection_tail,
     reflection_walk,
     symmetry_test,
 )
-from numpyro_pvi.diagnostics.uniformity import ecdf_band
 from numpyro_pvi.diagnostics.vsbc import plot_vsbc, vsbc
 from tests.arviz_generation import (
     ARVIZ_1,
@@ -317,8 +317,7 @@ def exact_marginals_guide(y=None):
     mean = (1 - 2 * shrink) * jnp.sum(y) * jnp.ones(2)
     zero = numpyro.param("zero", 0.0)
     numpyro.sample(
-        "theta",
-        dist.Normal(mean + zero, jnp.sqrt(1 - shrink)).expand([2]).to_event(1),
+        "theta", dist.Normal(mean + zero, jnp.sqrt(1 - shrink)).expand([2]).to_event(1)
     )
 
 
@@ -364,7 +363,7 @@ def test_joint_log_likelihood_flags_a_guide_with_exact_marginals():
 def test_joint_log_likelihood_is_numpyros_log_likelihood_summed():
     from numpyro.infer.util import log_likelihood
 
-    from numpyro_pvi._core import joint_log_likelihood
+    from numpyro_pvi._trace.data_plate import joint_log_likelihood
 
     y = jax.random.normal(jax.random.PRNGKey(1), (NSUM,))
     theta = {"theta": jnp.array([0.3, -1.2])}

@@ -56,7 +56,7 @@ def run():
     objectives = {
         "PVI-Log": candidates.pvi_objective(
             "log", num_particles=8, lams=(0.0, 0.1, 1.0), regularizers=("posterior",)
-        ),
+        )
     }
     results = harness.run_benchmark(
         regression,

@@ -18,7 +18,7 @@ from numpyro.infer import SVI, Trace_ELBO
 from scipy import stats
 
 from numpyro_pvi import Replications, SNISForwardKL, SoftCVIELBO
-from numpyro_pvi._core import latent_sites, sum_log_density
+from numpyro_pvi._trace.tracing import latent_sites, sum_log_density
 from numpyro_pvi.diagnostics import psis, to_inference_data, vsbc
 from numpyro_pvi.guides import AutoFlow, FlowDistribution
 

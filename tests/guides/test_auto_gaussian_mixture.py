@@ -22,8 +22,8 @@ from numpyro_pvi.guides import (
     linear_predictor_score,
     prune_components,
 )
-from numpyro_pvi.particles import LOG_LIK, require_iid
-from numpyro_pvi.scores import CRPS, EnergyScore, LogScore, QuadraticScore
+from numpyro_pvi.particles import LOG_LIK, Likelihood, require_iid
+from numpyro_pvi.scores import CRPS, EnergyScore, LogScore, QuadraticScore, simulations
 
 SIGMA = 0.5
 
@@ -227,7 +227,7 @@ def test_stratified_weights_follow_the_subsample():
             {"subsample_size": 5},
             num_particles=3,
             vectorize_particles_fn=lambda f, xs: jax.vmap(f)(xs),
-            requests=(LOG_LIK, "y_sim"),
+            requests=(LOG_LIK, "likelihood"),
         )
     )(random.PRNGKey(0), params)
     assert t.log_lik.shape == (9, 5)
@@ -434,13 +434,7 @@ def xor_fits():
         random.PRNGKey(2), 400, X, y, progress_bar=False
     )
     lpd_vi = predictive_score(
-        random.PRNGKey(3),
-        vi.params,
-        xor_model,
-        vi_guide,
-        X_test,
-        y_test,
-        num_draws=500,
+        random.PRNGKey(3), vi.params, xor_model, vi_guide, X_test, y_test, num_draws=500
     ).score
     fits, lpds = {}, {}
     for lam in (0.01, 100.0):
@@ -573,7 +567,7 @@ def test_stratified_crps_and_energy_are_unbiased(m):
             energy.estimate(t),
             CRPS().estimate(t) - EnergyScore(1.0).estimate(t),
             t.weights.log_predictive,
-            t.y_sim[..., 0],
+            simulations(t)[0][..., 0],
         )
 
     keys = random.split(random.PRNGKey(7), 2000)
@@ -608,6 +602,25 @@ def _exact_bernoulli_quadratic(guide, params, x, y):
     return 2 * prob(y) - p1**2 - (1 - p1) ** 2
 
 
+def _with_point_mass(t):
+    """``t`` with a second observed site per observation, a point mass at 0
+    on the support {0, 1}."""
+    lik = t.likelihood
+    m, b = lik.keys.shape[0], lik.values[0].shape[0]
+    return t._replace(
+        likelihood=Likelihood(
+            (*lik.laws, dist.Bernoulli(probs=jnp.zeros((m, b)))),
+            (*lik.first, dist.Bernoulli(probs=jnp.zeros(b))),
+            (*lik.values, jnp.zeros(b)),
+            lik.keys,
+            lik.index,
+            lik.plate,
+            (*lik.names, "point"),
+            lik.reparam,
+        )
+    )
+
+
 def test_stratified_quadratic_is_unbiased():
     x, y01 = _data()
     y = (y01 > 0).astype(jnp.result_type(float))
@@ -619,9 +632,7 @@ def test_stratified_quadratic_is_unbiased():
         t = _score_terms(key, guide, params, logreg, x, y, 2, score)
         # several components per observation: appending a component with a
         # point-mass pmf leaves every overlap, so the score, unchanged
-        point = jnp.array([1.0, 0.0])[:, None, None]  # (K, 1, 1)
-        pmf = jnp.concatenate([t.pmf, jnp.broadcast_to(point, t.pmf.shape)], axis=-1)
-        return score.estimate(t), score.estimate(t._replace(pmf=pmf))
+        return score.estimate(t), score.estimate(_with_point_mass(t))
 
     keys = random.split(random.PRNGKey(8), 2000)
     est, two = jax.jit(jax.vmap(estimate))(keys)

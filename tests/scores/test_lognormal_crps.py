@@ -1,5 +1,5 @@
 """The CRPS of LogNormal likelihoods in closed form
-(``numpyro_pvi/_core/lognormal.py``): its two expectations against
+(``numpyro_pvi/_trace/lognormal.py``): its two expectations against
 scoringrules and quadrature, the estimator against the simulated derangement
 it averages (with and without a mixture guide's strata), and the particle
 machinery's LogNormal parameters under a plate, a subsample and a mask."""
@@ -19,13 +19,13 @@ from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._core.lognormal import (
+from numpyro_pvi.scores import CRPS, EnergyScore
+from numpyro_pvi.scores.closed_forms.lognormal import (
     lognormal_abs_mean,
     lognormal_mean,
     lognormal_pair_abs_mean,
 )
-from numpyro_pvi.scores import CRPS, EnergyScore
-from tests.score_helpers import weighted_terms
+from tests.score_helpers import law_terms, with_simulations
 
 sr = pytest.importorskip("scoringrules")
 
@@ -159,14 +159,14 @@ def test_abs_mean_outside_the_support_and_its_gradient():
     assert float(grad) == pytest.approx(fd, rel=1e-3)
 
 
-def _terms(log_loc, log_scale, y_obs, num_strata=1, omega=None):
-    return weighted_terms(
-        *log_loc.shape[:2],
-        num_strata,
-        omega,
+def _terms(log_loc, log_scale, y_obs, num_strata=1, omega=None, law=dist.LogNormal):
+    return law_terms(
+        law,
+        log_loc[..., 0],
+        log_scale[..., 0],
         y_obs=y_obs,
-        y_log_loc=log_loc,
-        y_log_scale=log_scale,
+        num_strata=num_strata,
+        omega=omega,
     )
 
 
@@ -189,7 +189,7 @@ def test_closed_form_is_the_derangement_averaged_over_simulations(num_strata, m)
 
     def simulated(key):
         x = jnp.exp(log_loc + log_scale * random.normal(key, log_loc.shape))
-        return CRPS(estimator="derangement").estimate(terms._replace(y_sim=x))
+        return CRPS(estimator="derangement").estimate(with_simulations(terms, x))
 
     keys = random.split(random.PRNGKey(6), 20000)
     est = jax.jit(jax.vmap(simulated))(keys)
@@ -197,7 +197,7 @@ def test_closed_form_is_the_derangement_averaged_over_simulations(num_strata, m)
     assert jnp.max(jnp.abs(est.mean(0) - exact) / se) < 4.5, (est.mean(0), exact)
     # power: the Normal closed form of the logarithms is another number
     normal = CRPS(estimator="closed-form").estimate(
-        terms._replace(y_loc=log_loc, y_scale=log_scale, y_obs=jnp.log(y))
+        _terms(log_loc, log_scale, jnp.log(y), num_strata, omega, law=dist.Normal)
     )
     assert jnp.max(jnp.abs(normal - exact) / se) > 10
 
@@ -237,10 +237,12 @@ def test_auto_and_energy_take_the_lognormal_closed_form():
     assert len({float(v) for v in values.values()}) == 1, values
     loss = PredictiveELBO("crps", num_particles=4)
     terms = loss.particle_terms(key, params, lognormal_model, guide, X, Y)
-    assert terms.y_loc is None
-    assert terms.y_log_loc.shape == (4, 7, 1) and terms.y_log_scale.shape == (4, 1, 1)
-    # w x at each observation: one w per particle
-    ratio = terms.y_log_loc[:, X != 0, 0] / X[X != 0]
+    # the likelihood holds each particle's LogNormal: w x at each
+    # observation, one w per particle
+    law = terms.likelihood.laws[0]
+    loc = terms.likelihood.rows(0, law.base_dist.loc)[..., 0]
+    assert loc.shape == (4, 7)
+    ratio = loc[:, X != 0] / X[X != 0]
     np.testing.assert_allclose(ratio, ratio[:, :1] * jnp.ones_like(ratio), rtol=1e-5)
     assert float(jnp.std(ratio[:, 0])) > 0.01  # the particles differ
     # the simulations' estimate is another estimator of the same score

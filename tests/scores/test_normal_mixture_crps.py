@@ -1,5 +1,5 @@
 """The CRPS of Normal-mixture likelihoods in closed form
-(``numpyro_pvi/_core/normal_mixture.py``): its two expectations against
+(``numpyro_pvi/_trace/normal_mixture.py``): its two expectations against
 scoringrules, the estimator against the simulated derangement it averages
 (with and without a mixture guide's strata), the particle machinery's
 components under ``MixtureSameFamily`` and ``MixtureGeneral``, a plate, a
@@ -17,10 +17,19 @@ from conftest import X64
 from jax import random
 
 from numpyro_pvi import PredictiveELBO, predictive_score
-from numpyro_pvi._core.normal_mixture import mixture_abs_mean, mixture_pair_abs_mean
+from numpyro_pvi._trace.site_laws import innermost
 from numpyro_pvi.scores import CRPS, EnergyScore
+from numpyro_pvi.scores.closed_forms.mixture import (
+    mixture_abs_mean,
+    mixture_pair_abs_mean,
+)
 from numpyro_pvi.selection import stacking_weights
-from tests.score_helpers import crps_against_log, initial_params, weighted_terms
+from tests.score_helpers import (
+    crps_against_log,
+    initial_params,
+    law_terms,
+    with_simulations,
+)
 
 sr = pytest.importorskip("scoringrules")
 
@@ -58,36 +67,29 @@ def test_one_component_is_the_normal_closed_form():
     loc = random.normal(key, (4, 6))
     scale = jnp.exp(random.normal(random.PRNGKey(1), (4, 6)) * 0.3)
     y = random.normal(random.PRNGKey(2), (6,)) * 2.0
-    terms = _terms((jnp.ones((4, 6, 1)), loc[..., None], scale[..., None]), y[:, None])
-    normal = terms._replace(
-        y_mix_weight=None,
-        y_mix_loc=None,
-        y_mix_scale=None,
-        y_loc=loc[..., None],
-        y_scale=scale[..., None],
-    )
     crps = CRPS(estimator="closed-form")
 
-    def total(t, loc):
-        if t.y_mix_loc is not None:
-            return crps.estimate(t._replace(y_mix_loc=loc[..., None])).sum()
-        return crps.estimate(t._replace(y_loc=loc[..., None])).sum()
+    def mixture(loc):
+        w = jnp.ones((4, 6, 1))
+        return crps.estimate(_terms((w, loc[..., None], scale[..., None]), y[:, None]))
 
-    v1, g1 = jax.value_and_grad(lambda m: total(terms, m))(loc)
-    v2, g2 = jax.value_and_grad(lambda m: total(normal, m))(loc)
+    def normal(loc):
+        return crps.estimate(law_terms(dist.Normal, loc, scale, y_obs=y[:, None]))
+
+    v1, g1 = jax.value_and_grad(lambda m: mixture(m).sum())(loc)
+    v2, g2 = jax.value_and_grad(lambda m: normal(m).sum())(loc)
     np.testing.assert_allclose(v1, v2, rtol=RTOL)
     np.testing.assert_allclose(g1, g2, rtol=RTOL * 10, atol=1e-7)
 
 
+def _mixture(w, loc, scale):
+    return dist.MixtureSameFamily(dist.Categorical(probs=w), dist.Normal(loc, scale))
+
+
 def _terms(mixture, y_obs, num_strata=1, omega=None):
-    return weighted_terms(
-        *mixture[1].shape[:2],
-        num_strata,
-        omega,
-        y_obs=y_obs,
-        y_mix_weight=mixture[0],
-        y_mix_loc=mixture[1],
-        y_mix_scale=mixture[2],
+    w, loc, scale = (jnp.broadcast_to(x, mixture[1].shape) for x in mixture)
+    return law_terms(
+        _mixture, w, loc, scale, y_obs=y_obs, num_strata=num_strata, omega=omega
     )
 
 
@@ -114,7 +116,7 @@ def test_closed_form_is_the_derangement_averaged_over_simulations(num_strata, m)
             jnp.broadcast_to(a, w.shape), comp[..., None], axis=-1
         )
         x = pick(loc) + pick(scale) * random.normal(k2, (km, b, 1))
-        return CRPS(estimator="derangement").estimate(terms._replace(y_sim=x))
+        return CRPS(estimator="derangement").estimate(with_simulations(terms, x))
 
     keys = random.split(random.PRNGKey(7), 20000)
     est = jax.jit(jax.vmap(simulated))(keys)
@@ -123,7 +125,14 @@ def test_closed_form_is_the_derangement_averaged_over_simulations(num_strata, m)
     # power: the components' mean as a Normal is another number
     mean = jnp.sum(w * loc, axis=-1, keepdims=True)
     normal = CRPS(estimator="closed-form").estimate(
-        terms._replace(y_mix_loc=None, y_loc=mean, y_scale=jnp.ones_like(mean))
+        law_terms(
+            dist.Normal,
+            mean[..., 0],
+            jnp.ones_like(mean[..., 0]),
+            y_obs=y,
+            num_strata=num_strata,
+            omega=omega,
+        )
     )
     assert jnp.max(jnp.abs(normal - exact) / se) > 10
 
@@ -171,9 +180,12 @@ def test_both_mixture_forms_give_the_closed_form_with_gradients_in_the_weights()
         assert float(jnp.abs(grads["w_auto_loc"]).sum()) > 0
     np.testing.assert_allclose(values["same_family"], values["general"], rtol=RTOL)
     terms = loss.particle_terms(key, params, same_family, guide, X, Y)
-    assert terms.y_mix_loc.shape == (4, 9, 2) and terms.y_mix_scale.shape == (4, 1, 2)
-    assert terms.y_mix_weight.shape == (4, 1, 2) and terms.y_sim is None
-    np.testing.assert_allclose(terms.y_mix_weight.sum(-1), 1.0, rtol=1e-6)
+    # the likelihood holds each particle's mixture: 2 components' weights
+    law = innermost(terms.likelihood.laws[0])
+    assert isinstance(law, dist.MixtureSameFamily)
+    probs = law.mixing_distribution.probs
+    assert probs.shape[0] == 4 and probs.shape[-1] == 2
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
     # the energy score with beta = 1 takes the same closed form
     energy = PredictiveELBO(EnergyScore(), num_particles=4)
     np.testing.assert_allclose(

@@ -21,9 +21,9 @@ from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import PredictiveELBO, predictive_score
-from numpyro_pvi.scores import CRPS
+from numpyro_pvi.scores import CRPS, crps_pmf, support_pmf
 from numpyro_pvi.selection import stacking_weights
-from tests.score_helpers import crps_against_log, weighted_terms
+from tests.score_helpers import crps_against_log, law_terms, with_simulations
 
 sr = pytest.importorskip("scoringrules")
 
@@ -32,28 +32,14 @@ PMF_CRPS = CRPS(estimator="pmf")
 
 
 def _terms(probs, counts, y, num_strata=1, omega=None):
-    """Terms of Binomial likelihoods ``(K M, b)`` probabilities with
-    ``(b,)`` counts: the pmf over 0..max(counts), zero-padded, and the
-    observed support value."""
-    km, b = probs.shape
-    values = jnp.arange(int(counts.max()) + 1)[:, None]  # (V, 1)
-    pmf = jnp.where(
-        values <= counts,
-        jnp.exp(
-            dist.Binomial(counts, probs[:, None, :]).log_prob(
-                jnp.minimum(values, counts)
-            )
-        ),
-        0.0,
-    )  # (K M, V, b)
-    return weighted_terms(
-        km,
-        b,
-        num_strata,
-        omega,
+    """Terms of Binomial likelihoods of ``(K M, b)`` probabilities with
+    ``(b,)`` counts, observing ``y``."""
+    return law_terms(
+        lambda p: dist.Binomial(counts, probs=p),
+        probs,
         y_obs=y[:, None].astype(float),
-        pmf=pmf[..., None],
-        obs_support=(values == y)[..., None],
+        num_strata=num_strata,
+        omega=omega,
     )
 
 
@@ -93,17 +79,18 @@ def test_pmf_crps_is_the_all_pairs_estimate_averaged_over_simulations(num_strata
 
     def simulated(key):
         x = random.binomial(key, counts, probs).astype(float)[..., None]
-        return CRPS(estimator="all-pairs").estimate(terms._replace(y_sim=x))
+        return CRPS(estimator="all-pairs").estimate(with_simulations(terms, x))
 
     keys = random.split(random.PRNGKey(3), 20000)
     est = jax.jit(jax.vmap(simulated))(keys)
     se = est.std(0) / math.sqrt(keys.shape[0])
     assert jnp.max(jnp.abs(est.mean(0) - exact) / se) < 4.5, (est.mean(0), exact)
     # power: the plug-in square (F-bar)^2, biased by Var F / M, is another number
-    cdf = jnp.cumsum(terms.pmf[:, :-1, :, 0], axis=1)
+    pmf, obs_support = support_pmf(terms)
+    cdf = jnp.cumsum(pmf[:, :-1, :, 0], axis=1)
     v = jnp.exp(terms.weights.log_predictive)[:, None, :]
     mean = jnp.sum(v * cdf, axis=0)
-    below = jnp.cumsum(terms.obs_support[:-1, :, 0], axis=0)
+    below = jnp.cumsum(obs_support[:-1, :, 0], axis=0)
     plug_in = -jnp.sum(jnp.square(mean - below), axis=0)
     assert jnp.max(jnp.abs(plug_in - exact) / se) > 10
 
@@ -303,13 +290,10 @@ def test_binomial_cdfs_from_the_logits_equal_the_pmfs_value_and_gradient(
     def estimate(logits, closed):
         terms = _terms(jax.nn.sigmoid(logits), counts, y, num_strata, omega)
         if closed:
-            terms = terms._replace(
-                binomial_logits=logits[..., None],
-                binomial_count=jnp.broadcast_to(counts, (km, b))[..., None].astype(
-                    float
-                ),
-            )
-        return PMF_CRPS.estimate(terms)
+            return PMF_CRPS.estimate(terms)
+        with pytest.MonkeyPatch.context() as patch:  # the pmf path
+            patch.setattr(crps_pmf, "binomial_parts", lambda *a, **k: None)
+            return PMF_CRPS.estimate(terms)
 
     values = [estimate(logits, closed) for closed in (False, True)]
     # float32: each of the V values' pair sums rounds to ~1e-6 of M²

@@ -1,5 +1,5 @@
 """The CRPS of Poisson, zero-inflated Poisson and negative-binomial
-likelihoods (``numpyro_pvi/_core/poisson.py``): the observation term against a sum over
+likelihoods (``numpyro_pvi/_trace/poisson.py``): the observation term against a sum over
 the support, the estimator's expectation against scoringrules (and the
 zero-inflated one against the CRPS's sum over the support) and against the
 exact pair expectations (with and without a mixture guide's strata), its
@@ -25,10 +25,22 @@ from numpyro.infer.autoguide import AutoNormal
 from scipy import stats
 
 from numpyro_pvi import PredictiveELBO, predictive_score
-from numpyro_pvi._core.poisson import poisson_abs_mean, poisson_draws
+from numpyro_pvi._trace.site_laws import innermost
 from numpyro_pvi.scores import CRPS, EnergyScore
+from numpyro_pvi.scores.closed_forms.counts import (
+    poisson_abs_mean,
+    poisson_draws,
+    poisson_pair_abs_mean,
+    zero_inflated_abs_mean,
+    zero_inflated_pair_abs_mean,
+)
 from numpyro_pvi.scores.pair_sums import next_pair_score
-from tests.score_helpers import crps_against_log, initial_params, weighted_terms
+from tests.score_helpers import (
+    crps_against_log,
+    initial_params,
+    law_terms,
+    weighted_terms,
+)
 
 sr = pytest.importorskip("scoringrules")
 
@@ -81,15 +93,47 @@ def test_draws_follow_the_poisson_law(rates):
         assert _chi2_p_value(column, rate * 1.1) < 1e-6
 
 
-def _terms(rate, counts, y, num_strata=1, omega=None, gate=None):
-    return weighted_terms(
-        *rate.shape,
-        num_strata,
-        omega,
-        y_obs=y[:, None],
-        y_rate=rate[..., None],
-        y_count_sim=counts[..., None],
-        y_gate=None if gate is None else gate[..., None],
+def _terms(rate, y, num_strata=1, omega=None):
+    return weighted_terms(*rate.shape, num_strata, omega, y_obs=y[:, None])
+
+
+def _estimate(rate, counts, y, num_strata=1, omega=None, gate=None):
+    """The count closed form's estimate (the registered form's parts) from
+    given draws ``counts`` of the particles' Poisson parts."""
+    terms = _terms(rate, y, num_strata, omega)
+    if gate is None:
+        obs = poisson_abs_mean(rate, y)
+        return next_pair_score(terms, obs, (rate, counts), poisson_pair_abs_mean)
+    obs = zero_inflated_abs_mean(rate, gate, y)
+    pairs = (rate, counts, gate)
+    return next_pair_score(terms, obs, pairs, zero_inflated_pair_abs_mean)
+
+
+def _law_estimate(key, rate, y, num_strata=1, omega=None, gate=None):
+    """``CRPS().estimate`` of particles whose likelihood is
+    ``Poisson(rate)`` (zero-inflated with ``gate``), its draws from
+    ``key``."""
+    if gate is None:
+        return CRPS().estimate(
+            law_terms(
+                dist.Poisson,
+                rate,
+                y_obs=y[:, None],
+                num_strata=num_strata,
+                omega=omega,
+                key=key,
+            )
+        )
+    return CRPS().estimate(
+        law_terms(
+            dist.ZeroInflatedPoisson,
+            gate,
+            rate,
+            y_obs=y[:, None],
+            num_strata=num_strata,
+            omega=omega,
+            key=key,
+        )
     )
 
 
@@ -103,11 +147,10 @@ def test_expectation_over_the_draws_is_scoringrules_crps_poisson():
     # p(k): each term reads one draw) is its CRPS, exactly
     rate, m = 3.7, 4
     ys = jnp.array([0.0, 2.0, 4.0, 11.0, 30.0])
-    crps = CRPS()
     total = jnp.zeros(ys.shape)
     for k in range(60):
-        terms = _terms(jnp.full((m, 5), rate), jnp.full((m, 5), float(k)), ys)
-        total = total + jnp.exp(_log_pmf(rate, k)) * crps.estimate(terms)
+        est = _estimate(jnp.full((m, 5), rate), jnp.full((m, 5), float(k)), ys)
+        total = total + jnp.exp(_log_pmf(rate, k)) * est
     want = [sr.crps_poisson(float(y), rate, backend="numpy") for y in ys]
     np.testing.assert_allclose(-total, want, rtol=RTOL * 10, atol=1e-6)
 
@@ -118,12 +161,11 @@ def test_zero_inflated_expectation_is_the_crps_summed_over_the_support():
     # the draws are of its Poisson part, weighted by the Poisson pmf
     rate, gate, m = 2.2, 0.3, 3
     ys = jnp.array([0.0, 1.0, 5.0, 25.0])
-    crps = CRPS()
     total = jnp.zeros(ys.shape)
     full = jnp.full((m, 4), 1.0)
     for k in range(60):
-        terms = _terms(rate * full, k * full, ys, gate=gate * full)
-        total = total + jnp.exp(_log_pmf(rate, k)) * crps.estimate(terms)
+        est = _estimate(rate * full, k * full, ys, gate=gate * full)
+        total = total + jnp.exp(_log_pmf(rate, k)) * est
     support = np.arange(200)
     cdf = gate + (1 - gate) * stats.poisson.cdf(support, rate)
     want = [np.sum((cdf - (float(y) <= support)) ** 2) for y in ys]
@@ -138,9 +180,9 @@ def _exact_pair(a, b):
     return jnp.sum(p * poisson_abs_mean(b[0][None], k), axis=0)
 
 
-def _exact(terms):
-    rate = terms.y_rate[..., 0]
-    obs = poisson_abs_mean(rate, terms.y_obs[:, 0])
+def _exact(rate, y, num_strata=1, omega=None):
+    obs = poisson_abs_mean(rate, y)
+    terms = _terms(rate, y, num_strata, omega)
     return next_pair_score(terms, obs, (rate, rate), _exact_pair)
 
 
@@ -158,12 +200,12 @@ def _case(num_strata, m):
 
 
 def _simulated(rate, y, num_strata, omega, num_sims):
-    """Estimates and gradients in the rates over ``num_sims`` draws."""
+    """Estimates and gradients in the rates over ``num_sims`` draws (the
+    registered closed form's own)."""
 
     def one(key):
-        counts = random.poisson(key, rate).astype(rate.dtype)
         return jax.value_and_grad(
-            lambda r: CRPS().estimate(_terms(r, counts, y, num_strata, omega)).sum()
+            lambda r: _law_estimate(key, r, y, num_strata, omega).sum()
         )(rate)
 
     keys = random.split(random.PRNGKey(3), num_sims)
@@ -177,7 +219,7 @@ def test_value_and_gradient_are_unbiased(num_strata, m):
     # the exact pair expectations' (within 4.5 Monte Carlo standard errors)
     rate, y, omega = _case(num_strata, m)
     exact, exact_grad = jax.value_and_grad(
-        lambda r: _exact(_terms(r, r, y, num_strata, omega)).sum()
+        lambda r: _exact(r, y, num_strata, omega).sum()
     )(rate)
     values, grads = _simulated(rate, y, num_strata, omega, 20000)
     se = values.std() / math.sqrt(values.shape[0])
@@ -204,17 +246,15 @@ def test_zero_inflated_value_and_gradient_are_unbiased():
     gate = jax.nn.sigmoid(random.normal(random.PRNGKey(14), rate.shape))
 
     def exact(rate, gate):
-        terms = _terms(rate, rate, y, 2, omega, gate)
+        terms = _terms(rate, y, 2, omega)
         obs = gate * jnp.abs(y) + (1 - gate) * poisson_abs_mean(rate, y)
         return next_pair_score(
             terms, obs, (rate, rate, gate), _exact_zero_inflated_pair
         ).sum()
 
     def one(key):
-        counts = random.poisson(key, rate).astype(rate.dtype)
         return jax.value_and_grad(
-            lambda r, g: CRPS().estimate(_terms(r, counts, y, 2, omega, g)).sum(),
-            (0, 1),
+            lambda r, g: _law_estimate(key, r, y, 2, omega, g).sum(), (0, 1)
         )(rate, gate)
 
     want, want_grads = jax.value_and_grad(exact, (0, 1))(rate, gate)
@@ -231,16 +271,14 @@ def test_gradient_without_the_poisson_identity_is_biased():
     # power: the draws held fixed (no gradient in the drawn rate) miss half
     # of each pair's gradient, far beyond the Monte Carlo error
     rate, y, _ = _case(1, 5)
-    exact_grad = jax.grad(lambda r: _exact(_terms(r, r, y)).sum())(rate)
+    exact_grad = jax.grad(lambda r: _exact(r, y).sum())(rate)
 
     def fixed(key):
         counts = random.poisson(key, rate).astype(rate.dtype)
         obs = lambda r: poisson_abs_mean(r, y)  # noqa: E731
         pair = lambda a, b: poisson_abs_mean(b[0], a[1])  # noqa: E731
         return jax.grad(
-            lambda r: next_pair_score(
-                _terms(r, counts, y), obs(r), (r, counts), pair
-            ).sum()
+            lambda r: next_pair_score(_terms(r, y), obs(r), (r, counts), pair).sum()
         )(rate)
 
     grads = jax.jit(jax.vmap(fixed))(random.split(random.PRNGKey(4), 20000))
@@ -286,9 +324,12 @@ def test_rates_draws_and_the_energy_score():
     assert np.isfinite(value)
     assert all(float(jnp.abs(g).sum()) > 0 for g in jax.tree.leaves(grads))
     terms = loss.particle_terms(key, params, regression, guide, X, Y)
-    assert terms.y_rate.shape == terms.y_count_sim.shape == (4, 40, 1)
-    assert terms.y_sim is None
-    np.testing.assert_array_equal(terms.y_count_sim, jnp.round(terms.y_count_sim))
+    # the likelihood holds each particle's Poisson: exp(a + b x) per draw
+    rate = terms.likelihood.rows(0, innermost(terms.likelihood.laws[0]).rate)
+    assert rate.shape == (4, 40, 1)
+    log_rate = np.log(np.asarray(rate[..., 0], np.float64))  # a + b x, x evenly
+    np.testing.assert_allclose(np.diff(log_rate, 2, axis=1), 0.0, atol=1e-4)
+    assert float(np.std(log_rate[:, 0])) > 0.01  # the particles differ
     # the energy score with beta = 1 takes the same closed form
     energy = PredictiveELBO(EnergyScore(), num_particles=4)
     np.testing.assert_allclose(

@@ -24,13 +24,14 @@ from numpyro.infer.autoguide import AutoNormal
 from test_score_estimators import COUNTS, Y_CAT, X, _binomial_model, _init_params
 
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._core import (
-    POLYNOMIAL_SUPPORT,
-    binomial_next_overlaps,
-    binomial_strata_overlaps,
-)
 from numpyro_pvi.guides import AutoGaussianMixture
 from numpyro_pvi.scores import QuadraticScore
+from numpyro_pvi.scores.closed_forms.binomial import (
+    POLYNOMIAL_SUPPORT,
+    binomial_next_overlaps,
+    binomial_parts,
+    binomial_strata_overlaps,
+)
 
 RTOL = 1e-10 if X64 else 2e-5
 DERANGEMENT = QuadraticScore(estimator="derangement")
@@ -178,11 +179,8 @@ def _relabelled(terms, order):
     """The same draws in the order ``order`` (an index along the particles)."""
     weights = terms.weights
     return terms._replace(
-        pmf=terms.pmf[order],
         log_lik=terms.log_lik[order],
-        binomial_logits=None
-        if terms.binomial_logits is None
-        else terms.binomial_logits[order],
+        likelihood=terms.likelihood.particles(order),
         weights=weights._replace(
             particle=weights.particle[order],
             log_predictive=weights.log_predictive[order],
@@ -223,7 +221,7 @@ def test_derangement_over_every_relabelling_is_the_all_pairs_estimate(case):
         requests=QuadraticScore.requires,
     )
     assert terms.num_strata == strata
-    assert (terms.binomial_logits is not None) == case.startswith("binomial")
+    assert (binomial_parts(terms) is not None) == case.startswith("binomial")
     orders = [
         jnp.concatenate([jnp.asarray(p) + s * m for s, p in enumerate(perms)])
         for perms in itertools.product(itertools.permutations(range(m)), repeat=strata)
@@ -332,7 +330,7 @@ def test_default_estimator_is_the_derangement_where_its_overlaps_are_closed(
         num_particles=4,
         requests=QuadraticScore.requires,
     )
-    assert (terms.binomial_logits is not None) == (trials is not None)
+    assert (binomial_parts(terms) is not None) == (trials is not None)
     other = {"derangement": "all-pairs", "all-pairs": "derangement"}[resolved]
     got, want, alternative = (
         QuadraticScore(estimator=e).estimate(terms) for e in ("auto", resolved, other)
@@ -361,7 +359,7 @@ def test_derangement_of_a_long_binomial_support_equals_its_definition():
         num_particles=4,
         requests=QuadraticScore.requires,
     )
-    logits, count = terms.binomial_logits[..., 0], terms.binomial_count[0, :, 0]
+    logits, count, _ = binomial_parts(terms)
     pair = jnp.mean(_next_overlaps_by_definition(logits, count, 101), axis=0)
     q_obs = jnp.mean(jnp.exp(terms.log_lik), axis=0)
     np.testing.assert_allclose(

@@ -25,10 +25,13 @@ from test_scores import SIGMA, _crps_normal, normal_guide, normal_model
 
 import numpyro_pvi.scores.quadratic as quadratic
 from numpyro_pvi import PredictiveELBO
-from numpyro_pvi._core import normal_abs_mean, pmf, support_log_pmf, support_pmf
 from numpyro_pvi.guides import AutoGaussianMixture
-from numpyro_pvi.particles import ParticleTerms, Weights
 from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
+from numpyro_pvi.scores import _pmf as pmf
+from numpyro_pvi.scores._pmf import support_log_pmf, support_pmf
+from numpyro_pvi.scores._sites import support_pmf as terms_pmf
+from numpyro_pvi.scores.closed_forms.normal import normal_abs_mean
+from tests.score_helpers import law_terms, simulated_terms
 
 sr = pytest.importorskip("scoringrules")
 
@@ -42,19 +45,7 @@ def _init_params(model, guide, loss, args, seed):
 
 
 def _terms(y_sim, y_obs):
-    m, b = y_sim.shape[:2]
-    return ParticleTerms(
-        log_prior=jnp.zeros(m),
-        log_q=jnp.zeros(m),
-        weights=Weights(
-            particle=jnp.full((m,), 1.0 / m),
-            log_predictive=jnp.full((m, b), -math.log(m)),
-            observation=jnp.ones(b),
-        ),
-        num_strata=1,
-        y_sim=y_sim,
-        y_obs=y_obs,
-    )
+    return simulated_terms(y_sim, y_obs)
 
 
 # --------------------------------------------------------------------------
@@ -216,67 +207,8 @@ def test_normal_abs_mean_gradient_and_far_tails():
     np.testing.assert_array_equal(got[1][~inner], 0.0)
 
 
-@pytest.mark.numerics
-@pytest.mark.parametrize(
-    "k, m, b, loc_b, scale_b",
-    [
-        (2, 3, 700, 700, 1),  # blocks of 128 observations, the last one short
-        (2, 3, 700, 1, 700),
-        (3, 2, 5, 1, 5),  # a location shared by the observations
-        (2, 1, 1, 1, 1),  # M = 1: each draw paired with itself
-    ],
-)
-def test_strata_crps_in_one_pass_equals_the_pair_mean_by_autodiff(
-    k, m, b, loc_b, scale_b, monkeypatch
-):
-    # value and gradient in every argument of the mixture guide's closed-form
-    # CRPS (partials from the forward pass, blocks of observations) against
-    # its definition: normal_abs_mean terms, the stratified derangement's
-    # pair mean and autodiff; an observation far in the tail included
-    from numpyro_pvi._core import normal, normal_strata_crps
-    from numpyro_pvi.scores.pair_sums import derangement_pair_mean
-
-    monkeypatch.setattr(normal, "STRATA_BLOCK_SIZE", 128 * k * m)  # 128 per block
-    monkeypatch.setattr(normal, "UNBLOCKED_SIZE", 0)
-
-    keys = random.split(random.PRNGKey(60), 4)
-    loc = random.normal(keys[0], (k * m, loc_b)) * 2.0
-    scale = jnp.exp(random.normal(keys[1], (k * m, scale_b)) * 0.5)
-    y = random.normal(keys[2], (b,)).at[0].set(40.0)
-    omega = jax.nn.softmax(random.normal(keys[3], (k, b)), axis=0)
-
-    def definition(loc, scale, y, omega):
-        v = jnp.repeat(omega / m, m, axis=0)
-        obs = jnp.sum(v * normal_abs_mean(y - loc, scale), axis=0)
-        pair = lambda p, q: normal_abs_mean(  # noqa: E731
-            p[0] - q[0], jnp.sqrt(jnp.square(p[1]) + jnp.square(q[1]))
-        )
-        loc_b, scale_b = (
-            jnp.broadcast_to(loc, v.shape),
-            jnp.broadcast_to(scale, v.shape),
-        )
-        return -obs + 0.5 * derangement_pair_mean((loc_b, scale_b), pair, omega)
-
-    args = (loc, scale, y, omega)
-    np.testing.assert_allclose(
-        normal_strata_crps(*args), definition(*args), rtol=RTOL, atol=RTOL
-    )
-    cotangent = random.uniform(random.PRNGKey(61), (b,))
-    grads = [
-        jax.grad(lambda *a, f=f: jnp.sum(cotangent * f(*a)), argnums=(0, 1, 2, 3))(
-            *args
-        )
-        for f in (normal_strata_crps, definition)
-    ]
-    for got, want in zip(*grads, strict=True):
-        assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=10 * RTOL, atol=10 * RTOL)
-
-
-def _normal_terms(loc, scale, y_obs, y_sim=None):
-    return _terms(loc if y_sim is None else y_sim, y_obs)._replace(
-        y_loc=loc, y_scale=scale, y_sim=y_sim
-    )
+def _normal_terms(loc, scale, y_obs):
+    return law_terms(dist.Normal, loc[..., 0], scale[..., 0], y_obs=y_obs)
 
 
 @pytest.mark.parametrize("m", [2, 5])
@@ -364,12 +296,12 @@ def test_auto_uses_simulations_without_a_normal_likelihood(model):
         values[estimator] = loss.loss(key, params, model, normal_guide, Y)
     np.testing.assert_allclose(values["auto"], values["all-pairs"], rtol=1e-6)
     loss = PredictiveELBO(CRPS(estimator="closed-form"), num_particles=4)
-    with pytest.raises(ValueError, match="closed-form.*Normal likelihood.*site.*'y'"):
+    with pytest.raises(ValueError, match="closed-form.*Normal.*site.*'y'"):
         loss.loss(key, params, model, normal_guide, Y)
 
 
 def test_closed_form_reads_loc_and_scale_at_the_subsample():
-    # y_loc / y_scale follow the data plate's subsample like y_obs, and a
+    # the Normal's loc and scale follow the data plate's subsample like y_obs, and a
     # second (Normal) site still makes one observation two values
     x = jnp.arange(7.0) / 3.0
     y = jnp.arange(7.0) * 10.0
@@ -394,12 +326,12 @@ def test_closed_form_reads_loc_and_scale_at_the_subsample():
         requests=CRPS.requires | {"latents"},
     )
     idx = (terms.y_obs[:, 0] / 10.0).astype(int)
-    assert terms.y_loc.shape == terms.y_scale.shape == (4, 3, 1)
+    lik = terms.likelihood
+    loc, scale = lik.rows(0, lik.laws[0].loc), lik.rows(0, lik.laws[0].scale)
+    assert loc.shape == scale.shape == (4, 3, 1)
     w = terms.latents["w"][:, None]
-    np.testing.assert_allclose(terms.y_loc[..., 0], w * x[idx], rtol=1e-6)
-    np.testing.assert_allclose(
-        terms.y_scale[..., 0], jnp.broadcast_to(0.5 + x[idx], (4, 3))
-    )
+    np.testing.assert_allclose(loc[..., 0], w * x[idx], rtol=1e-6)
+    np.testing.assert_allclose(scale[..., 0], jnp.broadcast_to(0.5 + x[idx], (4, 3)))
     loss = PredictiveELBO(CRPS(estimator="closed-form"), num_particles=4)
     with pytest.raises(ValueError, match="score='energy'"):
         loss.loss(random.PRNGKey(0), params, model, guide, x, y, y + 1.0)
@@ -632,8 +564,7 @@ def test_quadratic_loss_and_gradient_same_with_either_pmf_path(
 )
 def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
     # one component per observation: q(y_i) is read from the support totals;
-    # without obs_support it comes from the log-likelihoods: same value and
-    # gradient
+    # from the log-likelihoods it is the same value and gradient
     def model(x, y):
         w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2, 4]).to_event(2))
         logits = x @ w
@@ -664,8 +595,12 @@ def test_quadratic_from_support_totals_equals_from_log_likelihood(case):
             num_particles=5,
             requests=QuadraticScore.requires,
         )
-        terms = terms if keep else terms._replace(obs_support=None)
-        return score.estimate(terms)
+        if keep:
+            return score.estimate(terms)
+        pmf, _ = terms_pmf(terms)
+        _, sum_sq = quadratic._support_sums(pmf[..., 0])
+        m = pmf.shape[0]
+        return 2.0 * quadratic._predictive_pmf(terms) - sum_sq / (m * (m - 1))
 
     @jax.jit  # one program for the four evaluations
     def values_and_grads(p):
@@ -794,7 +729,7 @@ def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(
     kind, guide_cls, estimator, trials
 ):
     """The quadratic score of a Binomial likelihood reads the logits and
-    counts (``binomial_logits``) when it can: the same value and gradient
+    counts when it can: the same value and gradient
     as from the pmf over the support (all-pairs sums, or the derangement's
     overlaps in closed form: up to 5 trials by the polynomial, up to 100 by
     the recurrence), with counts that vary between observations (one of
@@ -822,11 +757,13 @@ def test_quadratic_score_from_binomial_logits_equals_from_the_pmf(
             num_particles=6,
             requests=QuadraticScore.requires,
         )
-        assert terms.binomial_logits is not None and terms.pmf is not None
+        assert quadratic.binomial_parts(terms) is not None
         assert terms.num_strata == (1 if guide_cls == "AutoNormal" else 2)
-        return score.estimate(
-            terms if from_logits else terms._replace(binomial_logits=None)
-        )
+        if from_logits:
+            return score.estimate(terms)
+        with pytest.MonkeyPatch.context() as patch:  # the pmf path
+            patch.setattr(quadratic, "binomial_parts", lambda *a, **k: None)
+            return score.estimate(terms)
 
     weights = jnp.arange(1.0, 6.0)
 

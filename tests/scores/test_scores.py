@@ -22,7 +22,6 @@ from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoDelta, AutoNormal
 
 from numpyro_pvi import PredictiveELBO, predictive_score, scores
-from numpyro_pvi.particles import ParticleTerms, Weights
 from numpyro_pvi.scores import (
     CRPS,
     EnergyScore,
@@ -31,26 +30,9 @@ from numpyro_pvi.scores import (
     Score,
     pair_sums,
 )
-from tests.score_helpers import gp_model
+from tests.score_helpers import gp_model, law_terms, simulated_terms, with_simulations
 
 RTOL = 1e-10 if X64 else 2e-5
-
-
-def _terms(**fields):
-    m = next(v.shape[0] for v in fields.values() if v is not None and v.ndim > 1)
-    b = next(v.shape[1] for v in fields.values() if v is not None and v.ndim > 1)
-    base = dict(
-        log_prior=jnp.zeros(m),
-        log_q=jnp.zeros(m),
-        log_lik=None,
-        weights=Weights(
-            particle=jnp.full((m,), 1.0 / m),
-            log_predictive=jnp.full((m, b), -jnp.log(m)),
-            observation=jnp.ones(b),
-        ),
-        num_strata=1,
-    )
-    return ParticleTerms(**{**base, **fields})
 
 
 def _vmap(f, keys):
@@ -91,7 +73,7 @@ def _naive_energy(x, y, beta):
 def test_crps_pair_sum_matches_all_pairs_definition():
     x = random.normal(random.PRNGKey(0), (9, 6, 1))
     y = random.normal(random.PRNGKey(1), (6, 1))
-    got = CRPS().estimate(_terms(y_sim=x, y_obs=y))
+    got = CRPS().estimate(simulated_terms(x, y))
     np.testing.assert_allclose(-got, _naive_energy(x, y, 1.0), rtol=RTOL)
 
 
@@ -219,7 +201,7 @@ def test_energy_beta_one_in_one_dimension_equals_crps():
     # gradient equal the norms' pair sum it takes in several dimensions
     x = random.normal(random.PRNGKey(2), (33, 7, 1)) * 3.0
     y = random.normal(random.PRNGKey(3), (7, 1))
-    terms = _terms(y_sim=x, y_obs=y)
+    terms = simulated_terms(x, y)
 
     def by_norms(x):
         v = jnp.full((33, 1), 1 / 33)
@@ -227,7 +209,7 @@ def test_energy_beta_one_in_one_dimension_equals_crps():
         return -obs + pair_sums.pair_norm_sum(x, v, 33, 1.0)
 
     def energy(x):
-        return EnergyScore(1.0).estimate(terms._replace(y_sim=x))
+        return EnergyScore(1.0).estimate(with_simulations(terms, x))
 
     np.testing.assert_allclose(energy(x), CRPS().estimate(terms), rtol=RTOL, atol=0)
     np.testing.assert_allclose(energy(x), by_norms(x), rtol=RTOL, atol=RTOL)
@@ -246,10 +228,12 @@ def test_energy_score_matches_definition_in_several_dimensions(beta, d):
     x = random.normal(random.PRNGKey(4), (8, 5, d))
     y = random.normal(random.PRNGKey(5), (5, d))
     x = x.at[1].set(x[0])  # a tie: |x_0 - x_1| = 0 must not give NaN
-    terms = _terms(y_sim=x, y_obs=y)
+    terms = simulated_terms(x, y)
     got = EnergyScore(beta).estimate(terms)
     np.testing.assert_allclose(-got, _naive_energy(x, y, beta), rtol=RTOL)
-    grad = jax.grad(lambda x: EnergyScore(beta).estimate(terms._replace(y_sim=x)).sum())
+    grad = jax.grad(
+        lambda x: EnergyScore(beta).estimate(with_simulations(terms, x)).sum()
+    )
     assert np.all(np.isfinite(grad(x)))
 
 
@@ -347,7 +331,7 @@ def test_crps_properness_over_a_location_and_scale_grid():
     crps = CRPS()
 
     def expected(mu, s):
-        return jnp.mean(crps.estimate(_terms(y_sim=mu + s * z, y_obs=y)))
+        return jnp.mean(crps.estimate(simulated_terms(mu + s * z, y)))
 
     locs = jnp.array([-0.5, -0.25, 0.0, 0.25, 0.5])
     by_loc = jax.vmap(lambda mu: expected(mu, 1.0))(locs)
@@ -418,9 +402,12 @@ def _two_point_expected_score(pmf_lo, pmf_hi, truth):
     y = jnp.arange(k)
 
     def one_pair(pmfs):  # pmfs (2, K): observations are the K support points
-        pmf = jnp.broadcast_to(pmfs[:, :, None, None], (2, k, k, 1))
-        log_lik = jnp.log(pmfs[:, y])  # (2, K)
-        return QuadraticScore().estimate(_terms(log_lik=log_lik, pmf=pmf))
+        terms = law_terms(
+            lambda p: dist.Categorical(probs=jnp.broadcast_to(p, (k, k))),
+            pmfs,
+            y_obs=y[:, None],
+        )
+        return QuadraticScore().estimate(terms)
 
     per_y = jnp.mean(jax.vmap(one_pair)(pairs), axis=0)  # (K,)
     return jnp.sum(truth * per_y)
@@ -485,26 +472,20 @@ def test_stratified_quadratic_from_support_sums_equals_pair_overlaps(support):
     k, m, b = 3, 4, 5
     logits = random.normal(random.PRNGKey(11), (k * m, support, b))
     y = random.randint(random.PRNGKey(12), (b,), 0, support)
-    obs = (jnp.arange(support)[:, None] == y)[..., None]  # (V, b, 1)
     log_omega = jax.nn.log_softmax(random.normal(random.PRNGKey(13), (k, b)), axis=0)
-    point = jnp.zeros((support, 1, 1)).at[0].set(1.0)
+    point = jnp.zeros((b, support)).at[:, 0].set(1.0)
 
     @functools.partial(jax.jit, static_argnums=2)
     def score(logits, log_omega, several):
-        pmf = jax.nn.softmax(logits, axis=1)[..., None]  # (N, V, b, 1)
-        log_lik = jnp.log(jnp.sum(jnp.where(obs, pmf, 0.0), axis=1))  # (N, b, 1)
-        log_v = jnp.repeat(log_omega - jnp.log(m), m, axis=0)  # (N, b)
-        weights = Weights(jnp.full((k * m,), 1.0 / (k * m)), log_v, jnp.ones(b))
-        if several:
-            pmf = jnp.concatenate([pmf, jnp.broadcast_to(point, pmf.shape)], -1)
-        terms = ParticleTerms(
-            log_prior=jnp.zeros(k * m),
-            log_q=jnp.zeros(k * m),
-            log_lik=log_lik[..., 0],
-            weights=weights,
-            num_strata=k,
-            pmf=pmf,
-            obs_support=None if several else obs,
+        def law(lg):  # (V, b) logits -> b Categoricals, or (b, 2) with the point
+            probs = jax.nn.softmax(lg, axis=0).T
+            if several:
+                return dist.Categorical(probs=jnp.stack([probs, point], 1)).to_event(1)
+            return dist.Categorical(probs=probs)
+
+        y_obs = jnp.stack([y, jnp.zeros_like(y)], -1) if several else y[:, None]
+        terms = law_terms(
+            law, logits, y_obs=y_obs, num_strata=k, omega=jnp.exp(log_omega)
         )
         return QuadraticScore().estimate(terms)
 
@@ -542,10 +523,11 @@ def test_quadratic_several_components_match_product_support_enumeration():
             requests=QuadraticScore.requires,
         )
     )(random.PRNGKey(1))
-    assert terms.pmf.shape == (5, 3, 3, 3)  # (M, K, b, c)
+    pmf, _ = scores.support_pmf(terms)
+    assert pmf.shape == (5, 3, 3, 3)  # (M, K, b, c)
     got = QuadraticScore().estimate(terms)
 
-    f = np.asarray(terms.pmf, np.float64)  # (M, K, b, c)
+    f = np.asarray(pmf, np.float64)  # (M, K, b, c)
     m = f.shape[0]
     sum_sq = np.zeros(3)
     for i in range(3):
@@ -611,7 +593,7 @@ def test_crps_objective_with_prior_regularizer_matches_its_terms():
         return loss, grads, terms
 
     loss, grads, terms = run(params)
-    assert terms.y_sim.shape == (4, 5, 1) and terms.log_lik is None
+    assert terms.likelihood is not None and terms.log_lik is None
     expected = -jnp.sum(CRPS().estimate(terms)) + 0.7 * jnp.mean(
         terms.log_q - terms.log_prior
     )
@@ -649,7 +631,7 @@ def test_user_defined_interval_score_from_the_docstring():
     interval = _interval_score_class()(alpha=0.2)
     x = random.normal(random.PRNGKey(10), (101, 4, 1))
     y = jnp.array([[-3.0], [0.0], [0.5], [2.0]])
-    got = interval.estimate(_terms(y_sim=x, y_obs=y))
+    got = interval.estimate(simulated_terms(x, y))
     xs = np.asarray(x[..., 0])
     lo, hi = np.quantile(xs, 0.1, axis=0), np.quantile(xs, 0.9, axis=0)
     yy = np.asarray(y[:, 0])
@@ -755,22 +737,15 @@ def von_mises_model(y):
 
 
 @pytest.mark.parametrize("score", ["crps", "energy"])
-def test_simulation_scores_reject_observed_site_without_reparameterised_sampler(
-    score,
-):
+def test_simulation_scores_reject_observed_site_without_reparameterised_sampler(score):
     # (Poisson, negative-binomial and geometric sites have the CRPS in closed
     # form: tests/scores/test_poisson_crps.py)
     loss = PredictiveELBO(score, num_particles=4)
     with pytest.raises(
-        ValueError,
-        match="site 'counts' \\(VonMises\\) has no reparameterised sampler",
+        ValueError, match="site 'counts' \\(VonMises\\) has no reparameterised sampler"
     ):
         loss.loss(
-            random.PRNGKey(0),
-            {},
-            von_mises_model,
-            poisson_guide,
-            jnp.array([1.0, 3.0]),
+            random.PRNGKey(0), {}, von_mises_model, poisson_guide, jnp.array([1.0, 3.0])
         )
 
 
@@ -787,7 +762,7 @@ def test_quadratic_score_rejects_infinite_support():
 def test_crps_rejects_vector_observations_and_points_to_energy():
     x = jnp.zeros((4, 3, 2))
     with pytest.raises(ValueError, match="Use score='energy'"):
-        CRPS().estimate(_terms(y_sim=x, y_obs=jnp.zeros((3, 2))))
+        CRPS().estimate(simulated_terms(x, jnp.zeros((3, 2))))
 
 
 def varying_binomial(n, y):

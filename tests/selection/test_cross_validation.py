@@ -19,8 +19,8 @@ from numpyro.infer.autoguide import AutoNormal
 from numpyro.infer.util import log_density
 
 from numpyro_pvi import FitRecipe, PredictiveELBO, StratifiedELBO, predictive_score
-from numpyro_pvi._core import fold_ids, svi_scan
 from numpyro_pvi.guides import AutoGaussianMixture
+from numpyro_pvi.objectives.svi_scan import svi_scan
 from numpyro_pvi.selection import (
     CrossValidation,
     _held_out_scores,
@@ -30,6 +30,7 @@ from numpyro_pvi.selection import (
     mask_observations,
     plot_cross_validation,
 )
+from numpyro_pvi.selection.fold_ids import fold_ids
 
 N = 24
 
@@ -466,9 +467,7 @@ def test_no_plate_equals_the_plate_version():
     y = _data(one_site)
     cvs = [_cv(m, y) for m in (model, one_site)]
     np.testing.assert_allclose(
-        cvs[0].scores["pointwise"].values,
-        cvs[1].scores["pointwise"].values,
-        rtol=1e-5,
+        cvs[0].scores["pointwise"].values, cvs[1].scores["pointwise"].values, rtol=1e-5
     )
 
 
@@ -478,7 +477,7 @@ def test_summaries_of_scores_whose_squares_overflow_float32():
     """A fit that diverged scores its observations around -1e20 (a Poisson
     rate of e^45): the summaries are taken in float64, without an overflow
     (float32's largest square root is 1.8e19)."""
-    from numpyro_pvi._core import Pointwise
+    from numpyro_pvi.evaluation.held_out import Pointwise
     from numpyro_pvi.selection._held_out_scores import scores_dataset
 
     candidates = default_candidates(AutoNormal(one_site), num_particles=4)
@@ -586,10 +585,7 @@ def test_a_score_that_needs_the_arguments_values_gets_them_as_constants():
             num_folds=3,
             score="quadratic",
         ).scores
-        for model, args in [
-            (_counts, (y, n)),
-            (lambda y: _counts(y, n), (y,)),
-        ]
+        for model, args in [(_counts, (y, n)), (lambda y: _counts(y, n), (y,))]
     ]
     # (the gains are differences of scores of order 1: to their rounding)
     for name in ("pointwise", "pair_gain"):

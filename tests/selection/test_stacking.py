@@ -18,14 +18,11 @@ from numpyro.infer import Trace_ELBO
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import FitRecipe, PredictiveELBO, StratifiedELBO, predictive_score
-from numpyro_pvi._core import (
-    ParticleSpec,
-    guide_draws,
-    mixture_terms,
-    pair_gain,
-    svi_scan,
-)
+from numpyro_pvi._trace.particles import ParticleSpec
+from numpyro_pvi.evaluation.draws import guide_draws
+from numpyro_pvi.evaluation.held_out import mixture_terms, pair_gain
 from numpyro_pvi.guides import AutoGaussianMixture
+from numpyro_pvi.objectives.svi_scan import svi_scan
 from numpyro_pvi.scores import CRPS, EnergyScore, QuadraticScore
 from numpyro_pvi.selection import (
     StackedGuide,
