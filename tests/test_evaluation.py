@@ -575,10 +575,14 @@ def test_scores_at_some_observations_are_those_of_all_observations(case):
     (whole, some), gains = estimates(first, fitted)
     for field, got in zip(whole._fields, some, strict=True):
         expected = np.asarray(getattr(whole, field))[index]
-        np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=field)
+        # float32: the same terms summed in programs of other shapes round
+        # apart by a few eps of the O(1) terms (an se of 0.018 by 2e-7)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6, err_msg=field)
     if gains is not None:
         assert np.any(np.abs(gains[0]) > 1e-4)
-        np.testing.assert_allclose(gains[1], np.asarray(gains[0])[index], rtol=1e-5)
+        np.testing.assert_allclose(
+            gains[1], np.asarray(gains[0])[index], rtol=1e-5, atol=1e-6
+        )
 
 
 # -- amortized guides: the held-out marginal, not the reconstruction --------

@@ -1,5 +1,5 @@
 """The Poisson cdf and pmf of the count CRPS
-(``numpyro_pvi/_trace/poisson_cdf.py``): Temme's coefficients against their
+(``numpyro_pvi/scores/closed_forms/poisson_cdf.py``): Temme's coefficients against their
 closed forms, and the cdf and pmf against SciPy's in every branch, at the
 branches' edges and at counts in the millions, where a pmf from ``n log λ −
 λ − log n!`` loses its precision in float32."""

@@ -7,7 +7,7 @@ what the caller needs. Its stages live in one module each:
 
 - :mod:`numpyro_pvi._trace.tracing`: one particle, a guide trace and the model
   replayed on it;
-- :mod:`numpyro_pvi._trace.extractors`: the fields one particle fills, by
+- :mod:`numpyro_pvi._trace.particles`: the fields one particle fills, by
   request;
 - :mod:`numpyro_pvi._trace.data_plate`: the data plate and each observed site's
   per-observation arrays;

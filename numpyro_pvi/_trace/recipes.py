@@ -104,9 +104,20 @@ class Replications:
                 )
 
 
-def check_recipe(value: object, cls: type[R], name: str, function: str) -> R:
+def check_recipe(
+    value: object, cls: type[R], name: str, function: str, kwargs: dict | None = None
+) -> R:
     """``value``, or ``cls()`` when it is ``None``; refuses anything that is
-    not a ``cls`` (e.g. a dict of options)."""
+    not a ``cls`` (e.g. a dict of options), and options of ``cls`` passed
+    loose among the model's keyword arguments ``kwargs``."""
+    loose = sorted(set(kwargs or ()) & {f.name for f in dataclasses.fields(cls)})
+    if loose:
+        shown = ", ".join(f"{k}=..." for k in loose)
+        raise TypeError(
+            f"{function}: {', '.join(loose)} is an option of {cls.__name__}: pass "
+            f"it inside {name}={cls.__name__}({shown}), not as a keyword argument "
+            "of the model."
+        )
     if value is None:
         return cls()
     if not isinstance(value, cls):

@@ -5,13 +5,13 @@ From one site of a model trace (and the :class:`DataPlate` of
 :mod:`~numpyro_pvi._trace.data_plate`): simulated draws ``(b, d)``, the
 observed values, a Normal likelihood's location and scale. Which scores a
 site supports is :mod:`~numpyro_pvi._trace.site_laws`'; the pmf over a
-finite support :mod:`~numpyro_pvi._trace.site_support`'s.
+finite support :mod:`~numpyro_pvi.scores._support`'s.
 
 **Masks.** A site masked by :class:`numpyro.handlers.mask`,
 ``Distribution.mask`` or ``obs_mask=`` (NumPyro's ``MaskedDistribution``,
 possibly under ``Independent`` and ``Expanded`` wrappers) has no density at
 its masked components. Every extractor here and in
-:mod:`~numpyro_pvi._trace.site_support` honours that: the observed and
+:mod:`~numpyro_pvi.scores._support` honours that: the observed and
 simulated values of a masked component are both ``0`` (so any distance
 between them leaves the component out), and its pmf is a point mass at the
 first support value, which is also the value observed (so it leaves the

@@ -168,7 +168,9 @@ def predictive_calibration(
     - Lai, J. & Yao, Y. (2024). *Predictive variational inference: learn the
       predictively optimal posterior distribution.*
     """
-    replications = check_recipe(replications, Replications, "replications", _WHERE)
+    replications = check_recipe(
+        replications, Replications, "replications", _WHERE, kwargs
+    )
     check_verdict(_WHERE, correction, alpha)
     arrays = calibration_arrays(
         rng_key,

@@ -288,7 +288,9 @@ def vsbc(
     - Benjamini, Y. & Hochberg, Y. (1995). *Controlling the false discovery
       rate.* JRSS B.
     """
-    replications = check_recipe(replications, Replications, "replications", "vsbc")
+    replications = check_recipe(
+        replications, Replications, "replications", "vsbc", kwargs
+    )
     if replications.data_generator is not None:
         raise ValueError(
             "vsbc: replications.data_generator is set, but VSBC ranks the prior's "

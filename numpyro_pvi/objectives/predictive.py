@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -154,8 +153,8 @@ class PredictiveELBO(ELBO):
     #: Whether the optimum is the Bayesian posterior (read by diagnostics:
     #: PSIS k̂ of a fit that does not target it measures a chosen distance).
     targets_posterior: bool = False
-    #: A traced indicator of the posterior regularizer (``with_lam(...,
-    #: posterior=)``: one program for the grids of both regularizers).
+    #: A traced indicator of the posterior regularizer (set by
+    #: cross-validation: one program for the grids of both regularizers).
     _posterior: jax.Array | None = None
 
     def __init__(
@@ -208,67 +207,6 @@ class PredictiveELBO(ELBO):
         super().__init__(
             num_particles=num_particles, vectorize_particles=vectorize_particles
         )
-
-    def with_lam(
-        self, lam: float | jax.Array, *, posterior: jax.Array | None = None
-    ) -> PredictiveELBO:
-        """This objective with the regularizer's weight :math:`\\lambda` set
-        to ``lam``, every other option kept.
-
-        ``lam`` may be a traced scalar (inside ``jit`` or ``vmap``): the
-        regularizer is then always computed, so one compiled program fits a
-        whole grid of :math:`\\lambda` (as
-        :func:`~numpyro_pvi.selection.cross_validate` does). With
-        ``posterior`` (a traced 0/1 scalar) the regularizer is the posterior
-        one where it is 1 and the prior one where it is 0, so one program
-        fits the grids of both regularizers.
-
-        :param lam: the weight, ``>= 0`` when a Python number.
-        :param posterior: ``None`` (keep the regularizer), or a traced
-            indicator of the posterior regularizer (an objective with a
-            regularizer).
-        """
-        if not isinstance(lam, jax.Array):
-            lam = check_real_or_array(lam, "lam", self._objective_name(), low=0.0)
-        new = copy.copy(self)
-        new.lam = lam
-        if posterior is not None:
-            if self.regularizer is None:
-                raise ValueError(
-                    f"{self._objective_name()}.with_lam: posterior= chooses "
-                    "between the prior and the posterior regularizer; this "
-                    "objective has none (regularizer=None)."
-                )
-            new.regularizer = "posterior"
-            new._posterior = posterior
-        return new
-
-    def differs_only_in_regularization(self, other: object) -> bool:
-        """Whether ``other`` is this objective but for :math:`\\lambda` and
-        the choice between the prior and the posterior regularizer: then
-        ``self.with_lam(other.lam, posterior=...)`` is ``other``'s
-        objective."""
-        if None in (self.regularizer, getattr(other, "regularizer", None)):
-            return False
-        return self._same_but(other, ("lam", "regularizer"))
-
-    def differs_only_in_lam(self, other: object) -> bool:
-        """Whether ``other`` is this objective but for :math:`\\lambda` (the
-        same class and every other option equal): then
-        ``self.with_lam(other.lam)`` is ``other``'s objective."""
-        return self._same_but(other, ("lam",))
-
-    def _same_but(self, other: object, skip: tuple[str, ...]) -> bool:
-        """Whether ``other`` is of this class with every option but ``skip``
-        equal."""
-        if type(other) is not type(self):
-            return False
-        mine = {k: v for k, v in vars(self).items() if k not in skip}
-        theirs = {k: v for k, v in vars(other).items() if k not in skip}
-        try:
-            return bool(mine == theirs)
-        except (TypeError, ValueError):  # array-valued options: not comparable
-            return False
 
     def _objective_name(self) -> str:
         return type(self).__name__

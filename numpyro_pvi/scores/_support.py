@@ -5,7 +5,7 @@ The pmf ``(K, b, c)`` of every scalar component of each observation (as
 log probabilities or probabilities, shorter supports padded), whether each
 observed component equals each support value, and for Binomial likelihoods
 the logits and counts that
-:func:`~numpyro_pvi._trace.pmf.binomial_support_sums` reads instead of the
+:func:`~numpyro_pvi.scores._pmf.binomial_support_sums` reads instead of the
 pmf. A masked component is a point mass at the first support value (the
 conventions of :mod:`~numpyro_pvi._trace.site_values`).
 """
@@ -127,8 +127,8 @@ def _site_support(
     masked: tuple,
     advice: Callable,
 ) -> list[jax.Array] | jax.Array:
-    """``pmf_fn`` (:func:`~numpyro_pvi._trace.pmf.support_log_pmf` or
-    :func:`~numpyro_pvi._trace.pmf.support_pmf`) of the site over its support: a
+    """``pmf_fn`` (:func:`~numpyro_pvi.scores._pmf.support_log_pmf` or
+    :func:`~numpyro_pvi.scores._pmf.support_pmf`) of the site over its support: a
     list of ``K`` ``(b, c)`` arrays for short supports, else ``(K, b, c)``;
     a masked component is a point mass, ``masked = (first, rest)``."""
     base, support, rows = _enumerable(site, plate, advice)
@@ -204,7 +204,7 @@ def site_pmf(
 def warn_long_support(observed: list[dict[str, Any]], plate: DataPlate) -> None:
     """Warn where the CRPS from the pmf, taken by default for an ordered
     finite support (the request ``finite_pmf``), sums over more than
-    :data:`~numpyro_pvi._trace.pmf.CDF_SUMS_SUPPORT` values: a term per
+    :data:`~numpyro_pvi.scores._pmf.CDF_SUMS_SUPPORT` values: a term per
     support value, particle and observation, read from the ``(M, K, b)``
     pmf."""
     shapes = [_pmf_shape(s, plate) for s in observed]
@@ -277,7 +277,7 @@ def check_pmf_size(
     much again): ``num_draws`` draws of the ``(K, b, c)`` probabilities of
     :func:`site_pmf`. Checked from shapes, before any array of that size
     is made. Binomial sites of one component per observation and at most
-    :data:`~numpyro_pvi._trace.pmf.UNROLLED_SUPPORT` values are exempt: their
+    :data:`~numpyro_pvi.scores._pmf.UNROLLED_SUPPORT` values are exempt: their
     score reads particle sums, never the pmf."""
     shapes = [_pmf_shape(s, plate) for s in observed]
     if not shapes or any(x is None for x in shapes):

@@ -161,6 +161,7 @@ class CRPS(Score):
             return pmf_crps(terms)
         y_obs = present(terms.y_obs, "y_obs")
         if y_obs.shape[-1] != 1:
+            simulations(terms)  # first, a site no estimator takes is named
             raise ValueError(
                 f"score='crps' is for scalar observations, but each observation "
                 f"has {y_obs.shape[-1]} values "

@@ -24,7 +24,7 @@ def _cdf_sums(
     the last support value, and ``(K, b)`` the sums of their squares over
     those values and the particles: for one Binomial component per
     observation from its logits and counts block by block
-    (:func:`~numpyro_pvi._trace.pmf.binomial_cdf_sums`), else from the
+    (:func:`~numpyro_pvi.scores._pmf.binomial_cdf_sums`), else from the
     ``(K M, V, b, 1)`` pmf."""
     closed = binomial_parts(terms, CDF_SUMS_SUPPORT)
     if closed is None:

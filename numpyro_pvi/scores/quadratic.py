@@ -108,7 +108,7 @@ def _next_overlaps(terms: ParticleTerms, pmf: jax.Array) -> jax.Array:
     ``M``; one stratum: :math:`\frac1M \sum_m \langle f_m, f_{m+1}
     \rangle`), the overlaps multiplied over the components. For one Binomial
     component per observation the overlaps are in closed form
-    (:func:`~numpyro_pvi._trace.binomial_pairs.binomial_next_overlaps`, no
+    (:func:`~numpyro_pvi.scores.closed_forms.binomial.binomial_next_overlaps`, no
     ``(M, K, b)`` pmf)."""
     k = terms.num_strata
     closed_form = binomial_parts(terms)

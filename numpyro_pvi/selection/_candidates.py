@@ -3,6 +3,7 @@ grids of one objective over λ fitted by one compiled program."""
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -13,6 +14,7 @@ from numpyro.infer import Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._trace.tracing import StratifiedGuide
+from numpyro_pvi._trace.validation import check_real_or_array
 from numpyro_pvi.objectives.predictive import PredictiveELBO
 from numpyro_pvi.objectives.stratified import StratifiedELBO
 from numpyro_pvi.scores import Score
@@ -161,22 +163,76 @@ def grids(candidates: Mapping[str, ELBO]) -> list[Grid]:
         lams = np.asarray([float(loss.lam) for _, loss in group])
         posterior = [loss.regularizer == "posterior" for _, loss in group]
         if len(set(posterior)) == 1:  # one regularizer: λ alone is traced
-            out.append(Grid(labels, lams, first.with_lam))
+            out.append(Grid(labels, lams, functools.partial(with_lam, first)))
         else:
             values = np.stack([lams, np.asarray(posterior, float)], axis=1)
             out.append(Grid(labels, values, functools.partial(_both, first)))
     return out
 
 
+def with_lam(
+    loss: PredictiveELBO, lam: float | jax.Array, *, posterior: jax.Array | None = None
+) -> PredictiveELBO:
+    """``loss`` with the regularizer's weight :math:`\\lambda` set to ``lam``,
+    every other option kept. ``lam`` may be traced (inside ``jit`` or
+    ``vmap``): one compiled program then fits a whole grid of
+    :math:`\\lambda`. With ``posterior`` (a traced 0/1 scalar) the
+    regularizer is the posterior one where it is 1 and the prior one where
+    it is 0: one program fits the grids of both regularizers."""
+    name = f"{type(loss).__name__}.with_lam"
+    if not isinstance(lam, jax.Array):
+        lam = check_real_or_array(lam, "lam", name, low=0.0)
+    new = copy.copy(loss)
+    new.lam = lam
+    if posterior is not None:
+        if loss.regularizer is None:
+            raise ValueError(
+                f"{name}: posterior= chooses between the prior and the "
+                "posterior regularizer; this objective has none (regularizer=None)."
+            )
+        new.regularizer = "posterior"
+        new._posterior = posterior
+    return new
+
+
+def differs_only_in_lam(loss: object, other: object) -> bool:
+    """Whether ``other`` is ``loss`` but for :math:`\\lambda` (the same class,
+    every other option equal): then ``with_lam(loss, other.lam)`` is
+    ``other``."""
+    return _same_but(loss, other, ("lam",))
+
+
+def differs_only_in_regularization(loss: object, other: object) -> bool:
+    """Whether ``other`` is ``loss`` but for :math:`\\lambda` and the choice
+    between the prior and the posterior regularizer."""
+    if None in (
+        getattr(loss, "regularizer", None),
+        getattr(other, "regularizer", None),
+    ):
+        return False
+    return _same_but(loss, other, ("lam", "regularizer"))
+
+
+def _same_but(loss: object, other: object, skip: tuple[str, ...]) -> bool:
+    if not isinstance(loss, PredictiveELBO) or type(other) is not type(loss):
+        return False
+    mine = {k: v for k, v in vars(loss).items() if k not in skip}
+    theirs = {k: v for k, v in vars(other).items() if k not in skip}
+    try:
+        return bool(mine == theirs)
+    except (TypeError, ValueError):  # array-valued options: not comparable
+        return False
+
+
 def _same_grid(loss: ELBO, first: ELBO) -> bool:
-    return isinstance(loss, PredictiveELBO) and (
-        loss.differs_only_in_lam(first) or loss.differs_only_in_regularization(first)
+    return differs_only_in_lam(loss, first) or differs_only_in_regularization(
+        loss, first
     )
 
 
 def _both(first: PredictiveELBO, value: jax.Array) -> ELBO:
     """The grid of both regularizers: ``value`` is ``(λ, posterior)``."""
-    return first.with_lam(value[0], posterior=value[1])
+    return with_lam(first, value[0], posterior=value[1])
 
 
 def reference_label(candidates: Mapping[str, ELBO]) -> str | None:

@@ -248,7 +248,7 @@ def cross_validate(
     3. Hastie, T., Tibshirani, R. & Friedman, J. (2009). *The Elements of
        Statistical Learning*, 2nd ed., §7.10 (the one-standard-error rule).
     """
-    fit = check_recipe(fit, FitRecipe, "fit", _WHERE)
+    fit = check_recipe(fit, FitRecipe, "fit", _WHERE, kwargs)
     score, num_folds = _check_options(fit, num_folds, score, rule)
     warn_laplace_held_out(guide, _WHERE)
     candidates = labelled(

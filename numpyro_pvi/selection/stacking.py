@@ -395,7 +395,7 @@ def stack(
     :return: a :class:`StackedFit`; ``predictive_score(key, stacked.params,
         model, stacked.guide, x_new, y_new)`` scores the stacked predictive.
     """
-    check_recipe(fit, FitRecipe, "fit", "stack")
+    check_recipe(fit, FitRecipe, "fit", "stack", kwargs)
     stacking = stacking_weights(cv)
     weights = np.asarray(stacking.weights.values)
     keep = weights >= min(min_weight, weights.max())

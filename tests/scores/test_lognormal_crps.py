@@ -1,5 +1,5 @@
 """The CRPS of LogNormal likelihoods in closed form
-(``numpyro_pvi/_trace/lognormal.py``): its two expectations against
+(``numpyro_pvi/scores/closed_forms/lognormal.py``): its two expectations against
 scoringrules and quadrature, the estimator against the simulated derangement
 it averages (with and without a mixture guide's strata), and the particle
 machinery's LogNormal parameters under a plate, a subsample and a mask."""

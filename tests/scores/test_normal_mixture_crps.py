@@ -1,5 +1,5 @@
 """The CRPS of Normal-mixture likelihoods in closed form
-(``numpyro_pvi/_trace/normal_mixture.py``): its two expectations against
+(``numpyro_pvi/scores/closed_forms/mixture.py``): its two expectations against
 scoringrules, the estimator against the simulated derangement it averages
 (with and without a mixture guide's strata), the particle machinery's
 components under ``MixtureSameFamily`` and ``MixtureGeneral``, a plate, a

@@ -1,6 +1,7 @@
 """The CRPS of Poisson, zero-inflated Poisson and negative-binomial
-likelihoods (``numpyro_pvi/_trace/poisson.py``): the observation term against a sum over
-the support, the estimator's expectation against scoringrules (and the
+likelihoods (``numpyro_pvi/scores/closed_forms/counts.py``): the observation
+term against a sum over the support, the estimator's expectation against
+scoringrules (and the
 zero-inflated one against the CRPS's sum over the support) and against the
 exact pair expectations (with and without a mixture guide's strata), its
 gradient's unbiasedness (and a power check without the Poisson identity), a

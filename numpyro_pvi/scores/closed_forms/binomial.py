@@ -30,7 +30,7 @@ otherwise (exact also where :math:`\ell_a + \ell_b = 0`).
 The polynomial's coefficients overflow single precision beyond about 63
 trials, so it takes at most :data:`POLYNOMIAL_SUPPORT` support values; longer
 supports take the three-term recurrence of
-:mod:`~numpyro_pvi._trace.binomial_recurrence` (any number of trials, no
+:mod:`~numpyro_pvi.scores.closed_forms.binomial_recurrence` (any number of trials, no
 overflow). Either way the partial derivatives come out of the same pass as
 the overlaps (the polynomial's slope, the recurrence's second-to-last
 term), so the forward pass of the custom derivative computes them and the
@@ -83,7 +83,7 @@ PAIR_BLOCK = 8
 
 #: The largest support (``n + 1`` values) the polynomial takes (longer
 #: supports take the recurrence of
-#: :mod:`~numpyro_pvi._trace.binomial_recurrence`): its coefficients
+#: :mod:`~numpyro_pvi.scores.closed_forms.binomial_recurrence`): its coefficients
 #: :math:`\binom{n}{k}^2`, value :math:`G(1) = \binom{2n}{n}` and slope
 #: :math:`n G(1) / 2` stay far below single precision's largest number
 #: (6.4e27 and 1.5e29 for :math:`n = 48`; the slope overflows near
@@ -179,7 +179,7 @@ def _kernel(
     """The per-particle quantities from the logits, and the pairs'
     overlaps (with ``gradient``, their partial derivatives): the polynomial
     for at most :data:`POLYNOMIAL_SUPPORT` support values, the recurrence
-    of :mod:`~numpyro_pvi._trace.binomial_recurrence` beyond."""
+    of :mod:`~numpyro_pvi.scores.closed_forms.binomial_recurrence` beyond."""
     if size <= POLYNOMIAL_SUPPORT:
         squares = _squared_binomials(count, size)
         return (
@@ -248,7 +248,7 @@ def _overlaps(
 ) -> tuple[jax.Array, ...]:
     """The overlaps ``(M, b)``, with ``gradient`` also their partial
     derivatives in the first and in the second logits of each pair. The
-    polynomial's blocks beyond :data:`~numpyro_pvi._trace.pmf.UNROLLED_SUPPORT`
+    polynomial's blocks beyond :data:`~numpyro_pvi.scores._pmf.UNROLLED_SUPPORT`
     values return the overlaps and first moments only, the derivatives
     formed after the loop: each of a block's outputs is its own fusion,
     which evaluates the polynomial again (two outputs instead of three; for

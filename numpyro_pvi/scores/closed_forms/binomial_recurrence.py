@@ -24,7 +24,7 @@ p_b)^2`,
 where :math:`O_k = \delta^k P_k(\beta / \delta)` and :math:`\beta / \delta
 \ge 1`: the recurrence's dominant solution, stable computed forward. Every
 :math:`O_k` is a probability, so nothing overflows at any :math:`n` (the
-polynomial of :mod:`~numpyro_pvi._trace.binomial_pairs` has coefficients
+polynomial of :mod:`~numpyro_pvi.scores.closed_forms.binomial` has coefficients
 :math:`\binom{n}{k}^2`, beyond single precision above 63 trials); the
 rounding error grows about linearly in :math:`n` (a few :math:`10^{-5}`
 absolute at :math:`n = 1000`, as single precision's pmf from log-gamma

@@ -18,9 +18,10 @@ and pmf :math:`p_\lambda`, and a real :math:`y` with :math:`n = \lfloor y
 from :math:`k\, p_\lambda(k) = \lambda\, p_\lambda(k - 1)`, with
 :math:`F_\lambda(n) = Q(n + 1, \lambda)` (the regularised upper incomplete
 gamma function; both from
-:func:`~numpyro_pvi._trace.poisson_cdf.poisson_cdf_pmf`, accurate in float32
-at any count). For independent :math:`Y \sim \mathrm{Poisson}(\lambda)`
-and :math:`Y' \sim \mathrm{Poisson}(\lambda')` the pair expectation is
+:func:`~numpyro_pvi.scores.closed_forms.poisson_cdf.poisson_cdf_pmf`,
+accurate in float32 at any count). For independent
+:math:`Y \sim \mathrm{Poisson}(\lambda)` and
+:math:`Y' \sim \mathrm{Poisson}(\lambda')` the pair expectation is
 :math:`\mathbb{E}|Y - Y'| = \mathbb{E}_{Y}\, G(\lambda', Y)`: one draw of
 :math:`Y` per pair, the other variable integrated out exactly. Its gradient
 in :math:`\lambda'` is :math:`G`'s; in :math:`\lambda`, where the draw
@@ -35,7 +36,7 @@ Poisson (zero with probability :math:`g`) mixes these with the point mass:
 Poisson parts. A negative binomial (NumPyro's ``GammaPoisson``:
 ``NegativeBinomial2``, ``NegativeBinomialProbs``, ``NegativeBinomialLogits``)
 is a Poisson of a Gamma rate: one reparameterised draw of that rate per
-particle and count (:func:`~numpyro_pvi._trace.gamma_draws.standard_gamma`,
+particle and count (:func:`~numpyro_pvi.scores.simulation.standard_gamma`,
 its gradient in the shape implicit) makes both terms those of a Poisson,
 still unbiased, value and gradient; a geometric distribution is one with
 shape 1, its rate an exponential draw.
@@ -234,7 +235,7 @@ def poisson_parts(
 def poisson_draws(key: jax.Array, rate: jax.Array, num_rows: int) -> jax.Array:
     """``(b, d)`` one draw of each Poisson part, as floats, not
     differentiable: the quantile of one uniform each
-    (:func:`~numpyro_pvi._trace.poisson_cdf.poisson_quantile`, one
+    (:func:`~numpyro_pvi.scores.closed_forms.poisson_cdf.poisson_quantile`, one
     evaluation of the cdf, where :func:`jax.random.poisson` loops until
     every value's rejection step has accepted)."""
     rate = stop_gradient(jnp.broadcast_to(rate, (num_rows, rate.shape[1])))

@@ -7,7 +7,8 @@ A likelihood :math:`p(y \mid \theta) = \sum_c w_c\, \mathcal{N}(y;
 whose component is summed out) has no reparameterised sampler: the
 component is a discrete draw. Its CRPS needs none. With
 :math:`A(\mu, \sigma) = \mathbb{E}|X|` for :math:`X \sim
-\mathcal{N}(\mu, \sigma^2)` (:func:`~numpyro_pvi._trace.normal.normal_abs_mean`),
+\mathcal{N}(\mu, \sigma^2)`
+(:func:`~numpyro_pvi.scores.closed_forms.normal.normal_abs_mean`),
 
 .. math::
 

@@ -34,7 +34,7 @@ thousands). Here:
 
 Every branch is evaluated for every element and selected (no loop waits
 for a slow element). Not differentiable: callers give the derivatives in
-closed form (:mod:`~numpyro_pvi._trace.poisson`). :func:`poisson_quantile`
+closed form (:mod:`~numpyro_pvi.scores.closed_forms.counts`). :func:`poisson_quantile`
 inverts the cdf: Poisson draws without a rejection loop.
 
 **References**
