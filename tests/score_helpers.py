@@ -61,12 +61,12 @@ def law_terms(law, *params, y_obs, num_strata=1, omega=None, **options):
     observed site is ``law`` (:func:`likelihood`), observing ``y_obs``
     ``(b, d)``, with its log-likelihoods ``(M, b)``."""
     values = y_obs[:, 0] if y_obs.shape[1] == 1 else y_obs
-    lik = likelihood(law, *params, values=values, **options)
-    log_lik = jax.vmap(lambda d: d.log_prob(values))(lik.laws[0])
+    site_lik = likelihood(law, *params, values=values, **options)
+    log_lik = jax.vmap(lambda d: d.log_prob(values))(site_lik.laws[0])
     log_lik = log_lik.reshape(log_lik.shape[:2] + (-1,)).sum(-1)
     km, b = params[0].shape[0], y_obs.shape[0]
     return weighted_terms(
-        km, b, num_strata, omega, y_obs=y_obs, likelihood=lik, log_lik=log_lik
+        km, b, num_strata, omega, y_obs=y_obs, likelihood=site_lik, log_lik=log_lik
     )
 
 
@@ -82,10 +82,12 @@ def with_simulations(terms, x) -> ParticleTerms:
     masses at the simulations (what the estimators from simulations read)."""
     d = x.shape[-1]
     if d == 1:
-        lik = likelihood(dist.Delta, x[..., 0], values=terms.y_obs[:, 0])
+        site_lik = likelihood(dist.Delta, x[..., 0], values=terms.y_obs[:, 0])
     else:
-        lik = likelihood(lambda v: dist.Delta(v, event_dim=1), x, values=terms.y_obs)
-    return terms._replace(likelihood=lik)
+        site_lik = likelihood(
+            lambda v: dist.Delta(v, event_dim=1), x, values=terms.y_obs
+        )
+    return terms._replace(likelihood=site_lik)
 
 
 def initial_params(model, *args) -> tuple[AutoNormal, dict]:

@@ -605,18 +605,18 @@ def _exact_bernoulli_quadratic(guide, params, x, y):
 def _with_point_mass(t):
     """``t`` with a second observed site per observation, a point mass at 0
     on the support {0, 1}."""
-    lik = t.likelihood
-    m, b = lik.keys.shape[0], lik.values[0].shape[0]
+    site_lik = t.likelihood
+    m, b = site_lik.keys.shape[0], site_lik.values[0].shape[0]
     return t._replace(
         likelihood=Likelihood(
-            (*lik.laws, dist.Bernoulli(probs=jnp.zeros((m, b)))),
-            (*lik.first, dist.Bernoulli(probs=jnp.zeros(b))),
-            (*lik.values, jnp.zeros(b)),
-            lik.keys,
-            lik.index,
-            lik.plate,
-            (*lik.names, "point"),
-            lik.reparam,
+            (*site_lik.laws, dist.Bernoulli(probs=jnp.zeros((m, b)))),
+            (*site_lik.first, dist.Bernoulli(probs=jnp.zeros(b))),
+            (*site_lik.values, jnp.zeros(b)),
+            site_lik.keys,
+            site_lik.index,
+            site_lik.plate,
+            (*site_lik.names, "point"),
+            site_lik.reparam,
         )
     )
 

@@ -326,8 +326,11 @@ def test_closed_form_reads_loc_and_scale_at_the_subsample():
         requests=CRPS.requires | {"latents"},
     )
     idx = (terms.y_obs[:, 0] / 10.0).astype(int)
-    lik = terms.likelihood
-    loc, scale = lik.rows(0, lik.laws[0].loc), lik.rows(0, lik.laws[0].scale)
+    site_lik = terms.likelihood
+    loc, scale = (
+        site_lik.rows(0, site_lik.laws[0].loc),
+        site_lik.rows(0, site_lik.laws[0].scale),
+    )
     assert loc.shape == scale.shape == (4, 3, 1)
     w = terms.latents["w"][:, None]
     np.testing.assert_allclose(loc[..., 0], w * x[idx], rtol=1e-6)
