@@ -110,7 +110,7 @@ def check_recipe(
     """``value``, or ``cls()`` when it is ``None``; refuses anything that is
     not a ``cls`` (e.g. a dict of options), and options of ``cls`` passed
     loose among the model's keyword arguments ``kwargs``."""
-    loose = sorted(set(kwargs or ()) & {f.name for f in dataclasses.fields(cls)})
+    loose = sorted(set(kwargs or ()) & set(getattr(cls, "__dataclass_fields__", ())))
     if loose:
         shown = ", ".join(f"{k}=..." for k in loose)
         raise TypeError(
