@@ -146,10 +146,12 @@ return Array.from(document.images).map(
 #: headings or math wider than their box (clipped titles and formulas), and
 #: the number of links in the sidebar of sections
 _LAYOUT = """
-const clipped = Array.from(document.querySelectorAll('main h1, main mjx-container'))
-    .filter(e => e.scrollWidth > e.clientWidth + 2
-                 && getComputedStyle(e).overflowX !== 'auto')
-    .map(e => e.textContent.slice(0, 60));
+const wide = (e, box) => e.scrollWidth > box.clientWidth + 2;
+const clipped = [
+    ...Array.from(document.querySelectorAll('main h1')).filter(e => wide(e, e)),
+    ...Array.from(document.querySelectorAll('main mjx-container[display="true"]'))
+        .filter(e => wide(e, e.parentElement)),
+].map(e => e.textContent.slice(0, 60));
 const sidebar = document.querySelectorAll('.bd-sidebar-primary a.reference').length;
 return [clipped, sidebar];
 """

@@ -100,6 +100,8 @@ nitpick_ignore_regex = [
     ),
     # type variables of generic signatures
     (r"py:class", r"(.*\.)?_T"),
+    # private types in the signatures of what a custom score reads
+    (r"py:class", r"numpyro_pvi\._trace\..*"),
 ]
 suppress_warnings = ["myst.header"]
 
@@ -123,6 +125,9 @@ html_theme_options = {
     "show_toc_level": 2,
     "use_edit_page_button": False,
     "footer_start": ["copyright"],
+    # an API entry is one object: the page's width goes to its signature
+    # and formulas, not to an "on this page" list of its members
+    "secondary_sidebar_items": {"api/generated/*": []},
 }
 html_sidebars = {"changelog": [], "citing": []}
 myst_substitutions = {"release": release}

@@ -50,7 +50,7 @@ class Likelihood:
     (``first``: what must be known when the program is compiled, a count's
     ``total_count``, is concrete there where the model has it so), their
     observed ``values``, one key per particle for simulations, and, after
-    :func:`~numpyro_pvi.evaluation.held_out.observation_subset`, the
+    ``observation_subset``, the
     observations kept (``index``). A score reads from it what it needs
     beyond the log density (simulations, a pmf, a closed form's
     parameters), by the distributions' types.
@@ -81,7 +81,7 @@ class Likelihood:
 
     def sites(self, laws: tuple | None = None) -> list[dict[str, Any]]:
         """The observed sites (as trace sites) with the distributions
-        ``laws`` of one particle (default: :attr:`first`), each with its
+        ``laws`` of one particle (default: ``first``), each with its
         ``first_fn``."""
         laws = self.first if laws is None else laws
         return [
@@ -220,7 +220,8 @@ class ParticleTerms(NamedTuple):
     :ivar entropy: the guide's entropy (or a bound) in closed form, where
         the guide supplies one.
     :ivar mutable_state: the ``numpyro.mutable`` sites after one trace.
-    :ivar observation_sites: :class:`ObservationSites` of the data plate.
+    :ivar observation_sites: :class:`~numpyro_pvi.particles.ObservationSites`
+        of the data plate.
     """
 
     log_prior: jax.Array
@@ -306,7 +307,7 @@ _T = TypeVar("_T")
 
 def present(value: _T | None, field: str) -> _T:
     """``value``, a field of the particle terms that a request fills
-    (:data:`FIELDS`); a clear error when it was not requested.
+    (``FIELDS``); a clear error when it was not requested.
 
     :param value: the field's value, e.g. ``terms.likelihood``.
     :param field: its name, for the message.

@@ -599,13 +599,23 @@ def warn_unreliable(result: PredictiveScore, plate: str | None, where: str) -> N
     if bad.size == 0:
         return
     dim = plate or "observation"
-    shown = ", ".join(f"{dim}[{i}] (k̂ {result.pareto_k[i]:.2f})" for i in bad[:10]) + (
+    far = np.asarray(result.unsettled)[bad]
+
+    def reason(i: int, unsettled: bool) -> str:
+        k = f"k̂ {result.pareto_k[i]:.2f}"
+        return (
+            f"{dim}[{i}] ({k}, beyond every draw)" if unsettled else f"{dim}[{i}] ({k})"
+        )
+
+    shown = ", ".join(reason(i, u) for i, u in zip(bad[:10], far[:10], strict=True)) + (
         f" and {bad.size - 10} more" if bad.size > 10 else ""
     )
     warnings.warn(
         f"{where}: the {result.name} score of {bad.size} observation(s) is an "
         f"unreliable Monte Carlo estimate (k̂ ≥ good_k = {result.good_k:.2f}"
-        f"{' after moment matching' if result.adapted[bad].any() else ''}): "
+        f"{' after moment matching' if result.adapted[bad].any() else ''}, or "
+        f"far in the tail of every draw's predictive even with "
+        f"{int(np.max(result.draws))} draws): "
         f"{shown}. They lie far in the tail of the fit's predictive, where "
         f"{result.num_draws} draws see too little of it; their estimates are "
         "likely too low. Increase num_draws, or read them as outliers of this fit.",

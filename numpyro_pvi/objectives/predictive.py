@@ -66,7 +66,10 @@ class PredictiveELBO(ELBO):
     .. math::
 
         r_{\rm prior} = \frac{1}{M}\sum_j \big[\log q(\theta_j) -
-        \log p(\theta_j)\big], \qquad
+        \log p(\theta_j)\big],
+
+    .. math::
+
         r_{\rm post} = r_{\rm prior} - \frac{1}{M}\sum_j \sum_i
         \log p(y_i \mid \theta_j),
 

@@ -1,5 +1,5 @@
 """The CRPS: from simulations, from the pmf of a finite support, or in
-closed form (:mod:`~numpyro_pvi.scores.closed_forms`)."""
+closed form (``numpyro_pvi.scores.closed_forms``)."""
 
 from __future__ import annotations
 
@@ -81,14 +81,14 @@ class CRPS(Score):
         + \frac{1}{2M(M-1)} \sum_{j \ne k} |x_j - x_k|.
 
     Gradients flow through the simulations, so every observed site needs a
-    reparameterised sampler (:mod:`~numpyro_pvi.scores.simulation`, or a
+    reparameterised sampler (``numpyro_pvi.scores.simulation``, or a
     :class:`~numpyro_pvi.distributions.Simulator` for likelihood-free
     models); no likelihood is evaluated. ``"derangement"`` pairs each draw
     with the next one only, :math:`\frac{1}{2M}\sum_j |x_j - x_{j+1}|`:
     also unbiased, :math:`O(M)`, with more variance.
 
     **In closed form** (``"closed-form"``): for the likelihoods of the
-    registry :mod:`~numpyro_pvi.scores.closed_forms` (Normal, LogNormal,
+    registry ``numpyro_pvi.scores.closed_forms`` (Normal, LogNormal,
     Normal mixtures, Poisson, negative-binomial and geometric counts,
     zero-inflated or not) both expectations given the particles are exact
     and each particle is paired with the next: the derangement averaged

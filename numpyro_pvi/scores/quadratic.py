@@ -210,7 +210,7 @@ class QuadraticScore(Score):
     \rangle`: also unbiased, in :math:`O(M)` overlaps instead of
     :math:`O(M^2)`, with more variance. For one Binomial component per
     observation its overlaps are in closed form from the logits and counts
-    (:mod:`~numpyro_pvi.scores.closed_forms.binomial`), with no pmf over the
+    (``numpyro_pvi.scores.closed_forms.binomial``), with no pmf over the
     support: ``estimator="auto"`` (the default) takes the derangement there
     and all pairs elsewhere; pass ``estimator="all-pairs"`` for the smaller
     variance.
