@@ -306,7 +306,7 @@ def predictive_score(
     settled = np.ones(draws.shape, bool)
     extended: dict[int, np.ndarray] = {}
     # the observations whose errors total_se's shared part holds
-    shared = ~is_log | (pointwise.pareto_k < threshold)
+    shared = (not is_log) | (pointwise.pareto_k < threshold)
     if is_log:
         shared &= ~unsettled(np.asarray(near), pointwise.pareto_k, num_draws, threshold)
         pointwise, draws, settled, extended = extend_unsettled(
