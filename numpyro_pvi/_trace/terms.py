@@ -135,35 +135,26 @@ class Likelihood:
             return x
         return jnp.take(x, self.index, axis=axis)
 
+    def _replace(self, **changes: Any) -> Likelihood:
+        """A copy with the fields ``changes`` replaced (one constructor for
+        every derived set: none can drop a field)."""
+        children, aux = self.tree_flatten()
+        fields = dict(
+            zip(("laws", "first", "values", "keys", "index"), children, strict=True)
+        )
+        fields.update(zip(("plate", "names", "reparam"), aux, strict=True))
+        return Likelihood(**{**fields, **changes})
+
     def observations(self, index: jax.Array) -> Likelihood:
         """Only the observations ``index`` of this (sub)set."""
-        kept = index if self.index is None else self.index[index]
-        return Likelihood(
-            self.laws,
-            self.first,
-            self.values,
-            self.keys,
-            kept,
-            self.plate,
-            self.names,
-            self.reparam,
-        )
+        return self._replace(index=index if self.index is None else self.index[index])
 
     def particles(self, index: jax.Array) -> Likelihood:
         """Only the particles ``index``."""
         laws, keys = jax.tree.map(
             lambda x: jnp.take(x, index, axis=0), (self.laws, self.keys)
         )
-        return Likelihood(
-            laws,
-            self.first,
-            self.values,
-            keys,
-            self.index,
-            self.plate,
-            self.names,
-            self.reparam,
-        )
+        return self._replace(laws=laws, keys=keys)
 
     def join(self, other: Likelihood) -> Likelihood:
         """This set's particles, then ``other``'s (of the same sites)."""
@@ -172,16 +163,7 @@ class Likelihood:
             (self.laws, self.keys),
             (other.laws, other.keys),
         )
-        return Likelihood(
-            laws,
-            self.first,
-            self.values,
-            keys,
-            self.index,
-            self.plate,
-            self.names,
-            self.reparam,
-        )
+        return self._replace(laws=laws, keys=keys)
 
 
 class ParticleTerms(NamedTuple):
