@@ -1,35 +1,11 @@
-"""Demo: predictive objectives on a misspecified regression.
+r"""Demo: predictive objectives on a misspecified regression (``make demo``).
 
-Run it with ``python -m numpyro_pvi.demo`` (or ``make demo``). The data are
-simulated with heteroskedastic noise,
-
-.. math::
-
-    y_i = 1 + \\tfrac12 x_i + \\sqrt{1 + (0.8\\, x_i)^2}\\;\\varepsilon_i,
-    \\qquad x_i \\sim U(-3, 3), \\quad \\varepsilon_i \\sim N(0, 1),
-
-and fitted with a homoskedastic linear regression
-:math:`y_i \\sim N(a + b x_i, \\sigma)`, which cannot describe the noise that
-grows with :math:`|x|`. The Bayesian posterior (and its variational
-approximation, ``Trace_ELBO``) concentrates on the wrong model and its
-predictive bands are too narrow at the edges and too wide in the middle.
-Predictive objectives (``PACmELBO``, ``PredictiveELBO``) instead spread the
-posterior of the slope so that the *posterior predictive*
-:math:`N(a + b x, \\sigma^2 + x^2 s_b^2)` widens with :math:`|x|`: with
-:math:`s_b \\approx 0.8`, :math:`\\sigma \\approx 1` it is the true
-predictive. ``SoftCVIELBO`` is a posterior approximation like ``Trace_ELBO``
-(it targets the same wrong-model posterior, by classification of guide draws
-with soft labels, without reparameterised gradients), shown for comparison.
-
-The demo prints, per objective, the held-out log predictive score
-(:func:`numpyro_pvi.predictive_score` on fresh data; higher is better) and the
-fitted posterior mean and standard deviation of each parameter, writes a
-PNG of the 90% posterior predictive bands, and ends with the fit report of
-each objective (:func:`numpyro_pvi.diagnostics.report`: PSIS k̂ read for the
-objective, ESS, PSIS-LOO, plain vs PSIS-adjusted summary).
-
-Objectives are listed in :data:`METHODS` as ``(name, loss factory)``
-entries; add an entry to compare another objective.
+Heteroskedastic data, :math:`y_i = 1 + \tfrac12 x_i + \sqrt{1 + (0.8 x_i)^2}\,
+\varepsilon_i`, are fitted with a homoskedastic linear regression. The ELBO's
+predictive bands are too narrow at the edges; the predictive objectives widen
+them. Prints each objective's held-out log score and posterior summary, writes
+a PNG of the 90% predictive bands and ends with each fit's report. Objectives
+are the entries of :data:`METHODS`.
 """
 
 from __future__ import annotations

@@ -30,27 +30,14 @@ _LIKELIHOOD_FREE = (
 class Simulator(Distribution):
     r"""A differentiable simulator used as a distribution.
 
-    Wraps a function ``fn(key, *params) -> y`` that draws
-    :math:`y \sim p(y \mid \text{params})` from a random key, differentiably
-    in ``params`` (a reparameterised sampler: all randomness comes from
-    ``key``). The likelihood is never evaluated: :meth:`log_prob` raises.
-    Such a site can be fitted with the scores that need only simulations,
-    the CRPS and the energy score (Lai & Yao 2024, Table 1; the paper fits
-    a likelihood-free cryo-EM model this way):
-
-    .. math::
-
-        S_{\rm CRPS}(q, y_i) \approx -\frac{1}{M}\sum_j |y^{\rm sim}_j - y_i|
-        + \frac{1}{2M(M-1)}\sum_{j \ne k} |y^{\rm sim}_j - y^{\rm sim}_k|,
-        \qquad y^{\rm sim}_j = \mathtt{fn}(\mathrm{key}_j, \theta_j).
-
-    ``fn`` must be traceable by JAX (it is ``vmap``-ed over particles and
-    over the draws of ``sample_shape``). Its output has shape
-    ``fn_batch_shape + event_shape``; ``batch_shape`` defaults to
-    ``fn_batch_shape`` and may be any shape that it broadcasts to, in which
-    case the missing dimensions get independent simulations (as
-    :meth:`~numpyro.distributions.Distribution.expand` does, so the site
-    works inside plates, subsampled ones included).
+    Wraps ``fn(key, *params) -> y``, a reparameterised sampler of
+    :math:`y \sim p(y \mid \text{params})` (all randomness from ``key``). The
+    likelihood is never evaluated (:meth:`log_prob` raises), so such a site is
+    fitted with the scores that need only simulations, the CRPS and the energy
+    score (Lai & Yao 2024, §5). ``fn`` must be traceable by JAX; its output has
+    shape ``fn_batch_shape + event_shape``, and a wider ``batch_shape`` gets
+    independent simulations (as :meth:`~numpyro.distributions.Distribution.expand`
+    does), so the site works inside plates, subsampled ones included.
 
     **Example**
 

@@ -1,36 +1,14 @@
 """Data- and particle-parallel objectives across devices.
 
-**Data.** Place data arrays along the data plate across devices.
-
-The objectives keep every per-observation quantity as an array along the data
-plate, so when the model's data arguments are sharded along that axis XLA's
-SPMD partitioner computes the loss and its gradient where the data live: each
-device evaluates its observations for all particles and only scalars (sums over
-observations) cross devices. Nothing in the objectives changes; only the data
-placement does::
+Every per-observation quantity is an array along the data plate, so with the
+data sharded along it XLA's SPMD partitioner computes loss and gradient where
+the data live; only sums cross devices::
 
     x, y = shard_data(x, y)          # one mesh axis "data" over all devices
     svi = SVI(model, guide, optax.adam(1e-2), loss=PredictiveELBO("crps"))
-    result = svi.run(key, 1000, x, y)
 
-Across hosts, call :func:`jax.distributed.initialize` first and build each
-array from the process-local shards (for example with
-:func:`jax.make_array_from_process_local_data`) on a mesh over
-:func:`jax.devices`; the same call then runs data-parallel over all hosts.
-
-**Particles.** :func:`shard_particles` returns a ``vectorize_particles``
-for any ELBO (this package's objectives and NumPyro's own): the particles'
-random keys are split across the devices of a mesh axis and the particles
-are ``vmap``-ed there, so each device draws and evaluates its share of the
-particles (for all observations, or for its share of them on a
-two-axis mesh with sharded data) and only the sums over particles cross
-devices::
-
-    mesh = jax.make_mesh((2, 2), ("particles", "data"),
-                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    x, y = shard_data(x, y, mesh=mesh, axis_name="data")
-    loss = PredictiveELBO("crps", num_particles=256,
-                          vectorize_particles=shard_particles(mesh, "particles"))
+:func:`shard_particles` returns a ``vectorize_particles`` for any ELBO that
+splits the particles over a mesh axis; on a two-axis mesh both are split.
 """
 
 from __future__ import annotations

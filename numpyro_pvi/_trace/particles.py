@@ -1,24 +1,10 @@
-"""The particle machinery shared by every objective in :mod:`numpyro_pvi`.
+"""The particle machinery shared by every objective: :func:`particle_terms`.
 
-One entry, :func:`particle_terms`, draws particles from the guide, replays the
-model against each of them and returns a
-:class:`~numpyro_pvi.particles.ParticleTerms`; a :class:`ParticleSpec` says
-what the caller needs. Its stages live in one module each:
-
-- :mod:`numpyro_pvi._trace.tracing`: one particle, a guide trace and the model
-  replayed on it;
-- :mod:`numpyro_pvi._trace.particles`: the fields one particle fills, by
-  request;
-- :mod:`numpyro_pvi._trace.data_plate`: the data plate and each observed site's
-  per-observation arrays;
-- :mod:`numpyro_pvi.particles`: the terms, their weights and the reductions
-  over particles that scores use.
-
-Quantities that do not depend on the particle (the data plate, the observed
-values, the observation weights, the subsample scale, the strata weights) are
-read once from one trace; the per-particle quantities are computed under the
-objective's ``vectorize_particles_fn`` (``vmap`` by default). Everything runs
-under ``jit`` and shards along the data plate with :mod:`jax.sharding`.
+It draws particles from the guide, replays the model against each and
+returns :class:`~numpyro_pvi.particles.ParticleTerms`; a :class:`ParticleSpec`
+says what the caller needs. Quantities that do not depend on the particle are
+read once from one trace; the rest under the objective's
+``vectorize_particles_fn`` (``vmap`` by default), all under ``jit``.
 """
 
 from __future__ import annotations
@@ -97,39 +83,22 @@ class ParticleSpec:
     """What a caller asks of :func:`particle_terms`.
 
     :ivar num_particles: ``M``, draws from the guide (per stratum).
-    :ivar requests: quantities wanted besides the latent log densities and
-        the weights, a subset of :data:`~numpyro_pvi.particles.REQUESTS`.
-        ``"weight"`` raises when the observed sites of one observation have
-        different constant handler scales (traced scales that differ give a
-        NaN weight).
-    :ivar data_plate: the plate that indexes observations (``None``: the
-        plate shared by all observed sites; ``WHOLE_DATA``: no data plate).
+    :ivar requests: quantities wanted besides the latent log densities and the
+        weights, a subset of :data:`~numpyro_pvi.particles.REQUESTS`.
+    :ivar data_plate: the plate that indexes observations (``None``: the plate
+        the observed sites share; ``WHOLE_DATA``: none).
     :ivar objective: the caller's name, for messages.
-    :ivar require_reparam: raise when a latent site of the guide, or an
-        observed site whose draws ``"y_sim"`` are requested, has no
-        reparameterised sampler. With ``False`` no gradient flows through
-        the draws: the guide draws with its parameters' gradient stopped,
-        and the model, replayed on them, keeps its own parameters'.
-    :ivar require_observed: raise when the model has no observed site. With
-        ``False`` such a model has no observation (``b = 0``).
-    :ivar fixed_observations: raise when an observed site of the data plate
-        observes a value computed from the latent draws (a term of the joint
-        density, which no predictive score is defined for); ``False`` for
-        the callers that read the joint density only.
+    :ivar require_reparam: refuse sites without a reparameterised sampler; with
+        ``False`` the guide draws with its parameters' gradient stopped.
+    :ivar require_observed: refuse a model without observed site.
+    :ivar fixed_observations: refuse an observed value computed from the
+        latent draws.
     :ivar stratified: draw ``M`` particles from each stratum of a
-        :class:`~numpyro_pvi.particles.StratifiedGuide`, weighted by its
-        strata weights; ``False`` draws ``M`` i.i.d. particles from any
-        guide (estimators defined for i.i.d. sets of draws: PSIS, the
-        contrastive objectives). Guides without strata always give ``M``
-        i.i.d. draws of weight ``1/M``.
-    :ivar held_out: the observations are scored as held-out data: the local
-        latents of a guide that reads the data (an amortized encoder,
-        :func:`~numpyro_pvi._trace.structure.amortized_latents`) enter the
-        log-likelihood as the importance weight of the marginal,
-        :math:`\\log p(y_i \\mid z_i, \theta) + \\log p(z_i \\mid \theta) -
-        \\log q(z_i \\mid y_i)`, and the other scores' requests are refused.
-    :ivar vectorize: how to map over particles (``vmap`` or ``lax.map``),
-        an ELBO's ``vectorize_particles_fn``.
+        :class:`~numpyro_pvi.particles.StratifiedGuide`; ``False`` draws i.i.d.
+    :ivar held_out: score the observations as held-out data: an amortized
+        guide's local latents enter as the importance weight of the marginal.
+    :ivar vectorize: how to map over particles, an ELBO's
+        ``vectorize_particles_fn``.
     """
 
     num_particles: int

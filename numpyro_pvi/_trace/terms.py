@@ -169,41 +169,30 @@ class Likelihood:
 class ParticleTerms(NamedTuple):
     """The terms of ``M`` particles: what every objective and score reads.
 
-    ``M`` counts the particles (``K * M`` when stratified: strata are
-    consecutive blocks of ``M``), ``b`` the observations of the data plate
-    in this (sub)sample, ``d`` the values of one observation. Fields that
-    were not requested are ``None``.
+    ``M`` counts the particles (``K * M`` when stratified, strata in consecutive
+    blocks), ``b`` the observations in this (sub)sample, ``d`` the values of one
+    observation. Fields not requested are ``None``.
 
-    :ivar log_prior: ``(M,)`` log density of the latent sites under the
-        model (scaled as NumPyro scales them), and of the observed sites
-        outside the data plate (terms of the joint density).
+    :ivar log_prior: ``(M,)`` log density of the latent sites (scaled), and of
+        observed sites outside the data plate.
     :ivar log_q: ``(M,)`` log density of the guide at its draws (scaled).
     :ivar weights: :class:`Weights`.
-    :ivar num_strata: the number of strata (a Python integer; 1 for i.i.d.
-        draws).
+    :ivar num_strata: the number of strata (a Python integer).
     :ivar log_lik: ``(M, b)`` log-likelihood of each observation (unscaled).
-    :ivar log_lik_scaled: ``(M, b)`` the same with each site's own scale:
-        ``log_prior + log_lik_scaled.sum(1)`` is the log joint density.
-    :ivar log_lik_sim: ``(M, b)`` the log-likelihood of one simulation of
-        each observation (how far it lies in each draw's predictive).
-    :ivar mask: ``(b,)`` ``False`` for an observation that masks remove
-        entirely; ``None`` when none is.
-    :ivar y_obs: ``(b, d)`` the observed values, one flattened row per
-        observation (several observed sites concatenated; ``0`` at a masked
-        component).
-    :ivar likelihood: the observed sites' distributions at each particle,
-        :class:`Likelihood`.
+    :ivar log_lik_scaled: ``(M, b)`` the same with each site's scale.
+    :ivar log_lik_sim: ``(M, b)`` the log-likelihood of one simulation of each
+        observation.
+    :ivar mask: ``(b,)`` ``False`` for an observation masks remove; or ``None``.
+    :ivar y_obs: ``(b, d)`` the observed values, one flattened row each.
+    :ivar likelihood: the observed sites' distributions, :class:`Likelihood`.
     :ivar log_q_fixed: ``(M,)`` ``log q_φ`` at the draws with their gradient
-        stopped: its gradient is the score function.
+        stopped.
     :ivar latents: ``{site: (M, *shape)}`` the model's latent values.
     :ivar guide_draws: ``{site: (M, *shape)}`` the guide's own sample sites.
-    :ivar observed: ``{site: value}`` the observed values as the model
-        computes them.
-    :ivar entropy: the guide's entropy (or a bound) in closed form, where
-        the guide supplies one.
+    :ivar observed: ``{site: value}`` the observed values.
+    :ivar entropy: the guide's entropy (or a bound) in closed form, if any.
     :ivar mutable_state: the ``numpyro.mutable`` sites after one trace.
-    :ivar observation_sites: :class:`~numpyro_pvi.particles.ObservationSites`
-        of the data plate.
+    :ivar observation_sites: :class:`~numpyro_pvi.particles.ObservationSites`.
     """
 
     log_prior: jax.Array

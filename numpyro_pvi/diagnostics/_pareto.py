@@ -89,40 +89,21 @@ def _min_sample_size(k: float) -> float:
 def pareto_smooth(
     log_ratio: Any, *, constant_rtol: float | None = None
 ) -> ParetoSmoothing:
-    r"""Pareto-smooth importance log ratios with ArviZ's PSIS.
+    r"""Pareto-smooth importance log ratios with ArviZ's PSIS (relative
+    efficiency 1: the guide's draws are independent).
 
-    ArviZ's Pareto fit does the smoothing (``arviz.psislw`` on ArviZ 0.2x,
-    ``arviz_stats.base.array_stats.psislw`` on ArviZ ≥ 1.0), with relative
-    efficiency 1: the guide's draws are independent.
-
-    Draws whose log ratio is ``-inf`` (zero model density, e.g. a guide
-    wider than the model's support, or a likelihood that underflows) get
-    weight zero and are counted in ``num_zero_density``; they stay among the
-    ``S`` draws, so the tail is the largest ``M`` of all ``S`` ratios, as in
-    :func:`numpyro.infer.psis_diagnostic`, and k̂ is what the finite ratios
-    of that tail imply. Ratios whose spread is below ``constant_rtol *
-    max(1, max|log r|)`` are *constant* (the guide is exact up to rounding):
-    the generalized Pareto fit is undefined there (it returns ``+inf``), so
-    the outcome reported is k̂ = ``-inf``, uniform weights, ``ess_is = S``
-    and the note ``"constant weights"``; finite ratios that are constant
-    beside ``-inf`` ones are bounded weights, uniform over the draws of
-    positive density (k̂ = ``-inf``, no note: the guide is not exact). With
-    fewer than 5 draws in the tail (``S < 21`` on ArviZ 0.2x, ``S < 25`` on
-    ArviZ ≥ 1.0, whose tail is a draw shorter) no tail can be fitted: k̂ =
-    ``inf`` and the weights are the raw normalised ratios, as ArviZ 0.2x
-    reports it; a fit that fails (NaN from arviz-stats on very short tails)
-    is reported as k̂ = ``inf`` too.
+    Draws of log ratio ``-inf`` (zero model density) get weight zero, are
+    counted in ``num_zero_density`` and stay among the ``S`` draws, as in
+    :func:`numpyro.infer.psis_diagnostic`. Ratios constant to ``constant_rtol``
+    (an exact guide) read k̂ = ``-inf``, uniform weights and the note
+    ``"constant weights"``. Too few draws for a tail, or a failed fit, read
+    k̂ = ``inf`` with the raw normalised ratios.
 
     :param log_ratio: ``(S,)`` log importance ratios
         :math:`\log p(\theta_s, y) - \log q(\theta_s)`.
     :param constant_rtol: relative spread below which the ratios count as
         constant; default ``sqrt`` of the float64 machine epsilon.
     :return: :class:`~numpyro_pvi.diagnostics.ParetoSmoothing`.
-
-    **References**
-
-    1. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
-       Gabry (JMLR 2024).
     """
     lr = np.asarray(log_ratio, dtype=np.float64).reshape(-1)
     num = lr.size

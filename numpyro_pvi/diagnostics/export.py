@@ -72,67 +72,28 @@ def to_inference_data(
 ) -> Container:
     r"""Draws of a fitted guide with the pointwise log-likelihood, for ArviZ.
 
-    The ``log_likelihood`` group holds :math:`\log p(y_i \mid \theta_s)` for
-    every observation :math:`y_i` of the data plate (several observed sites
-    at index :math:`i` form one observation, their log-likelihoods summed),
-    so :func:`arviz.loo`, :func:`arviz.waic`, :func:`arviz.compare` and
-    :func:`arviz.plot_posterior` work on any fitted guide. The draws are
-    independent, so pass ``reff=1`` where ArviZ asks for it (it is the value
-    ArviZ estimates for one chain of independent draws). Handler scales of
-    the observed sites are applied as NumPyro applies them, so the pointwise
-    values sum to the model's (scaled) log-likelihood. The values are stored
-    in float64 (ArviZ's Pareto smoothing of float32 values overflows).
+    The ``log_likelihood`` group holds :math:`\log p(y_i \mid \theta_s)` per
+    observation of the data plate (several observed sites at one index summed,
+    handler scales applied), in float64, so :func:`arviz.loo`,
+    :func:`arviz.waic` and :func:`arviz.compare` work on any fitted guide; the
+    draws are independent (``reff=1``).
 
-    **PSIS-LOO assumes a Bayesian posterior.** It estimates the leave-one-out
-    predictive of the posterior the draws come from; for a fit made with a
-    predictive objective (:class:`~numpyro_pvi.PredictiveELBO`,
-    :class:`~numpyro_pvi.PACmELBO`) the draws do not target the Bayesian
-    posterior, and its ``elpd_loo`` is not a held-out score of that fit
-    (the root attribute ``psis_loo`` says so). Pass the objective as
-    ``loss=``: it is recorded (root attributes ``objective`` and
-    ``targets_posterior``), and for an objective that does not target the
-    posterior the pointwise log-likelihood is stored in the group
-    ``pointwise_log_likelihood`` instead of ``log_likelihood``, so that
-    :func:`arviz.loo`, :func:`arviz.waic` and :func:`arviz.compare` refuse it
-    (they find no log-likelihood) rather than rank the fit by a number that
-    does not measure it; the draws, observed data and ``lp``/``log_q`` stay
-    for plots and predictive checks. Compare fits of any objective with
-    :func:`~numpyro_pvi.selection.cross_validate`:
-    ``arviz.compare(cv.to_elpd())`` ranks them by held-out log score.
+    **PSIS-LOO assumes a Bayesian posterior.** Pass the objective as ``loss=``:
+    it is recorded (root attributes ``objective``, ``targets_posterior``), and
+    for a fit that does not target the posterior (:class:`~numpyro_pvi.PredictiveELBO`,
+    :class:`~numpyro_pvi.PACmELBO`) the pointwise log-likelihood is stored as
+    ``pointwise_log_likelihood``, so that ArviZ's LOO refuses it rather than rank
+    the fit by a number that does not measure it. Compare such fits with
+    ``arviz.compare(cv.to_elpd())`` of :func:`~numpyro_pvi.selection.cross_validate`.
 
-    Groups (dims ``(chain=1, draw=S, ...)``; axes indexed by a plate are named
-    after the plate):
-
-    - ``posterior``: the guide draws of every latent site (constrained);
-    - ``log_likelihood``: one variable, named after the observed site (the
-      names joined by ``"__"`` for several), with dims ``(chain, draw,
-      <data plate>)``;
-    - ``observed_data``: the observed values of every observed site;
-    - ``sample_stats``: ``lp`` (:math:`\log p(\theta_s, y)`, every site with
-      its handler scale) and ``log_q`` (:math:`\log q(\theta_s)`) of the same
-      draws: what ArviZ ≥ 1.0's ``arviz_stats.loo_approximate_posterior(data,
-      data.sample_stats.lp, data.sample_stats.log_q)`` needs to correct
-      PSIS-LOO for the difference between the guide and the posterior
-      (Magnusson et al. 2019);
-    - ``posterior_predictive``: every observed site of the data plate
-      simulated at each draw (the model run with its observed sites
-      sampled), so ``az.plot_ppc``, ``az.loo_pit`` (0.2x),
-      ``arviz_stats.loo_pit`` and ``arviz_plots.plot_ppc_pit`` (≥ 1.0) run
-      on the container as it is;
-    - ``constant_data``: the model's array arguments other than the observed
-      data, by their parameter names (an axis as long as the data plate is
-      named after it);
-    - with ``predictions={"x": x_new, ...}`` (new values of the model's
-      arguments, by name; the observed data are left out): ``predictions``,
-      the observed sites simulated at the new inputs from the same draws,
-      and ``predictions_constant_data``, the new inputs.
-
-    On ArviZ ≥ 1.0, ``arviz_base.from_numpyro_svi`` also converts an SVI fit;
-    use it for the posterior draws (and its own ``log_likelihood`` of each
-    observed site). This function adds what LOO needs when an observation is
-    more than one site: one pointwise log-likelihood per index of the data
-    plate (several observed sites at that index summed, handler scales
-    applied), and the ``lp``/``log_q`` of the approximation correction.
+    Groups (dims ``(chain=1, draw=S, ...)``, plate axes named after the plate):
+    ``posterior`` (constrained guide draws); ``log_likelihood``;
+    ``observed_data``; ``sample_stats`` (``lp`` and ``log_q`` of the draws, for
+    ``arviz_stats.loo_approximate_posterior``, Magnusson et al. 2019);
+    ``posterior_predictive`` (the observed sites simulated at each draw, for
+    ``az.plot_ppc`` and LOO-PIT); ``constant_data`` (the model's other array
+    arguments); and with ``predictions={"x": x_new}`` the groups
+    ``predictions`` and ``predictions_constant_data``.
 
     :param rng_key: random key.
     :param params: the fitted parameters (e.g. ``svi_result.params``).
@@ -154,11 +115,11 @@ def to_inference_data(
 
     **References**
 
-    1. *Practical Bayesian model evaluation using leave-one-out
-       cross-validation and WAIC*, Vehtari, Gelman, Gabry (Statistics and
-       Computing 2017).
-    2. *Bayesian leave-one-out cross-validation for large data*, Magnusson,
-       Andersen, Jonasson, Vehtari (ICML 2019).
+    1. Vehtari, A., Gelman, A. & Gabry, J. (2017). *Practical Bayesian model
+       evaluation using leave-one-out cross-validation and WAIC*. Statistics
+       and Computing 27.
+    2. Magnusson, M., Andersen, M., Jonasson, J. & Vehtari, A. (2019).
+       *Bayesian leave-one-out cross-validation for large data*. ICML.
     """
     where = "to_inference_data"
     params, model, guide = check_fitted_call(

@@ -141,22 +141,13 @@ def heterogeneity(
 ) -> Container:
     r"""Flag the parameters whose PVI posterior stays wider than the VI one.
 
-    For every scalar component :math:`\theta_k` of every latent site, the
-    posterior sd under the PVI fit and the VI fit (from ``num_draws`` draws
-    of each guide) and their ratio
-    :math:`\rho_k = \mathrm{sd}_{PVI}(\theta_k) / \mathrm{sd}_{VI}(\theta_k)`;
-    :math:`\rho_k >` ``threshold`` flags :math:`\theta_k` as varying in the
-    population (Lai & Yao 2024, §2.5): the model treats it as fixed but the
-    data call for a distribution over it — provided the predictive score
-    identifies its spread. It does not when every observed site is a single
-    binary or categorical outcome (the predictive depends on q only through
-    the mean probabilities; every component is then ``"not identified"``),
-    nor for a component whose PVI sd is at least half its prior sd (the
-    spread is the prior's: ``"not identified"``, not flagged).
-
-    The arguments are those of every function on a fitted guide,
-    ``(rng_key, params, model, guide, *args)``, for the PVI fit; the VI fit
-    it is compared with is the reference.
+    For every scalar component :math:`\theta_k` of every latent site,
+    :math:`\rho_k = \mathrm{sd}_{PVI}(\theta_k) / \mathrm{sd}_{VI}(\theta_k)`
+    from ``num_draws`` draws of each guide; :math:`\rho_k >` ``threshold`` flags
+    :math:`\theta_k` as varying in the population (Lai & Yao 2024, §2.5). A
+    spread the predictive score does not identify is read ``"not identified"``,
+    not flagged: every observed site a single binary or categorical outcome, or
+    a PVI sd at least half the prior sd.
 
     **Example**::
 
@@ -165,34 +156,28 @@ def heterogeneity(
         >>> plot_heterogeneity(data)
 
     :param rng_key: random key.
-    :param params: the parameters fitted with a predictive objective
-        (e.g. :class:`~numpyro_pvi.PredictiveELBO`).
+    :param params: the parameters fitted with a predictive objective.
     :param model: the NumPyro model both guides were fitted to.
     :param guide: the guide of ``params``.
     :param args: positional arguments of model and guides.
-    :param reference_params: the parameters fitted with the ELBO (e.g.
-        :class:`~numpyro.infer.Trace_ELBO`).
+    :param reference_params: the parameters fitted with the ELBO.
     :param reference_guide: the guide of ``reference_params``; ``guide``
         when ``None``.
     :param num_draws: draws per guide (at least 2).
-    :param threshold: sd ratio above which a component is flagged (> 1). The
-        ratio of a varying parameter grows like :math:`\sqrt{n}`; that of a
-        fixed one stays of order one (scale parameters of a misspecified
-        likelihood can reach about 3), hence the default 5.
+    :param threshold: sd ratio above which a component is flagged (> 1); a
+        varying parameter's ratio grows like :math:`\sqrt{n}`, a fixed one's
+        stays of order one, hence the default 5.
     :param kwargs: keyword arguments of model and guides.
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
-        ArviZ ≥ 1.0, whose group ``heterogeneity`` is over dim ``parameter``
-        (labels like ``beta[1]``) with ``vi_mean``, ``pvi_mean``, ``vi_sd``,
-        ``pvi_sd``, ``prior_sd``, ``ratio``, ``reading``
-        (``"heterogeneous"``, ``"not identified"`` or ``"ok"``) and the
-        boolean ``flagged`` (heterogeneous); its attrs hold the threshold,
-        ``identified`` (0 when the outcomes identify no spread) and the
-        ``identification`` explanation.
+        ArviZ ≥ 1.0, with group ``heterogeneity`` over dim ``parameter``:
+        ``vi_mean``, ``pvi_mean``, ``vi_sd``, ``pvi_sd``, ``prior_sd``,
+        ``ratio``, ``reading`` and ``flagged``; attrs ``threshold``,
+        ``identified`` and ``identification``.
 
     **References**
 
-    1. *Predictive variational inference: Learn the predictively optimal
-       posterior distribution*, Jinlin Lai, Yuling Yao (2024).
+    1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
+       predictively optimal posterior distribution*. arXiv:2410.14843.
     """
     reference_guide = guide if reference_guide is None else reference_guide
     params, model, guide = check_fitted_call(

@@ -74,11 +74,9 @@ def approximate_loo_weights(
     r"""The leave-one-out importance weights of a variational fit's draws,
     corrected for the approximation, for ArviZ's LOO-PIT.
 
-    The log ratios :math:`\log p(\theta_s, y) - \log q(\theta_s) - \log p(y_i
-    \mid \theta_s)` of :func:`approximate_loo`, Pareto-smoothed and
-    normalised per observation. ArviZ's ``loo_pit`` computes its weights from
-    the log-likelihood alone, treating the guide's draws as posterior draws;
-    with these it weights them towards each leave-one-out posterior:
+    The log ratios of :func:`approximate_loo`, Pareto-smoothed and normalised
+    per observation (ArviZ's ``loo_pit`` would treat the guide's draws as
+    posterior draws):
 
     .. code-block:: python
 
@@ -90,17 +88,16 @@ def approximate_loo_weights(
     :param data: the result of :func:`to_inference_data` of a fit whose
         objective targets the posterior.
     :param var_names: the ``log_likelihood`` variables (default: all).
-    :return: ``log_weights`` (dims of the log-likelihood: ``chain``,
-        ``draw`` and the observation's) and ``pareto_k`` (the observation's
-        dims), ``xarray.Dataset`` with one variable per observed site.
+    :return: ``log_weights`` and ``pareto_k``, ``xarray.Dataset`` with one
+        variable per observed site.
 
     **References**
 
-    1. *Bayesian leave-one-out cross-validation for large data*, Magnusson,
-       Andersen, Jonasson, Vehtari (ICML 2019).
-    2. *Practical Bayesian model evaluation using leave-one-out
-       cross-validation and WAIC*, Vehtari, Gelman, Gabry (Statistics and
-       Computing 2017), §5 (LOO-PIT).
+    1. Magnusson, M., Andersen, M., Jonasson, J. & Vehtari, A. (2019).
+       *Bayesian leave-one-out cross-validation for large data*. ICML.
+    2. Vehtari, A., Gelman, A. & Gabry, J. (2017). *Practical Bayesian model
+       evaluation using leave-one-out cross-validation and WAIC*. Statistics and
+       Computing 27, §5.
     """
     stats = _posterior_export(data, "approximate_loo_weights")
     group = dataset(

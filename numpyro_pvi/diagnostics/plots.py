@@ -102,32 +102,17 @@ def plot_vsbc(
 ) -> np.ndarray:
     """Plot VSBC results, one panel per scalar component.
 
-    ``kind="hist"`` draws the histogram of :math:`p` (as Figures 1, 6 and 8
-    of Yao et al. 2018) with the uniform expectation (dotted);
-    ``kind="ecdf"`` draws the ECDF of :math:`p` minus the uniform CDF with
-    its simultaneous band (Säilynoja et al. 2022), at the level at which the
-    band agrees with the corrected uniformity p-value: the ECDF leaves the
-    band, and turns red, exactly when uniformity is rejected. Every title
-    gives the three verdicts of the ``vsbc_symmetry`` group — bias
-    (symmetry), spread (dispersion, with ``spread_ratio``) and uniformity —
-    and, above the panels, how many replications had not converged. On
-    ArviZ ≥ 1.0, ``arviz_plots.plot_ecdf_pit(idata)`` draws ArviZ's ECDF of
-    the same values from the ``prior_sbc`` group.
+    ``kind="hist"``: the histogram of :math:`p` (as Yao et al. 2018) with the
+    uniform expectation; ``kind="ecdf"``: the ECDF of :math:`p` minus the uniform
+    CDF with its simultaneous band (Säilynoja et al. 2022), at the level where
+    leaving the band (red) is exactly a rejected uniformity. Titles give the
+    three verdicts and how many replications had not converged.
 
     :param idata: the result of :func:`vsbc`.
     :param kind: ``"hist"`` or ``"ecdf"``.
-    :param var_names: latent site or test quantity name(s) to plot; default
-        all.
+    :param var_names: latent site or test quantity name(s); default all.
     :param figsize: figure size; default scales with the number of panels.
     :return: 1-D array of the matplotlib axes, one per component.
-
-    **References**
-
-    - Yao, Y., Vehtari, A., Simpson, D. & Gelman, A. (2018). *Yes, but did
-      it work?: Evaluating variational inference.* ICML.
-    - Säilynoja, T., Bürkner, P.-C. & Vehtari, A. (2022). *Graphical test for
-      discrete uniformity and its applications in goodness-of-fit evaluation
-      and multiple sample comparison.* Statistics and Computing.
     """
     if kind not in ("hist", "ecdf"):
         raise ValueError(f"`kind` must be 'hist' or 'ecdf', got {kind!r}.")

@@ -85,37 +85,19 @@ def predictive_calibration(
 ) -> Container:
     r"""Calibration of a method's posterior predictive on held-out data.
 
-    For each of ``replications.num_simulations`` data sets :math:`y` from
-    the data-generating process: pick one observation :math:`j` of the data
-    plate at random, fit a fresh guide with ``num_svi_steps`` steps of
-    ``loss`` to :math:`y_{-j}` (the observation masked out of every observed
-    site, as :func:`~numpyro_pvi.selection.mask_observations` does), and
-    rank :math:`y_j` among ``num_draws`` draws of the fitted posterior
-    predictive (``pit_ranks``: the PIT, randomised for discrete
-    outcomes). Per scalar component of an observation (per observed site),
-    the ranks of all data sets are tested as VSBC's are: ``direction``
-    (symmetry: the predictive is shifted), ``dispersion`` (``"too
-    narrow"``: the predictive intervals under-cover, a U-shaped PIT
-    histogram; ``"too wide"``) and ``p_value_uniformity`` (the simultaneous
-    ECDF band), corrected for multiplicity over the components.
-
-    The data sets come from the model's prior predictive (the Bayesian
-    posterior predictive is then calibrated by construction, so any flag is
-    the approximation's or the objective's) or from
-    ``replications.data_generator`` — a
-    function ``rng_key -> {observed site: value}`` called once per data set
-    outside ``jit`` (it may use NumPy), e.g. a distribution the model does
-    not contain, which makes the misspecified case: there PVI's predictive
-    can be calibrated where the Bayesian one is too narrow (Lai & Yao 2024).
-
-    Each replication has one held-out observation, so the ranks of
-    different data sets are independent, as the tests assume. A held-out
-    observation's local latent (if any) keeps only its prior term in the
-    fit: it is predicted as a new group would be.
-
-    The call shape is that of every procedure that fits, NumPyro's
-    :func:`~numpyro.infer.calibration.vsbc_diagnostic`'s; how the data sets
-    are simulated, fitted and read travels in ``replications``.
+    For each of ``replications.num_simulations`` data sets :math:`y`: pick one
+    observation :math:`j` of the data plate at random, fit a fresh guide with
+    ``loss`` to :math:`y_{-j}` (masked, as
+    :func:`~numpyro_pvi.selection.mask_observations` does), and rank :math:`y_j`
+    among ``num_draws`` draws of the fitted posterior predictive (the PIT,
+    randomised for discrete outcomes). Per scalar component the ranks are
+    tested as VSBC's: ``direction``, ``dispersion`` (``"too narrow"``: a
+    U-shaped PIT histogram) and ``p_value_uniformity``, corrected for
+    multiplicity. The data sets come from the prior predictive (the Bayesian
+    predictive is then calibrated by construction) or from
+    ``replications.data_generator`` (``rng_key -> {site: value}``, called outside
+    ``jit``), e.g. a misspecified process, where PVI's predictive can be
+    calibrated and the Bayesian one too narrow (Lai & Yao 2024).
 
     **Example**::
 
@@ -133,12 +115,8 @@ def predictive_calibration(
     :param loss: the objective, e.g. ``Trace_ELBO()`` or
         ``PredictiveELBO("log")``.
     :param args: positional arguments of the model and guide.
-    :param replications: a :class:`~numpyro_pvi.Replications`: the
-        number of data sets (≥ 2), SVI steps per fit, posterior-predictive
-        draws ``L`` per rank, how the fits are dispatched, and optionally
-        the ``data_generator`` (``rng_key -> dict`` of observed values,
-        shaped as the model observes them; default the model's prior
-        predictive).
+    :param replications: a :class:`~numpyro_pvi.Replications`: data sets (≥ 2),
+        SVI steps per fit, draws ``L`` per rank, dispatch, ``data_generator``.
     :param data_plate: the plate (or negative batch dimension) that indexes
         observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param observed_sites: names of the observed sites; default those
@@ -147,26 +125,22 @@ def predictive_calibration(
     :param alpha: level of the verdicts.
     :param kwargs: keyword arguments of the model and guide.
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
-        ArviZ ≥ 1.0, with data sets along ``draw``: ``calibration`` (per
-        ``component`` of an observation, coord ``variable`` = observed site:
-        ``direction``, ``p_value_adjusted`` and the symmetry test's other
-        variables, ``dispersion``, ``p_value_dispersion``,
-        ``spread_ratio``, ``p_value_uniformity``,
-        ``p_value_uniformity_unadjusted``, ``num_extreme``),
-        ``calibration_pit`` (the PIT values :math:`(r + 1/2)/(L + 1)` per
-        component, and the held-out index ``held_out``),
-        ``calibration_histogram`` and ``calibration_fit_stats`` (as VSBC's).
+        ArviZ ≥ 1.0, with data sets along ``draw``: ``calibration`` (the tests'
+        variables per ``component``, as VSBC's ``vsbc_symmetry``),
+        ``calibration_pit`` (PIT values :math:`(r + 1/2)/(L + 1)` and the
+        held-out index ``held_out``), ``calibration_histogram`` and
+        ``calibration_fit_stats``.
 
     **References**
 
-    - Dawid, A. P. (1984). *Statistical theory: the prequential approach.*
-      JRSS A (the probability integral transform).
-    - Czado, C., Gneiting, T. & Held, L. (2009). *Predictive model
-      assessment for count data.* Biometrics (the randomised PIT).
+    - Dawid, A. P. (1984). *Statistical theory: the prequential approach.* JRSS A.
+    - Czado, C., Gneiting, T. & Held, L. (2009). *Predictive model assessment
+      for count data.* Biometrics.
     - Säilynoja, T., Bürkner, P.-C. & Vehtari, A. (2022). *Graphical test for
-      discrete uniformity ...* Statistics and Computing.
+      discrete uniformity and its applications in goodness-of-fit evaluation
+      and multiple sample comparison.* Statistics and Computing.
     - Lai, J. & Yao, Y. (2024). *Predictive variational inference: learn the
-      predictively optimal posterior distribution.*
+      predictively optimal posterior distribution.* arXiv:2410.14843.
     """
     replications = check_recipe(
         replications, Replications, "replications", _WHERE, kwargs

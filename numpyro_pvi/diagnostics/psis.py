@@ -61,43 +61,21 @@ def psis(
 ) -> Container:
     r"""PSIS k̂ diagnostic of a fitted guide, in ArviZ's container.
 
-    Draws :math:`\theta_s \sim q` (:math:`s = 1..S`), evaluates the log ratios
-    :math:`\log r_s = \log p(\theta_s, y) - \log q(\theta_s)` in one
-    vectorised pass and Pareto-smooths them with ArviZ
-    (:func:`~numpyro_pvi.diagnostics.pareto_smooth`)
-    (Yao et al. 2018). k̂ < 0.5: the guide is reliable; k̂ < ``good_k``: use
-    the PSIS-adjusted estimates; otherwise neither can be trusted.
+    Draws :math:`\theta_s \sim q`, evaluates :math:`\log r_s = \log p(\theta_s,
+    y) - \log q(\theta_s)` in one vectorised pass and Pareto-smooths them
+    (Yao et al. 2018). k̂ < 0.5: the guide is reliable; k̂ < ``good_k``: use the
+    PSIS-adjusted estimates; otherwise neither. While the 95% interval of k̂
+    (its standard error about :math:`(1 + \hat k)/\sqrt{M}` for a tail of
+    :math:`M` draws) contains a threshold, more log ratios are drawn, four times
+    as many a round, up to ``max_draws``. Pass the ``loss`` the guide was fitted
+    with: for an objective that does not target the Bayesian posterior a large
+    k̂ is the intended distance from it, and the verdict says so.
 
-    **k̂ is an estimate.** Its Monte Carlo standard error is about
-    :math:`(1 + \hat k)/\sqrt M` for a tail of :math:`M \approx 3\sqrt S`
-    draws (±0.13 at :math:`S = 2000` and k̂ ≈ 0.6: one fit's verdict
-    changed between keys). While the 95% interval of k̂ contains a
-    threshold (0.5 or ``good_k``) more log ratios are drawn, four times as
-    many each round, up to ``max_draws`` (only the ratios: the stored draws
-    stay ``num_draws``); a verdict still borderline then says so.
-
-    **The objective.** Pass the ``loss`` the guide was fitted with: for an
-    objective that does not target the Bayesian posterior
-    (:class:`~numpyro_pvi.PredictiveELBO`, :class:`~numpyro_pvi.PACmELBO`)
-    a large k̂ measures the intended distance of the fit from the Bayesian
-    posterior, and the verdict says so instead of calling the fit
-    unreliable.
-
-    Groups (dims ``(chain=1, draw=S)``):
-
-    - ``posterior``: the guide draws of every latent site (constrained), the
-      same draws whose weights are reported;
-    - ``sample_stats``: ``lp`` (:math:`\log p(\theta, y)`, every site with
-      its handler scale, as :func:`numpyro.infer.util.log_density`), ``log_q``,
-      ``log_ratio`` and ``log_weight`` (smoothed, normalised);
-    - ``psis``: scalars ``pareto_k``, ``pareto_k_se``, ``good_k``,
-      ``ess_is`` (of the stored draws' weights), ``min_ss``,
-      ``tail_length``, ``num_zero_density`` (draws
-      the model gives zero density: weight zero; the guide puts mass
-      outside the posterior's support) and ``num_ratio_draws`` (the draws k̂
-      is fitted to); attrs name the method, the thresholds, the objective
-      and a ``note`` (``"constant weights"`` for an exact guide, reported as
-      k̂ = −inf with ``ess_is = S``).
+    Groups (dims ``(chain=1, draw=S)``): ``posterior`` (the draws);
+    ``sample_stats`` (``lp``, ``log_q``, ``log_ratio``, ``log_weight``); ``psis``
+    (``pareto_k``, ``pareto_k_se``, ``good_k``, ``ess_is``, ``min_ss``,
+    ``tail_length``, ``num_zero_density``, ``num_ratio_draws``; attrs: method,
+    thresholds, objective, ``note``; an exact guide reads k̂ = −inf).
 
     :param rng_key: random key.
     :param params: the fitted parameters (e.g. ``svi_result.params``).
@@ -107,8 +85,7 @@ def psis(
     :param loss: the objective the guide was fitted with (``None``: read k̂
         as for a Bayesian fit).
     :param num_draws: ``S``, the number of draws stored (at least 2).
-    :param max_draws: the most log ratios drawn to make the verdict stable
-        (``num_draws`` or less: no more are drawn).
+    :param max_draws: the most log ratios drawn to make the verdict stable.
     :param chunk_size: evaluate the draws in chunks of this size with
         ``lax.map`` to bound memory; ``None`` evaluates all at once.
     :param kwargs: keyword arguments of model and guide.
@@ -117,10 +94,10 @@ def psis(
 
     **References**
 
-    1. *Yes, but Did It Work?: Evaluating Variational Inference*, Yuling Yao,
-       Aki Vehtari, Daniel Simpson, Andrew Gelman (ICML 2018).
-    2. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
-       Gabry (JMLR 2024).
+    1. Yao, Y., Vehtari, A., Simpson, D. & Gelman, A. (2018). *Yes, but did it
+       work?: Evaluating variational inference*. ICML.
+    2. Vehtari, A., Simpson, D., Gelman, A., Yao, Y. & Gabry, J. (2024).
+       *Pareto smoothed importance sampling*. JMLR 25(72).
     """
     params, model, guide = check_fitted_call(
         "psis", params, model, guide, needs_density=True, args=args, kwargs=kwargs

@@ -69,43 +69,29 @@ def report(
 ) -> Container:
     r"""Whether a fit worked, in one ArviZ container and a short text.
 
-    From one set of ``num_draws`` draws of the fitted guide (the draws
-    :func:`~numpyro_pvi.diagnostics.psis` and
-    :func:`~numpyro_pvi.diagnostics.to_inference_data` give with the same
-    ``rng_key``), in one container:
-
-    - **PSIS k̂** with Yao et al.'s verdict and its reason — for a fit made
-      with an objective that does not target the Bayesian posterior
-      (:class:`~numpyro_pvi.PredictiveELBO`, :class:`~numpyro_pvi.PACmELBO`:
-      ``loss.targets_posterior`` is false) the text says that a large k̂
-      measures the intended distance from the Bayesian posterior;
-    - the importance-sampling **ESS** and the minimum sample size for k̂;
-    - **PSIS-LOO** corrected for the approximation
-      (:func:`~numpyro_pvi.diagnostics.approximate_loo`) with the
-      per-observation k̂, the worst observations named;
-    - the **PSIS-adjusted vs plain** mean and sd of every component
-      (:func:`~numpyro_pvi.diagnostics.psis`).
+    From one set of ``num_draws`` draws of the fitted guide: **PSIS k̂** with Yao
+    et al.'s verdict (read for the objective: for one that does not target the
+    Bayesian posterior a large k̂ is the intended distance from it), the
+    importance-sampling **ESS**, **PSIS-LOO** corrected for the approximation
+    (:func:`~numpyro_pvi.diagnostics.approximate_loo`, the worst observations
+    named), and the **PSIS-adjusted vs plain** mean and sd of every component.
 
     :param rng_key: random key.
     :param params: the fitted parameters.
     :param model: the NumPyro model.
     :param guide: the fitted guide.
     :param args: positional arguments of model and guide.
-    :param loss: the objective the guide was fitted with (its reading of k̂
-        depends on it); ``None`` reads k̂ as for a Bayesian fit.
+    :param loss: the objective the guide was fitted with; ``None`` reads k̂ as
+        for a Bayesian fit.
     :param num_draws: draws of the guide.
     :param data_plate: the plate (or negative batch dimension) that indexes
         observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param show: print the text.
     :param kwargs: keyword arguments of model and guide.
     :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
-        ArviZ ≥ 1.0, with the groups of :func:`psis` (``posterior``,
-        ``sample_stats``, ``psis``), of :func:`to_inference_data`
-        (``log_likelihood``, ``observed_data``), ``loo`` (per observation
-        ``elpd_i`` and ``pareto_k``; attrs ``elpd``, ``se``, ``p``,
-        ``good_k``) and ``psis_summary`` (per ``parameter``: ``vi_mean``,
-        ``vi_sd``, ``psis_mean``, ``psis_sd``); the root attribute
-        ``report`` holds the text, ``verdict`` the k̂ verdict.
+        ArviZ ≥ 1.0, with the groups of :func:`psis` and
+        :func:`to_inference_data`, ``loo`` (``elpd_i``, ``pareto_k``) and
+        ``psis_summary``; root attributes ``report`` (the text) and ``verdict``.
 
     **References**
 

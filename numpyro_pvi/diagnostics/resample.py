@@ -88,22 +88,17 @@ def psis_resample(
     r"""Resample a fitted guide's draws with their Pareto-smoothed importance
     weights, and the importance-weighted posterior predictive.
 
-    Draws ``num_proposals`` times from the guide, Pareto-smooths the log
-    ratios :math:`\log p(\theta_s, y) - \log q(\theta_s)` as
-    :func:`~numpyro_pvi.diagnostics.psis` does, resamples ``num_draws`` of
-    them with the smoothed weights (``replace=False``: each draw at most
-    once) and runs the model at each, with its observed sites simulated.
+    Draws ``num_proposals`` times from the guide, Pareto-smooths the log ratios
+    :math:`\log p(\theta_s, y) - \log q(\theta_s)` as
+    :func:`~numpyro_pvi.diagnostics.psis` does, resamples ``num_draws`` of them
+    with the smoothed weights and runs the model at each, its observed sites
+    simulated. Only for objectives that target the Bayesian posterior (the
+    weights would undo a :class:`~numpyro_pvi.PredictiveELBO` or
+    :class:`~numpyro_pvi.PACmELBO` fit: refused); a k̂ at or above ``good_k`` is
+    warned about.
 
-    Only for objectives that target the Bayesian posterior: the weights
-    correct the guide toward the posterior, which for
-    :class:`~numpyro_pvi.PredictiveELBO` and :class:`~numpyro_pvi.PACmELBO`
-    fits undoes the objective; those are refused. A k̂ at or above
-    ``good_k`` is warned about: the resampled draws are then not reliable.
-
-    Groups: ``posterior`` (the resampled draws), ``posterior_predictive``
-    (every observed site simulated at each of them), ``psis`` (the
-    diagnostic of the weights: ``pareto_k``, ``good_k``, ``ess_is``,
-    ``num_distinct``, the number of distinct proposals resampled).
+    Groups: ``posterior`` (the resampled draws), ``posterior_predictive``,
+    ``psis`` (``pareto_k``, ``good_k``, ``ess_is``, ``num_distinct``).
 
     :param rng_key: random key.
     :param params: the fitted parameters.
@@ -114,26 +109,21 @@ def psis_resample(
         Bayesian fit).
     :param num_draws: the number of resampled draws.
     :param num_proposals: the number of guide draws resampled from.
-    :param replace: resample with replacement (multinomial, the default:
-        each draw is a draw of the smoothed weights' distribution) or
-        without (successive sampling, each proposal at most once: the heavy
-        proposals cannot be taken as often as their weights say, so the
-        draws lean toward the guide, more so as ``num_draws`` nears
-        ``num_proposals``; 1000 of 4000 proposals moved a mean and sd by
-        about 1% of a posterior sd toward the guide's).
+    :param replace: resample with replacement (multinomial, the default) or
+        without (successive sampling, each proposal at most once; the draws
+        then lean toward the guide as ``num_draws`` nears ``num_proposals``).
     :param data_plate: the plate (or negative batch dimension) that indexes
-        observations, whose observed sites are simulated (the others, a
-        prior written as an observed site, keep their values), as for
+        observations, whose observed sites are simulated, as for
         :func:`~numpyro_pvi.diagnostics.to_inference_data`.
     :param kwargs: the model's keyword arguments.
     :return: ArviZ's container (``InferenceData`` / ``DataTree``).
 
     **References**
 
-    1. *Pareto smoothed importance sampling*, Vehtari, Simpson, Gelman, Yao,
-       Gabry (JMLR 2024).
-    2. *Pathfinder: Parallel quasi-Newton variational inference*, Zhang,
-       Carpenter, Gelman, Vehtari (JMLR 2022).
+    1. Vehtari, A., Simpson, D., Gelman, A., Yao, Y. & Gabry, J. (2024).
+       *Pareto smoothed importance sampling*. JMLR 25(72).
+    2. Zhang, L., Carpenter, B., Gelman, A. & Vehtari, A. (2022). *Pathfinder:
+       Parallel quasi-Newton variational inference*. JMLR 23.
     """
     params, model, guide = check_fitted_call(
         "psis_resample",

@@ -174,45 +174,24 @@ def vsbc(
 
     For each of ``replications.num_simulations`` replications: draw
     :math:`θ^*` and :math:`y` from the prior predictive, fit a fresh guide to
-    :math:`y` with ``num_svi_steps`` SVI steps of ``loss`` (any NumPyro
-    ELBO, the objectives of this package included), and estimate
+    :math:`y` with ``loss`` (any NumPyro ELBO), and estimate
 
     .. math::
 
         p = \Pr_q(θ < θ^*) \approx \frac{1}{L} \sum_{l=1}^{L}
         \mathbb{1}\{θ^{(l)} < θ^*\}, \qquad θ^{(l)} \sim q,
 
-    per scalar component, with :math:`L` = ``num_draws``. Each component is
-    read three ways, each corrected for multiplicity over all components:
-
-    - **symmetry** (``direction``): for unbiased marginals :math:`p` and
-      :math:`1 - p` have the same law; a two-sample Kolmogorov–Smirnov
-      statistic of the two, with its p-value exact under a sign-flip null.
-      ``"over"`` when :math:`p` piles up near 0 (q overestimates θ),
-      ``"under"`` near 1, ``"ok"`` otherwise;
-    - **dispersion** (``"too narrow"``, ``"too wide"`` or ``"ok"``): the
-      spread of the normal scores :math:`\Phi^{-1}((r + 1/2)/(L+1))` of the
-      ranks :math:`r = L p`, whatever the bias: a U-shaped histogram, which
-      symmetry cannot see;
-    - **uniformity** (``p_value_uniformity``): the simultaneous ECDF band of
-      Säilynoja et al. (2022).
-
-    Functions :math:`f(\theta, y)` of the latents and the data set
-    (``test_quantities``, name → ``f(theta, data)`` written with
-    ``jax.numpy``) are calibrated the same way; the joint log-likelihood
-    ``"log_likelihood"`` is one unless mapped to ``None`` (Modrák et al.
-    2023).
-
-    The model must be generative: observed sites are sampled from the prior
-    predictive (only the data's shapes are used) and each fit conditions on
-    the simulated values, passed also through a model argument of the site's
-    name (or ``replications.simulated_data_to_args``). Continuous latent
-    sites only. Terms of the joint density that the prior draws do not see
-    (``numpyro.factor``, a prior written as an observed site, a tempered or
-    improper prior, a distribution reading the data argument) are refused,
-    naming the site. Every replication starts from the same initial guide
-    parameters with its own key, so results do not depend on
-    ``chain_method`` or the chunking.
+    per scalar component. Each component is tested three ways, corrected for
+    multiplicity: **symmetry** (``direction``: ``"over"`` when :math:`p` piles
+    up near 0, ``"under"`` near 1; a Kolmogorov–Smirnov statistic of :math:`p`
+    against :math:`1 - p`, exact under a sign-flip null), **dispersion**
+    (``"too narrow"`` or ``"too wide"``, from the spread of the ranks' normal
+    scores) and **uniformity** (the simultaneous ECDF band of Säilynoja et al.
+    2022). ``test_quantities`` (name → ``f(theta, data)``) are calibrated the same
+    way; the joint log-likelihood is one unless mapped to ``None`` (Modrák et al.
+    2023). The model must be generative, with continuous latents; terms of the
+    joint density the prior draws do not see (``numpyro.factor``, tempered or
+    improper priors) are refused, naming the site.
 
     **Example**::
 
@@ -220,54 +199,36 @@ def vsbc(
         ...              optax.adam(1e-2), Trace_ELBO(), x, y,
         ...              replications=Replications(num_simulations=200,
         ...                                        num_svi_steps=2000))
-        >>> idata.vsbc_symmetry.to_dataframe()
         >>> plot_vsbc(idata)
 
     :param rng_key: PRNG key.
     :param model: NumPyro model; generative (it samples its observed sites
         when they are not given).
-    :param guide: guide for ``model`` (an autoguide or a hand-written guide);
-        refitted from its initial parameters in every replication.
+    :param guide: guide for ``model``; refitted from its initial parameters in
+        every replication.
     :param optim: NumPyro optimizer or optax ``GradientTransformation``.
     :param loss: the objective, e.g. ``Trace_ELBO()`` or ``PACmELBO()``.
     :param args: positional arguments of the model and guide.
-    :param replications: a :class:`~numpyro_pvi.Replications`: the
-        number of replications (≥ 2), SVI steps per replication, guide draws
-        per replication to estimate :math:`p`, how the fits are dispatched
-        (``chain_method``, ``chunk_size``, ``progress_bar``) and
-        ``simulated_data_to_args``; default ``Replications()``.
-    :param observed_sites: names of the observed sites; by default the sites
+    :param replications: a :class:`~numpyro_pvi.Replications` (replications
+        ≥ 2, SVI steps, guide draws ``L``, dispatch, ``simulated_data_to_args``).
+    :param observed_sites: names of the observed sites; by default those
         observed in a trace of ``model(*args, **kwargs)``.
-    :param correction: ``"holm"`` (family-wise error), ``"bh"``
-        (Benjamini–Hochberg false discovery rate) or ``None``.
-    :param alpha: level at which a corrected p-value flags a direction.
-    :param test_quantities: optional mapping name → ``f(theta, data)``
-        calibrated beside the parameters (see above);
+    :param test_quantities: optional mapping name → ``f(theta, data)``;
         ``{"log_likelihood": None}`` leaves the joint log-likelihood out.
+    :param correction: ``"holm"`` (family-wise error), ``"bh"``
+        (Benjamini–Hochberg) or ``None``.
+    :param alpha: level at which a corrected p-value flags a direction.
     :param kwargs: keyword arguments of the model and guide.
-    :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` with
-        the same groups on ArviZ ≥ 1.0, with replications along ``draw``
-        (one ``chain``): ``prior`` (:math:`θ^*`, and each test quantity at
-        :math:`θ^*`), ``vsbc`` (:math:`p`, same
-        variables and dims), ``prior_sbc`` (the same :math:`p`, where ArviZ's
-        calibration plots read them: ``arviz_plots.plot_ecdf_pit(result)``
-        on ArviZ ≥ 1.0), ``vsbc_symmetry`` (per scalar ``component``:
-        ``ks_statistic``, ``p_value``, ``p_value_adjusted``,
-        ``p_value_over``, ``p_value_under``, ``direction``; ``dispersion``,
-        ``p_value_dispersion`` (corrected) and ``spread_ratio`` (by what
-        factor the guide's spread should grow, 1 when calibrated);
-        ``p_value_uniformity`` (corrected) and
-        ``p_value_uniformity_unadjusted``; and ``num_extreme``: replications
-        with :math:`p` exactly 0 or 1, whose guide put no mass on the far
-        side of :math:`θ^*`; coords ``variable`` and ``kind``
-        (``"parameter"`` or ``"test quantity"``); attribute
-        ``num_unconverged``), ``vsbc_fit_stats`` (``loss``: final loss;
-        ``loss_tail``: mean loss over the last 10% of steps; ``loss_drift``:
-        ``loss_drift``, the fall of the loss over the last tenth of the
-        steps in standard errors; ``converged``: drift at most 3; a warning
-        is raised when more than 10% of the replications have not converged)
-        and ``vsbc_histogram`` (``count`` per
-        ``component`` and ``bin``, with ``bin_left``/``bin_right`` coords).
+    :return: ``arviz.InferenceData`` on ArviZ 0.2x, ``xarray.DataTree`` on
+        ArviZ ≥ 1.0, replications along ``draw``: ``prior`` (:math:`θ^*`),
+        ``vsbc`` (:math:`p`), ``prior_sbc`` (the same :math:`p`, where
+        ``arviz_plots.plot_ecdf_pit`` reads them), ``vsbc_symmetry`` (per
+        ``component``: ``ks_statistic``, ``p_value``, ``p_value_adjusted``,
+        ``p_value_over``, ``p_value_under``, ``direction``, ``dispersion``,
+        ``p_value_dispersion``, ``spread_ratio``, ``p_value_uniformity``,
+        ``p_value_uniformity_unadjusted``, ``num_extreme``; attribute
+        ``num_unconverged``), ``vsbc_fit_stats`` (``loss``, ``loss_tail``,
+        ``loss_drift``, ``converged``) and ``vsbc_histogram``.
 
     **References**
 
@@ -279,10 +240,9 @@ def vsbc(
     - Säilynoja, T., Bürkner, P.-C. & Vehtari, A. (2022). *Graphical test
       for discrete uniformity and its applications in goodness-of-fit
       evaluation and multiple sample comparison.* Statistics and Computing.
-    - Modrák, M., Moon, A. H., Kim, S., Bürkner, P., Huurre, N.,
-      Faltejsková, K., Gelman, A. & Vehtari, A. (2023).
-      *Simulation-based calibration checking for Bayesian computation: the
-      choice of test quantities shapes sensitivity.* Bayesian Analysis.
+    - Modrák, M. et al. (2023). *Simulation-based calibration checking for
+      Bayesian computation: the choice of test quantities shapes
+      sensitivity.* Bayesian Analysis.
     - Holm, S. (1979). *A simple sequentially rejective multiple test
       procedure.* Scandinavian Journal of Statistics.
     - Benjamini, Y. & Hochberg, Y. (1995). *Controlling the false discovery

@@ -1,32 +1,11 @@
-r"""Per-observation estimates of a predictive score with their Monte Carlo
-error, computed inside the compiled program that draws from a fitted guide.
+r"""Per-observation estimates of a predictive score with their Monte Carlo error.
 
-**The log score** of observation :math:`i`, :math:`\log \sum_s v_{si}\,
-p(y_i \mid \theta_s)` (:math:`v = 1/S` for i.i.d. draws, the strata weights
-of a mixture guide otherwise), is an importance-sampling estimate of
-:math:`\log \int p(y_i \mid \theta)\, q(\theta)\, d\theta` with weights
-:math:`p(y_i \mid \theta_s)`. At an observation far from the fit those
-weights have a heavy tail: the estimate is far below the truth, and no
-spread of the draws shows it. :func:`pointwise_estimate` returns with it the
-Pareto k̂ of the weights (Vehtari et al. 2024; k̂ ≥ ``good_k``: not to be
-trusted) and the standard error from the Pareto-smoothed weights
-(:func:`~numpyro_pvi.evaluation.psis.log_mean_estimate`). The observations whose k̂ is
-too large are re-estimated by moment matching
-(:mod:`numpyro_pvi.evaluation.moment_matching`).
-
-**Other scores** (CRPS, energy, quadratic, user scores) are unbiased or
-smooth functions of means over the draws; their standard error is that of
-``B`` batch means: the ``S`` draws split into ``B`` batches of ``S/B``
-(stratified guides: ``M/B`` draws of every stratum per batch), the score
-estimated from each, :math:`\mathrm{sd}/\sqrt B`. It is the error of the
-mean of the batch estimates, a slight overestimate for the all-pairs
-estimators, which also average over pairs across batches. k̂ is NaN (not an
-importance-sampling estimate).
-
-**The data set's score**, the sum over the observations, has an error that
-is not the sum of theirs: every observation is estimated from the same
-draws, so a draw that moves every prediction moves every estimate
-(:func:`estimate_with_total`).
+The log score :math:`\log \sum_s v_{si}\, p(y_i \mid \theta_s)` is an
+importance-sampling estimate; :func:`pointwise_estimate` returns with it the
+Pareto k̂ of the weights (Vehtari et al. 2024) and the standard error from the
+smoothed weights. Other scores' standard errors are those of ``B`` batch
+means (k̂ is NaN). The data set's total has an error that is not the sum of
+the observations' (they share the draws): :func:`estimate_with_total`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 r"""Pareto smoothed importance sampling inside JAX programs.
 
-ArviZ's PSIS (``arviz.psislw``, arviz-stats' ``psislw``) is NumPy code: it
-smooths one vector of log ratios at a time, outside a compiled program. The
-held-out scores need it per observation, for every fit of a
-cross-validation, inside the compiled program that scores them (``lax.map``
-over fits, ``vmap`` over observations); :func:`psis_smooth` is that
-computation in JAX, with ArviZ 0.2x's conventions (which are NumPyro's
-:func:`~numpyro.infer.psis_diagnostic`'s): a tail of
-:math:`M = \lceil\min(S/5, 3\sqrt S)\rceil` draws, the generalized Pareto fit
-of Zhang & Stephens (2009) with the weakly informative prior of Vehtari et
-al. (2024), the tail replaced by the fitted quantiles and truncated at the
-largest raw weight. It equals ``arviz.psislw(log_ratio, reff=1)`` (ArviZ
-0.2x) to rounding (``tests``). The diagnostics of a whole fit
-(:func:`~numpyro_pvi.diagnostics.psis`) keep using the installed ArviZ.
+:func:`psis_smooth` is ArviZ 0.2x's ``psislw`` (NumPyro's conventions: a
+tail of :math:`\lceil\min(S/5, 3\sqrt S)\rceil` draws, Zhang & Stephens' fit
+with the weakly informative prior) in JAX, so held-out scores smooth each
+observation inside the compiled program that scores them; it equals
+``arviz.psislw(log_ratio, reff=1)`` to rounding.
 
 **References**
 

@@ -93,44 +93,30 @@ _FIELDS = (
 
 
 class PredictiveScore(np.ndarray):
-    r"""Per-observation held-out scores of a fitted guide's posterior
-    predictive, each with its Monte Carlo error.
+    r"""Per-observation held-out scores of a fitted guide's posterior predictive,
+    each with its Monte Carlo error.
 
-    It is the ``(n,)`` array of scores (a NumPy array subclass): sum it,
-    index it, pass it to ``numpy`` or ``jax.numpy``; the rest are
-    attributes. Indexing, slicing and arithmetic give plain arrays.
+    The ``(n,)`` array of scores (a NumPy array subclass; indexing and
+    arithmetic give plain arrays); the rest are attributes.
 
-    :ivar score: ``(n,)`` the scores as a plain array: the estimate at each
-        observation of the data plate
-        (positively oriented; ``0`` for an observation that masks remove).
-    :ivar se: ``(n,)`` its Monte Carlo standard error.
-    :ivar pareto_k: ``(n,)`` for the log score, the Pareto k̂ of the
-        importance weights :math:`p(y_i \mid \theta_s)` (after moment
-        matching where it was applied): below ``good_k`` the estimate and its
-        standard error are reliable. NaN for the other scores, which are not
-        importance-sampling estimates.
+    :ivar score: ``(n,)`` the scores as a plain array (positively oriented;
+        ``0`` for a masked observation).
+    :ivar se: ``(n,)`` their Monte Carlo standard errors.
+    :ivar pareto_k: ``(n,)`` for the log score, the Pareto k̂ of the importance
+        weights :math:`p(y_i \mid \theta_s)` (below ``good_k``: reliable); NaN
+        for the other scores.
     :ivar observed: ``(n,)`` whether the observation is scored (not masked).
-    :ivar adapted: ``(n,)`` whether the estimate was re-estimated by moment
-        matching (fresh draws, moved toward the observation where that
-        lowered k̂).
+    :ivar adapted: ``(n,)`` whether it was re-estimated by moment matching.
     :ivar good_k: the threshold of k̂ for ``num_draws`` draws.
     :ivar name: the score's name.
     :ivar num_draws: draws of the guide per estimate.
-    :ivar total_se: the Monte Carlo standard error of :attr:`total`. The
-        estimates share the draws, so their errors are correlated: it is the
-        error of their sum over the draws (by the delta method for the log
-        score, from batch means for the others), with the variances of the
-        observations re-estimated from fresh draws (``adapted``) or flagged
-        unreliable added as independent. Not ``sqrt(sum(se**2))``, which
-        treats the estimates as independent and can be many times smaller.
-    :ivar draws: ``(n,)`` the draws each estimate rests on: ``num_draws``,
-        more for a log score whose first draws could not settle it (far in
-        the tail of every draw's predictive, or k̂ near ``good_k``).
-    :ivar unsettled: ``(n,)`` the log scores still far in the tail of every
-        draw's predictive at the most draws (``max_draws``), not settled by
-        moment matching either: their estimate rests on the guide's tail
-        beyond its draws, which k̂ cannot see, so they are unreliable
-        whatever their k̂.
+    :ivar total_se: the standard error of :attr:`total`: the estimates share
+        the draws, so it is the error of their sum over the draws, not
+        ``sqrt(sum(se**2))``, which can be many times smaller.
+    :ivar draws: ``(n,)`` the draws each estimate rests on (more than
+        ``num_draws`` for a log score the first draws could not settle).
+    :ivar unsettled: ``(n,)`` log scores still far in the tail of every draw's
+        predictive at ``max_draws``: unreliable whatever their k̂.
     """
 
     se: np.ndarray
@@ -207,33 +193,17 @@ def predictive_score(
     r"""Per-observation score of the posterior predictive on the given data,
     with its Monte Carlo error.
 
-    With :math:`S` draws :math:`\theta_s \sim q` from the fitted guide,
-    returns for each observation :math:`y_i` of the data plate the estimate
-    of :math:`S(q(\cdot), y_i)`, e.g. for the log score
-    :math:`\log \frac{1}{S}\sum_s p(y_i \mid \theta_s)`. Pass held-out data
-    as the model arguments to compare fits; the total score is the sum
-    (``result.total``, with ``result.total_se``). No gradient is taken and no
-    weights are applied (handler scales of the observed sites are ignored);
-    an observation that masks remove scores ``0``. Every observation of the
-    data plate is scored: a model whose data plate is subsampled is refused.
-    The compiled program is cached, so scoring further data sets of the same
-    shapes does not compile again.
-
-    **Reliability.** The log score at an observation far from the fit is an
-    importance-sampling estimate with heavy-tailed weights
-    :math:`p(y_i \mid \theta_s)`: far below the truth, more so for a wide
-    guide, with no spread among the draws to show it. Each estimate
-    carries the Pareto k̂ of its weights and a standard error from the
-    Pareto-smoothed weights (Vehtari et al. 2024); where k̂ ≥ ``good_k`` the
-    draws are moved toward :math:`q(\theta)\, p(y_i \mid \theta)` by
-    importance-weighted moment matching (Paananen et al. 2021) and the
-    observation re-estimated by importance sampling with the adapted
-    proposal; observations still unreliable after it are named in a
-    warning. Other scores carry a batch-means standard error (their
-    estimators are not importance sampling).
-
-    The arguments follow :func:`numpyro.infer.psis_diagnostic`:
-    ``(rng_key, params, model, guide, *args)``.
+    With :math:`S` draws :math:`\theta_s \sim q` of the fitted guide, the
+    estimate of :math:`S(q(\cdot), y_i)` for each observation of the data plate
+    (for the log score :math:`\log \frac{1}{S}\sum_s p(y_i \mid \theta_s)`).
+    Pass held-out data as the model arguments; ``result.total`` is the sum, with
+    ``result.total_se``. Masked observations score ``0``; handler scales are
+    ignored; a subsampled data plate is refused. Each log score carries the
+    Pareto k̂ of its weights and a standard error from the smoothed weights
+    (Vehtari et al. 2024); where k̂ ≥ ``good_k`` the observation is re-estimated
+    by importance-weighted moment matching (Paananen et al. 2021), and those
+    still unreliable are named in a warning. Other scores carry a batch-means
+    standard error.
 
     :param rng_key: random key.
     :param params: the fitted parameters (``svi_result.params``).
@@ -243,19 +213,16 @@ def predictive_score(
     :param score: a score name (``"log"``, ...) or a
         :class:`~numpyro_pvi.scores.Score`.
     :param int num_draws: number of posterior draws (per component for a
-        mixture guide such as
-        :class:`~numpyro_pvi.guides.AutoGaussianMixture`, whose predictive is
-        estimated by stratified draws).
+        mixture guide, whose predictive is estimated by stratified draws).
     :param data_plate: the plate (or negative batch dimension) that indexes
         observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param bool moment_match: re-estimate the log score of the observations
-        with k̂ ≥ ``good_k`` by moment matching (default); ``False`` keeps
-        the plain estimates (and their k̂).
+        with k̂ ≥ ``good_k`` by moment matching (default).
     :param int max_draws: the most draws an unsettled log-score estimate is
         extended to (default ``64 * num_draws``; ``num_draws``: never).
     :param kwargs: model keyword arguments.
-    :return: a :class:`~numpyro_pvi.PredictiveScore` (``numpy.asarray`` of it is the
-        ``(n,)`` array of scores).
+    :return: a :class:`~numpyro_pvi.PredictiveScore` (``numpy.asarray`` of it is
+        the ``(n,)`` array of scores).
 
     **References**
 

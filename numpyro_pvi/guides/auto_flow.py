@@ -59,60 +59,29 @@ def _zero_last_layers(bijection: Any) -> Any:
 class AutoFlow(AutoContinuous):
     r"""Rational-quadratic spline coupling flow over the unconstrained latents.
 
-    The guide is the push-forward of a standard normal through ``num_layers``
-    coupling layers, each transforming half of the coordinates with a
-    monotone rational-quadratic spline (Durkan et al. 2019) whose knots are
-    the output of a multilayer perceptron of the other half, followed by
-    an elementwise affine map:
+    The push-forward of a standard normal through ``num_layers`` coupling layers
+    (monotone rational-quadratic splines whose knots an MLP of the other half of
+    the coordinates outputs; Durkan et al. 2019) and an elementwise affine map:
 
     .. math::
 
         \theta = \mu + \sigma \odot (T_L \circ \dots \circ T_1)(\varepsilon),
-        \qquad \varepsilon \sim \mathcal{N}(0, I_D),
+        \qquad \varepsilon \sim \mathcal{N}(0, I_D).
 
-        \log q_\phi(\theta) = \log \mathcal{N}(\varepsilon; 0, I_D)
-        - \sum_{l=1}^L \log\lvert\det J_{T_l}\rvert
-        - \sum_{d=1}^D \log \sigma_d .
-
-    Constrained latents are mapped to the real line with
-    :func:`~numpyro.distributions.transforms.biject_to`, as in every
-    :class:`~numpyro.infer.autoguide.AutoContinuous` guide. Both directions of
-    a coupling layer are explicit, so a draw with its log density and the
-    log density at given points each cost one pass through the flow (no
-    sequential per-dimension inversion as in
-    :class:`~numpyro.infer.autoguide.AutoIAFNormal`, and unlike
-    :class:`~numpyro.infer.autoguide.AutoBNAFNormal` the density exists at
-    any point): :class:`~numpyro_pvi.SoftCVIELBO` and
-    :class:`~numpyro_pvi.SNISForwardKL` evaluate it at fixed draws,
-    :func:`~numpyro_pvi.diagnostics.psis` at the guide's own.
-
-    The flow starts as the identity (every conditioner's output layer is
-    zero), so the initial guide is
-    :math:`\mathcal{N}(\mu_0, \mathrm{diag}(\sigma_0^2))` with :math:`\mu_0`
-    from ``init_loc_fn`` and :math:`\sigma_0` = ``init_scale``. The default
-    0.3 works with every objective on NumPyro's example programs: a wider
-    start makes likelihoods with a log link overflow in the first steps
-    (NumPyro's zero-inflated Poisson example reads NaN from the first ELBO
-    step with :math:`\sigma_0 = 1`), a narrower one leaves
-    :class:`~numpyro_pvi.SoftCVIELBO`, which learns only from the guide's
-    own draws, slow to leave its start (on a Gaussian target, after 2000
-    steps, one coordinate 1.6 posterior sd off from 0.1 and 0.04 sd from
-    0.3). For :class:`~numpyro_pvi.SoftCVIELBO` on a multimodal posterior
-    pass ``init_scale=1.0``: the draws must reach the posterior's
-    modes from the first steps (the SLCP benchmark does). Splines act on
-    :math:`[-B, B]` with :math:`B` = ``interval`` in the standardised
-    coordinates and are the identity outside it.
-
-    Parameters (with ``prefix="auto"``): ``auto_loc`` ``(D,)``,
-    ``auto_scale`` ``(D,)`` (positive) and ``auto_flow``, the coupling
-    layers' weights as one flat vector.
+    Both directions of a layer are explicit, so a draw with its density and the
+    density at given points each cost one pass (what
+    :class:`~numpyro_pvi.SoftCVIELBO`, :class:`~numpyro_pvi.SNISForwardKL` and
+    :func:`~numpyro_pvi.diagnostics.psis` read). The flow starts as the
+    identity: :math:`\mathcal{N}(\mu_0, \mathrm{diag}(\sigma_0^2))` with
+    :math:`\sigma_0` = ``init_scale``; the default 0.3 keeps log-link
+    likelihoods finite in the first steps; with SoftCVI on a multimodal
+    posterior pass ``init_scale=1.0``. Splines act on :math:`[-B, B]` and are
+    the identity outside. Parameters (``prefix="auto"``): ``auto_loc``,
+    ``auto_scale`` and ``auto_flow`` (the layers' weights, flat).
 
     **Example**
 
     .. code-block:: python
-
-        from numpyro_pvi import SoftCVIELBO
-        from numpyro_pvi.guides import AutoFlow
 
         guide = AutoFlow(model, num_layers=4, init_scale=1.0)
         svi = SVI(model, guide, optax.adam(1e-3),

@@ -47,71 +47,49 @@ class AutoGaussianMixture(AutoContinuous):
     .. math::
 
         q(\theta \mid x) = \sum_{k=1}^K \omega_k(x)\,
-        \mathcal{N}(\theta;\mu_k, L_k L_k^\top),
-
-    with :math:`K` full-covariance components (Cholesky-parameterised) and
-    weights :math:`\omega = \mathrm{softmax}(\alpha)` that are the same for
-    every observation, or, with ``gating_covariates`` :math:`X \in
-    \mathbb{R}^{n\times p}` aligned with the data plate, the
-    covariate-dependent weights of VGM-PVI
-
-    .. math::
-
+        \mathcal{N}(\theta;\mu_k, L_k L_k^\top), \qquad
         \omega_k(x_i) = \frac{\exp(x_i^\top\eta_k)}{\sum_l \exp(x_i^\top
-        \eta_l)}, \qquad \eta_1 = 0
+        \eta_l)},\ \eta_1 = 0,
 
-    (include a column of ones in :math:`X` for intercepts). The guide's
-    density over :math:`\theta` — the one that sampling, ``log q`` and the
-    regularizers use — is the averaged mixture :math:`\bar q` with
-    :math:`\bar\omega_k = \frac1n\sum_i \omega_k(x_i)`; the predictive
-    objectives of this package use the per-observation weights
-    :math:`\omega_k(x_i)` and stratified expectations (``num_particles``
-    draws *per component*). The VI (ELBO) fit of this guide is
-    :class:`~numpyro_pvi.StratifiedELBO`: NumPyro's
-    :class:`~numpyro.infer.Trace_ELBO` differentiates through draws whose
-    component is a discrete choice, so it cannot learn the weights, and with
-    more than one component it stops at its first step with an error that
-    points to :class:`~numpyro_pvi.StratifiedELBO`.
-
-    Parameters (with ``prefix="auto"``): ``auto_locs`` ``(K, D)``,
-    ``auto_scale_trils`` ``(K, D, D)``, and ``auto_weight_logits`` ``(K,)`` or,
-    with covariates, ``auto_gate_coefs`` ``(K - 1, p)`` (:math:`\eta_2..\eta_K`).
+    with fixed weights :math:`\mathrm{softmax}(\alpha)`, or with
+    ``gating_covariates`` :math:`X` (one row per observation; include a column of
+    ones for intercepts) the weights of VGM-PVI. Sampling, ``log q`` and the
+    regularizers use the averaged mixture :math:`\bar\omega_k = \frac1n\sum_i
+    \omega_k(x_i)`; the predictive objectives use :math:`\omega_k(x_i)` with
+    ``num_particles`` draws per component. Its ELBO fit is
+    :class:`~numpyro_pvi.StratifiedELBO` (``Trace_ELBO`` cannot learn the
+    weights, and refuses more than one component). Parameters
+    (``prefix="auto"``): ``auto_locs`` ``(K, D)``, ``auto_scale_trils``
+    ``(K, D, D)``, and ``auto_weight_logits`` ``(K,)`` or ``auto_gate_coefs``
+    ``(K - 1, p)``.
 
     **Example**
 
     .. code-block:: python
 
-        from numpyro_pvi import PredictiveELBO
-        from numpyro_pvi.guides import AutoGaussianMixture
-
         guide = AutoGaussianMixture(model, num_components=4, gating_covariates=X)
-        loss = PredictiveELBO("log", num_particles=8, regularizer="posterior",
-                              lam=0.1)
+        loss = PredictiveELBO("log", num_particles=8, regularizer="posterior", lam=0.1)
         svi = SVI(model, guide, optax.adam(1e-2), loss=loss)
 
-    :param model: the NumPyro model (global latents only, as for every
-        :class:`~numpyro.infer.autoguide.AutoContinuous` guide).
+    :param model: the NumPyro model (global latents only).
     :param int num_components: :math:`K \ge 1`.
-    :param gating_covariates: optional ``(n, p)`` covariates, one row per
-        observation of the data plate (in the order of the plate).
+    :param gating_covariates: optional ``(n, p)`` covariates, in the order of
+        the data plate.
     :param str prefix: prefix of the parameter names.
-    :param init_loc_fn: initialisation of the latent values, as for other
-        autoguides; the component means start at it plus
-        ``init_spread`` times standard normal noise (fixed seed), so that the
-        components differ.
+    :param init_loc_fn: initialisation of the latent values; the component
+        means start there plus ``init_spread`` times standard normal noise.
     :param float init_scale: initial standard deviation of every component.
     :param float init_spread: spread of the initial component means.
     :param str entropy: the entropy of :math:`\bar q` in the stratified
-        regularizers: ``"mc"`` (Monte Carlo, unbiased; default) or ``"huber"``
-        (the lower bound of Huber et al. 2008, deterministic; the regularizer
-        then is an upper bound of the KL divergence).
+        regularizers: ``"mc"`` (unbiased; default) or ``"huber"`` (the
+        deterministic lower bound of Huber et al. 2008).
 
     **References**
 
     1. Kock, L., Sisson, S. A., Rodrigues, G. S. & Nott, D. J. *Predictive
-       variational inference for flexible regression models*.
+       variational inference for flexible regression models*. arXiv:2602.22582.
     2. Huber, M. F., Bailey, T., Durrant-Whyte, H. & Hanebeck, U. D. (2008).
-       *On entropy approximation for Gaussian mixture random vectors*.
+       *On entropy approximation for Gaussian mixture random vectors*. IEEE MFI.
     """
 
     scale_tril_constraint = constraints.scaled_unit_lower_cholesky

@@ -84,22 +84,15 @@ def prune_components(
     data_plate: str | int | None = None,
     **kwargs: Any,
 ) -> tuple[AutoGaussianMixture, dict[str, jax.Array], np.ndarray]:
-    r"""Remove the components that are never the most probable for any
-    observation (the pruning heuristic of Kock et al.).
+    r"""Remove the components never the most probable for any observation (the
+    pruning heuristic of Kock et al.).
 
-    Component :math:`k` survives if it is :math:`\arg\max_l a_{il}` for at
-    least one observation :math:`i` of the data plate, with
-    :math:`a_{il} = \omega_l(x_i)` (``criterion="weight"``, the gating
-    weights; the default for a covariate-dependent guide) or the
-    responsibility :math:`a_{il} \propto \omega_l(x_i)\, \hat p_l(y_i)`
-    with :math:`\hat p_l(y_i) = \frac1M\sum_m p(y_i\mid\theta_{l,m})`
-    (``criterion="responsibility"``, the default for covariate-independent
-    weights, whose argmax would otherwise be the same component for every
-    observation). The surviving weights are renormalised (gating
-    coefficients re-anchored so that :math:`\eta_1 = 0`).
-
-    The arguments are those of every function on a fitted guide (NumPyro's
-    :func:`~numpyro.infer.psis_diagnostic`).
+    Component :math:`k` survives if it is :math:`\arg\max_l a_{il}` for some
+    observation, with :math:`a_{il} = \omega_l(x_i)` (``criterion="weight"``, the
+    default for gated weights) or the responsibility
+    :math:`a_{il} \propto \omega_l(x_i)\, \frac1M\sum_m p(y_i\mid\theta_{l,m})`
+    (``"responsibility"``, the default otherwise). The survivors' weights are
+    renormalised.
 
     :param rng_key: random key (for the responsibilities).
     :param params: the fitted parameters of ``guide``.
@@ -107,12 +100,11 @@ def prune_components(
     :param guide: a fitted :class:`AutoGaussianMixture`.
     :param args: model arguments (the training data).
     :param str criterion: ``"auto"``, ``"weight"`` or ``"responsibility"``.
-    :param int num_particles: draws per component for :math:`\hat p_l`.
+    :param int num_particles: draws per component for the responsibilities.
     :param data_plate: the plate (or negative batch dimension) that indexes
         observations, as for :class:`~numpyro_pvi.PredictiveELBO`.
     :param kwargs: model keyword arguments.
-    :return: ``(new_guide, new_params, kept)`` with ``kept`` the indices of
-        the surviving components.
+    :return: ``(new_guide, new_params, kept)``, ``kept`` the surviving indices.
     """
     params, model, _ = check_fitted_call("prune_components", params, model, guide)
     if criterion == "auto":
@@ -185,17 +177,10 @@ def fit_gm_pvi(
 ) -> PrunedFit:
     """Fit a Gaussian-mixture guide with SVI, pruning components as it goes.
 
-    Runs ``num_steps`` SVI steps in blocks of ``prune_every``; after every
-    block but the last, :func:`prune_components` removes the components that
-    are never the most probable for any observation, and SVI continues from
-    the surviving parameters (with a fresh optimiser state). The returned
-    fit is always trained after its last pruning. Each block is one compiled
-    ``lax.scan``.
-
-    The arguments are those of every procedure that fits, ``(rng_key, model,
-    guide, optim, loss, *args)`` (NumPyro's
-    :func:`~numpyro.infer.calibration.vsbc_diagnostic`), with ``num_steps``
-    by keyword as in :meth:`numpyro.infer.SVI.run`.
+    Runs ``num_steps`` steps in compiled blocks of ``prune_every``; after every
+    block but the last, :func:`prune_components` removes the components never
+    the most probable for any observation, and SVI continues from the survivors
+    (fresh optimiser state).
 
     **Example**::
 

@@ -74,27 +74,21 @@ def linear_predictor_score(
     num_nodes: int = 32,
     gating_covariates: Any = None,
 ) -> jax.Array:
-    r"""Log predictive density of a GM-PVI fit by quadrature (eqs. 9, 11, 13).
+    r"""Log predictive density of a GM-PVI fit by quadrature (Kock et al., eqs. 9,
+    11, 13).
 
-    For a model whose likelihood depends on the coefficients :math:`\beta`
-    only through the linear predictor :math:`\eta_i = x_i^\top\beta`, every
-    Gaussian component of the guide induces a Gaussian
-    :math:`\eta_i \sim \mathcal{N}(m_{ik}, s_{ik}^2)` with
-    :math:`m_{ik} = x_i^\top\mu_k` and :math:`s_{ik}^2 = x_i^\top\Sigma_k
-    x_i`, so the predictive is a one-dimensional integral per component:
+    Where the likelihood depends on :math:`\beta` only through
+    :math:`\eta_i = x_i^\top\beta`, each Gaussian component induces
+    :math:`\eta_i \sim \mathcal{N}(m_{ik}, s_{ik}^2)`, and
 
     .. math::
 
-        q(y_i \mid x_i) = \sum_{k=1}^K \omega_k(x_i) \int p(y_i \mid \eta)\,
-        \mathcal{N}(\eta; m_{ik}, s_{ik}^2)\, d\eta
-        \approx \sum_k \omega_k(x_i) \sum_{b=1}^B \frac{w_b}{\sqrt\pi}\,
-        p\big(y_i \mid m_{ik} + \sqrt2\, s_{ik} t_b\big),
+        q(y_i \mid x_i) \approx \sum_k \omega_k(x_i) \sum_{b=1}^B
+        \frac{w_b}{\sqrt\pi}\, p\big(y_i \mid m_{ik} + \sqrt2\, s_{ik} t_b\big)
 
-    with the :math:`B`-point Gauss--Hermite nodes :math:`t_b` and weights
-    :math:`w_b`. For ``likelihood="gaussian"`` with known noise scale
-    :math:`\sigma` the integral is exact:
-    :math:`\mathcal{N}(y_i; m_{ik}, \sigma^2 + s_{ik}^2)`. The result is
-    differentiable in ``params``.
+    with Gauss--Hermite nodes :math:`t_b`; exact,
+    :math:`\mathcal{N}(y_i; m_{ik}, \sigma^2 + s_{ik}^2)`, for a Gaussian
+    likelihood. Differentiable in ``params``.
 
     :param params: the fitted parameters of ``guide``.
     :param guide: a fitted :class:`AutoGaussianMixture`.
@@ -103,21 +97,18 @@ def linear_predictor_score(
     :param likelihood: ``"gaussian"`` (needs ``noise_scale``),
         ``"bernoulli"`` (logit link), ``"poisson"`` (log link), or a callable
         ``log_lik(eta, y)`` evaluated elementwise.
-    :param site: the latent site holding :math:`\beta` (a real vector of
-        length ``p``); may be omitted when it is the model's only latent
-        site. Other latent sites are marginalised by the Gaussian components
-        and must not enter the likelihood.
+    :param site: the latent site holding :math:`\beta`; may be omitted when it
+        is the model's only latent site.
     :param noise_scale: :math:`\sigma` of the Gaussian likelihood.
     :param int num_nodes: :math:`B`, the number of quadrature nodes.
     :param gating_covariates: ``(n, p_g)`` gating covariates of these
-        observations for a covariate-dependent guide (default: the guide's
-        training covariates, which must then be aligned with ``design``).
+        observations (default: the guide's, aligned with ``design``).
     :return: ``(n,)`` per-observation log predictive densities.
 
     **References**
 
     1. Kock, L., Sisson, S. A., Rodrigues, G. S. & Nott, D. J. *Predictive
-       variational inference for flexible regression models*, eqs. 9, 11, 13.
+       variational inference for flexible regression models*. arXiv:2602.22582.
     """
     x = jnp.asarray(design, dtype=float)
     y = jnp.asarray(y)

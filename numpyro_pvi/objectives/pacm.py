@@ -20,11 +20,10 @@ class PACmELBO(PredictiveELBO):
         \big[\log q_\phi(\theta_j) - \log p(\theta_j)\big],
         \qquad \theta_j \sim q_\phi,
 
-    eq. 13 of [1] multiplied by :math:`n`. The log-mean-exp is taken *per
-    observation*, not over the summed likelihood of the data set. With
-    :math:`m = 1` and :math:`\beta = 1` this is the negative ELBO; it
-    equals :class:`~numpyro_pvi.PredictiveELBO` with the log score, the
-    prior regularizer and :math:`\lambda = 1/\beta`, and is computed by it.
+    eq. 13 of [1] times :math:`n`, the log-mean-exp per observation. It is
+    :class:`~numpyro_pvi.PredictiveELBO` with the log score, the prior
+    regularizer and :math:`\lambda = 1/\beta` (with :math:`m = \beta = 1`, the
+    negative ELBO).
 
     :param int num_particles: the number :math:`m` of draws per observation.
     :param float beta: inverse weight :math:`\beta > 0` of the KL term.

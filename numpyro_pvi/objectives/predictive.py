@@ -49,8 +49,7 @@ class PredictiveELBO(ELBO):
     r"""Predictive variational inference (Lai & Yao 2024).
 
     Fits the guide :math:`q_\phi` to maximise the score of its posterior
-    predictive distribution on the observed data, with an optional
-    regularizer:
+    predictive distribution on the observed data, with an optional regularizer:
 
     .. math::
 
@@ -58,72 +57,35 @@ class PredictiveELBO(ELBO):
         - \lambda\, r(\phi),
         \qquad q_\phi(y_i) = \mathbb{E}_{q_\phi(\theta)}\, p(y_i \mid \theta),
 
-    estimated with :math:`M` reparameterised draws :math:`\theta_j \sim
-    q_\phi`. For the log score
-    :math:`S = \log \frac{1}{M}\sum_j p(y_i\mid\theta_j)` (eq. 5 of [1]). The
-    regularizers are
+    estimated with :math:`M` reparameterised draws :math:`\theta_j \sim q_\phi`
+    (for the log score :math:`S = \log \frac{1}{M}\sum_j p(y_i\mid\theta_j)`,
+    eq. 5 of [1]). The regularizers are the Monte Carlo estimates
 
     .. math::
 
         r_{\rm prior} = \frac{1}{M}\sum_j \big[\log q(\theta_j) -
-        \log p(\theta_j)\big],
-
-    .. math::
-
+        \log p(\theta_j)\big], \qquad
         r_{\rm post} = r_{\rm prior} - \frac{1}{M}\sum_j \sum_i
         \log p(y_i \mid \theta_j),
 
-    the Monte Carlo estimates of :math:`\mathrm{KL}(q\,\|\,p(\theta))` and of
-    :math:`\mathrm{KL}(q\,\|\,p(\theta\mid y))` up to a constant (the negative
-    ELBO). :math:`\lambda = 0` is pure predictive optimisation; as
-    :math:`\lambda \to \infty` with the posterior regularizer the optimum is
-    the VI posterior. The loss is :math:`-\mathcal{L}`.
+    of :math:`\mathrm{KL}(q\,\|\,p(\theta))` and of the negative ELBO.
+    :math:`\lambda = 0` is pure predictive optimisation; as :math:`\lambda \to
+    \infty` with the posterior regularizer the optimum is the VI posterior. The
+    loss is :math:`-\mathcal{L}`.
 
-    **Observations** are the entries of the *data plate*: the plate shared
-    by the observed sites that are in plates, or the one named by
-    ``data_plate``. All observed values at one index of that plate form one
-    observation. A model written without a plate has its observations along
-    the rightmost batch dimension of its observed values (as NumPyro's
-    ``log_likelihood`` has them): the same scores as the model written with
-    a plate; ``data_plate=-2`` (a negative integer) names another batch
-    dimension. An observed site outside the data plate (a prior written as
-    ``numpyro.sample("c", dist.Normal(0, 1), obs=latent)``) is a term of the
-    joint density, not an observation: it enters the regularizer with the
-    prior, and no score. Masked observations (``handlers.mask``,
-    ``Distribution.mask``, ``obs_mask=``) score nothing. With a subsampled
-    data plate of size :math:`N` and batch :math:`b` the sum over
-    observations is scaled by :math:`N/b`; handler scales are honoured.
-
-    With ``log_score_estimator="rejection"`` the gradient of the log score
-    is the rejection-sampling estimator of [1, appendix B]: each draw is
-    accepted for observation :math:`i` when :math:`t_{ji} < p(y_i \mid
-    \theta_j)/C` with :math:`t_{ji} \sim U(0, 1)`, and
-
-    .. math::
-
-        \widehat{\nabla_\phi \log q_\phi(y_i)} = \frac{1}{|A_i|}
-        \sum_{j \in A_i} \nabla_\phi \log q_\phi(\theta_j)
-        \quad(\theta_j \text{ held fixed}),
-
-    unbiased for any :math:`M` given one acceptance (the accepted draws are
-    exact draws from :math:`q(\theta \mid y_i)`). Observations without an
-    acceptance among the :math:`M` particles get further rounds of
-    :math:`M` draws inside ``jit`` until one is accepted, so the data-set
-    gradient is unbiased; an observation still without an acceptance after
-    ``max_rounds`` rounds contributes no gradient (read how often with
-    :meth:`rejection_stats`). Dropping such observations instead, as the
-    paper does, biases the gradient toward the observations the guide
-    already predicts well. The reported loss value is the ordinary log-score
-    estimate. The guide needs no reparameterised sampler for this estimator
-    unless the regularizer is used, but its density must be evaluable at
-    given points.
+    Observations are the entries of the data plate (the plate the observed
+    sites share, or ``data_plate``; without a plate, the rightmost batch
+    dimension). Masked observations score nothing; a subsampled plate scales
+    the sum by :math:`N/b`; an observed site outside the data plate is a term of
+    the prior. With ``log_score_estimator="rejection"`` the log score's gradient
+    is the rejection-sampling estimator of [1, appendix B], unbiased for any
+    :math:`M`: an observation without an acceptance gets further rounds inside
+    ``jit`` rather than being dropped (:meth:`rejection_stats` reports those
+    still without one after ``max_rounds``).
 
     **Example**
 
     .. code-block:: python
-
-        from numpyro.infer import SVI
-        from numpyro_pvi import PredictiveELBO
 
         svi = SVI(model, guide, optax.adam(1e-2), loss=PredictiveELBO("log"))
 
@@ -133,15 +95,15 @@ class PredictiveELBO(ELBO):
     :param int num_particles: number :math:`M` of draws from the guide.
     :param regularizer: ``"prior"``, ``"posterior"`` or ``None``.
     :param lam: weight :math:`\lambda \ge 0` of the regularizer: a real
-        number, or a scalar JAX array (e.g. traced, so that one compiled
-        program fits a grid of values under ``vmap``).
+        number, or a scalar JAX array (traced, so that one compiled program fits
+        a grid of values under ``vmap``).
     :param data_plate: name of the plate that indexes observations, or a
-        negative batch dimension of the observed values; by default the
-        plate shared by the observed sites in plates (see *Observations*).
+        negative batch dimension of the observed values.
     :param vectorize_particles: ``True`` (``vmap``), ``False`` (``lax.map``)
         or a callable ``fn(f, keys)``, as for :class:`~numpyro.infer.elbo.ELBO`.
     :param str log_score_estimator: ``"reparam"`` (default) or
-        ``"rejection"`` (log score only).
+        ``"rejection"`` (log score only; the guide's density must be evaluable
+        at given points).
     :param likelihood_bound: the bound :math:`C \ge p(y_i \mid \theta)` the
         rejection estimator needs.
     :param int max_rounds: the largest number of further rounds of the

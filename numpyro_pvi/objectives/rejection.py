@@ -1,27 +1,13 @@
 r"""The rejection-sampling gradient of the log score (Lai & Yao 2024, app. B).
 
-For one observation, :math:`\nabla_\phi \log q_\phi(y_i) =
-\mathbb{E}_{q_\phi(\theta \mid y_i)}[\nabla_\phi \log q_\phi(\theta)]` with
-:math:`q_\phi(\theta \mid y_i) \propto q_\phi(\theta)\, p(y_i \mid \theta)`.
-A draw :math:`\theta_j \sim q_\phi` is accepted for observation :math:`i`
-when :math:`t_{ji} < p(y_i \mid \theta_j) / C` (:math:`t_{ji} \sim U(0, 1)`,
-:math:`p \le C`); accepted draws are exact draws from
-:math:`q_\phi(\theta \mid y_i)`, so the mean score function over them is
-unbiased given one acceptance.
-
-Dropping the observations without an acceptance and rescaling the rest is
-biased for the data set, toward the observations the guide already predicts
-well (the outliers are the ones dropped). Here an observation without an
-acceptance in the ``M`` particles of the step gets further rounds of ``M``
-draws (a ``lax.while_loop`` inside ``jit``, with the parameters' gradient
-stopped) until one is accepted; the first accepted draw of the first
-successful round is again an exact draw from :math:`q_\phi(\theta \mid y_i)`,
-and its score function is the observation's estimate. Given the first
-round, later rounds are independent, so the estimate of every observation is
-unbiased; only an observation still without an acceptance after
-``max_rounds`` rounds contributes zero (probability
-:math:`(1 - a_i)^{M \cdot \text{max\_rounds}}` with :math:`a_i` its acceptance
-rate per draw), which :class:`RejectionStats` reports.
+:math:`\nabla_\phi \log q_\phi(y_i) = \mathbb{E}_{q_\phi(\theta \mid y_i)}
+[\nabla_\phi \log q_\phi(\theta)]`, with :math:`q_\phi(\theta \mid y_i)
+\propto q_\phi(\theta)\, p(y_i \mid \theta)` drawn by rejection. An
+observation without an acceptance among the step's ``M`` particles gets
+further rounds (a ``lax.while_loop``, gradient stopped) rather than being
+dropped, which would bias the estimate toward the observations the guide
+already predicts; only one still without an acceptance after ``max_rounds``
+contributes zero, which :class:`RejectionStats` reports.
 """
 
 from __future__ import annotations

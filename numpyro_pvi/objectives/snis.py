@@ -18,39 +18,24 @@ __all__ = ["SNISForwardKL"]
 
 class SNISForwardKL(ELBO):
     r"""Forward KL :math:`\mathrm{KL}(p(\theta \mid x)\,\|\,q_\phi)` by
-    self-normalised importance sampling (Jerfel et al. 2021).
+    self-normalised importance sampling (Jerfel et al. 2021), the baseline of
+    [2, §5.1].
 
-    The baseline of [2, §5.1]. Draw :math:`\theta_1, \dots, \theta_K \sim
-    q_\phi`, hold them fixed and weight them by
-
-    .. math::
-
-        \tilde w = \operatorname{softmax}_k\big(\log p(\theta_k, x) -
-        \log q_{\mathrm{sg}(\phi)}(\theta_k)\big)
-
-    (no gradient through the weights); the loss is
+    With :math:`\theta_1, \dots, \theta_K \sim q_\phi` held fixed and
+    :math:`\tilde w = \operatorname{softmax}_k\big(\log p(\theta_k, x) - \log
+    q_{\mathrm{sg}(\phi)}(\theta_k)\big)` (no gradient through the weights),
 
     .. math::
 
         \mathcal{L}(\phi) = \sum_{k=1}^K \tilde w_k \big(\log p(\theta_k, x)
         - \log q_\phi(\theta_k)\big),
 
-    the forward KL up to the constant :math:`\log p(x)`, with gradient
-    :math:`-\sum_k \tilde w_k \nabla_\phi \log q_\phi(\theta_k)`. At the
-    optimum the weights are :math:`1/K` and this gradient is the (non-zero)
-    average score. ``low_variance=True`` adds the control variate
-    :math:`\frac1K\sum_k \log q_\phi(\theta_k) - \mathrm{sg}\big(\frac1K
-    \sum_k \log q_\phi(\theta_k)\big)`: the loss value is unchanged, the
-    gradient becomes :math:`-\sum_k (\tilde w_k - 1/K)\nabla_\phi \log
-    q_\phi(\theta_k)`, which vanishes at the optimum and equals the gradient
-    of :class:`~numpyro_pvi.SoftCVIELBO` with :math:`\alpha = 1` and the
-    proposal negative.
-
-    Guides as for :class:`~numpyro_pvi.SoftCVIELBO`: no reparameterisation is
-    needed (discrete latent sites are fine) but the guide's log density must
-    be evaluable at given points. The model's own parameters are fitted by
-    maximum marginal likelihood with the same weights, as there
-    (reweighted wake-sleep).
+    the forward KL up to :math:`\log p(x)`. ``low_variance=True`` adds the
+    control variate :math:`\frac1K\sum_k \log q_\phi(\theta_k) - \mathrm{sg}(\cdot)`,
+    so the gradient :math:`-\sum_k (\tilde w_k - 1/K)\nabla_\phi \log
+    q_\phi(\theta_k)` vanishes at the optimum (that of
+    :class:`~numpyro_pvi.SoftCVIELBO` with :math:`\alpha = 1`). Guides and the
+    model's own parameters as for :class:`~numpyro_pvi.SoftCVIELBO`.
 
     :param int num_particles: the number :math:`K \ge 2` of importance draws.
     :param bool low_variance: add the control variate.

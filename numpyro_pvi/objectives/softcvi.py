@@ -20,83 +20,40 @@ _NEGATIVES = ("proposal", "posterior")
 class SoftCVIELBO(ELBO):
     r"""Soft contrastive variational inference (Ward, Beaumont & Fasiolo 2024).
 
-    Fitting the guide becomes a classification problem with soft labels
-    (Algorithm 1 of [1]). Draw :math:`\theta_1, \dots, \theta_K \sim q_\phi`
-    and hold them fixed (no reparameterisation). With a *negative*
-    distribution :math:`p^-`, the labels and the classifier's logits are
+    Fitting the guide becomes a classification with soft labels (Algorithm 1
+    of [1]). Draw :math:`\theta_1, \dots, \theta_K \sim q_\phi`, held fixed; with
+    a negative distribution :math:`p^-`,
 
     .. math::
 
         y = \operatorname{softmax}_k\big(\log p(\theta_k, x) -
-        \log p^-(\theta_k)\big), \qquad
-        \hat z_k = \log q_\phi(\theta_k) - \log p^-(\theta_k),
-
-    with no gradient through the labels, and the loss is the softmax
-    cross-entropy
-
-    .. math::
-
+        \log p^-(\theta_k)\big), \quad
+        \hat z_k = \log q_\phi(\theta_k) - \log p^-(\theta_k), \quad
         \mathcal{L}(\phi) = -\sum_{k=1}^K y_k \log
-        \operatorname{softmax}(\hat z)_k .
+        \operatorname{softmax}(\hat z)_k,
 
-    ``negative="proposal"`` uses :math:`p^- = q_{\mathrm{sg}(\phi)}^\alpha`
-    (the guide with stopped gradient, tempered), ``negative="posterior"``
-    the tempered unnormalised posterior :math:`p^- = p(\theta, x)^\alpha`
-    (draws with zero model density are then left out of the contrast). A
-    NaN anywhere in the terms (a likelihood that fails at some draw) gives
-    a NaN loss, which SVI's losses show. The
-    gradient
+    with no gradient through the labels; the gradient is exactly zero when
+    :math:`q_\phi` is the posterior ([1], appendix A). ``negative="proposal"``
+    uses :math:`p^- = q_{\mathrm{sg}(\phi)}^\alpha`, ``negative="posterior"``
+    :math:`p^- = p(\theta, x)^\alpha` (draws of zero model density are left out).
+    :math:`\alpha = 1` with the proposal gives the gradient of the low-variance
+    self-normalised forward KL (:class:`~numpyro_pvi.SNISForwardKL`); smaller
+    :math:`\alpha` spreads the guide over more of the posterior mass.
 
-    .. math::
-
-        \nabla_\phi \mathcal{L} = -\sum_k \big(y_k -
-        \operatorname{softmax}(\hat z)_k\big)\, \nabla_\phi
-        \log q_\phi(\theta_k)
-
-    is exactly zero when :math:`q_\phi` is the posterior, for any draws
-    ([1], appendix A). :math:`\alpha = 1` with the proposal negative gives
-    the gradient of the low-variance self-normalised forward KL
-    (:class:`~numpyro_pvi.SNISForwardKL` with ``low_variance=True``);
-    smaller :math:`\alpha` flattens the labels and spreads the fitted guide
-    over more of the posterior mass.
-
-    Only :math:`\log q_\phi` at given points is needed, so the guide may
-    have discrete latent sites. It must have an evaluable density: AutoNormal,
-    AutoDiagonalNormal, AutoMultivariateNormal, AutoLowRankMultivariateNormal,
-    AutoIAFNormal, :class:`~numpyro_pvi.guides.AutoFlow` (a spline flow whose
-    density costs one pass, the flexible choice for multimodal posteriors) or
-    a hand-written guide; AutoBNAFNormal (no inverse) and
-    AutoDelta (no density) are rejected. With a subsampled plate the log
-    joint is its unbiased estimate but the labels, a nonlinear function of
-    it, are biased.
-
-    **Where to start.** The labels are the draws' self-normalised importance
-    weights: when every draw of the initial guide lies far from the
-    posterior, one draw takes nearly all the label mass, the gradient pulls
-    the guide toward that draw, and the fit can stall short of the
-    posterior. A spline flow fitted to a three-dimensional Normal posterior
-    ten posterior standard deviations from its initial location reached it
-    from 3 of 10 random initialisations in 2000 steps, and from all 10
-    after 300 steps of ``Trace_ELBO``:
-    start SoftCVI from a short ELBO fit, ``svi.run(..., init_params=params)``.
-
-    The model's own parameters (``numpyro.param`` sites in the model) are
-    fitted by maximum marginal likelihood, as in reweighted wake-sleep [2]:
-    their gradient is the self-normalised importance-sampling estimate
-    :math:`-\sum_k \tilde w_k \nabla_\psi \log p_\psi(\theta_k, x)`,
-    :math:`\tilde w = \operatorname{softmax}_k(\log p(\theta_k, x) - \log
-    q(\theta_k))`, added to the gradient with the loss value unchanged.
+    The guide needs a density at given points (AutoNormal, the multivariate
+    normals, AutoIAFNormal, :class:`~numpyro_pvi.guides.AutoFlow`, hand-written
+    guides; AutoBNAFNormal and AutoDelta are refused) and may have discrete
+    sites. The labels are self-normalised importance weights: from an initial
+    guide far from the posterior one draw takes all the mass and the fit can
+    stall; start from a short ELBO fit (``svi.run(..., init_params=params)``).
+    The model's own ``numpyro.param`` sites are fitted by maximum marginal
+    likelihood, as in reweighted wake-sleep [2].
 
     **Example**
 
     .. code-block:: python
 
-        from numpyro.infer import SVI
-        from numpyro.infer.autoguide import AutoMultivariateNormal
-        from numpyro_pvi import SoftCVIELBO
-
-        guide = AutoMultivariateNormal(model)
-        svi = SVI(model, guide, optax.adam(1e-2),
+        svi = SVI(model, AutoMultivariateNormal(model), optax.adam(1e-2),
                   loss=SoftCVIELBO(num_particles=8, alpha=0.75))
 
     :param int num_particles: the number :math:`K \ge 2` of draws (classes).

@@ -21,38 +21,24 @@ __all__ = ["StratifiedELBO"]
 class StratifiedELBO(ELBO):
     r"""The ELBO with expectations stratified over a mixture guide's components.
 
-    For a guide :math:`\bar q(\theta) = \sum_k \bar\omega_k q_k(\theta)`
-    (:class:`~numpyro_pvi.guides.AutoGaussianMixture`) the ELBO is
+    For :math:`\bar q(\theta) = \sum_k \bar\omega_k q_k(\theta)`
+    (:class:`~numpyro_pvi.guides.AutoGaussianMixture`),
 
     .. math::
 
-        \mathcal{L}(\phi) = \sum_{k=1}^K \bar\omega_k\,
-        \mathbb{E}_{q_k}\big[\log p(\theta, y) - \log \bar q(\theta)\big]
-        \approx \sum_{k=1}^K \bar\omega_k \frac{1}{M} \sum_{m=1}^M
-        \big[\log p(\theta_{km}, y) - \log \bar q(\theta_{km})\big],
+        \mathcal{L}(\phi) \approx \sum_{k=1}^K \bar\omega_k \frac{1}{M}
+        \sum_{m=1}^M \big[\log p(\theta_{km}, y) - \log \bar q(\theta_{km})\big],
+        \qquad \theta_{km} \sim q_k,
 
-    with :math:`M` reparameterised draws :math:`\theta_{km} \sim q_k` from
-    *every* component (the stratified ELBO of [1], the :math:`K = 1` case of
-    their SIWAE bound). The estimate is unbiased, and its gradient reaches
-    the weights :math:`\bar\omega` exactly, through the factors
-    :math:`\bar\omega_k` — unlike :class:`~numpyro.infer.Trace_ELBO`, whose
-    draws pick their component by a discrete choice that no gradient
-    passes. It is the VI baseline for mixture guides and the
-    :math:`\lambda \to \infty` limit of :class:`~numpyro_pvi.PredictiveELBO`
-    with the posterior regularizer. With the guide's ``entropy="huber"``
-    the :math:`\log \bar q` term is the Huber et al. bound, and the
-    objective a lower bound of the ELBO.
-
-    For a guide without components the draws are i.i.d. and this is
-    :class:`~numpyro.infer.Trace_ELBO` with ``num_particles`` draws. Handler
-    scales and subsampled plates are applied as NumPyro applies them.
+    unbiased, with the gradient reaching the weights exactly (Morningstar et al.
+    2021), which ``Trace_ELBO``'s discrete choice of component does not. The VI
+    baseline for mixture guides, and the :math:`\lambda \to \infty` limit of
+    :class:`~numpyro_pvi.PredictiveELBO` with the posterior regularizer. For a
+    guide without components it is ``Trace_ELBO``.
 
     **Example**
 
     .. code-block:: python
-
-        from numpyro_pvi import StratifiedELBO
-        from numpyro_pvi.guides import AutoGaussianMixture
 
         guide = AutoGaussianMixture(model, num_components=3)
         svi = SVI(model, guide, optax.adam(1e-2), loss=StratifiedELBO())

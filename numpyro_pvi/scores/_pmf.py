@@ -1,26 +1,12 @@
-"""The pmf of a distribution over its whole finite support, as log
-probabilities or as probabilities.
+"""The pmf of a distribution over its whole finite support.
 
-For the likelihoods whose normaliser is shared by all support values
-(Categorical and Binomial, with probabilities or logits) the log pmf over the
-support is computed in one pass from their parameters: the log-sum-exp of the
-logits, or the binomial normaliser, once for all support values. Any other
-distribution with an enumerable support takes the generic path, one
-``log_prob`` per support value, fused by XLA. A Binomial or
-``BetaBinomial`` whose ``total_count`` varies between observations
-enumerates to the largest count, its pmf 0 (with a finite gradient) above
-each observation's own.
-
-The probabilities (:func:`support_pmf`, what the quadratic score reads) of a
-Bernoulli likelihood come from its parameter without a logarithm: ``[1 - p,
-p]``; every other likelihood's are the exponentials of
-:func:`support_log_pmf`.
-
-For a Binomial likelihood the quadratic score needs only the particle sums
-of the pmf and of its square at each support value:
-:func:`binomial_support_sums` computes them from the logits and counts
-without the ``(M, K, b)`` pmf, by the ratio of consecutive terms, block of
-particles by block of particles.
+Categorical and Binomial likelihoods take one pass from their parameters
+(the normaliser once for all support values); any other enumerable
+distribution one ``log_prob`` per support value. A ``total_count`` that varies
+between observations enumerates to the largest count, its pmf 0 (with a
+finite gradient) above each observation's own. :func:`binomial_support_sums`
+gives the quadratic score's particle sums of a Binomial pmf and its square
+without the ``(M, K, b)`` array.
 """
 
 from __future__ import annotations

@@ -16,29 +16,17 @@ __all__ = ["LogScore", "Score", "strata", "stratum_weights"]
 class Score:
     r"""Base class of positively oriented scoring rules estimated from particles.
 
-    Subclasses set ``requires``, what they read of the particle
-    machinery (``"log_lik"``: per-observation log-likelihoods;
-    ``"likelihood"``: the observed sites' distributions at every particle,
-    from which :func:`~numpyro_pvi.scores.simulations` draws and
-    :func:`~numpyro_pvi.scores.support_pmf` enumerates), and implement
-    :meth:`estimate`. ``min_particles`` is the smallest number of particles
-    the estimator is defined for. ``mixture_is_quadratic`` says that the
-    score of a mixture :math:`\sum_c w_c F_c` of predictives is a quadratic
-    function of the weights (kernel scores, the quadratic score) and that
-    :meth:`estimate` under stratified draws is that function of the strata
-    weights: stacking then solves for the weights from pairwise mixtures.
-
-    **Weights.** Particle ``j`` enters the predictive of observation ``i``
-    with weight ``exp(terms.weights.log_predictive[j, i])``: ``1/M`` for
-    i.i.d. draws, the strata weights of a mixture guide otherwise. An
-    estimator uses them (e.g. through
-    :func:`~numpyro_pvi.particles.predictive_log_density`), or refuses
+    Subclasses set ``requires`` (``"log_lik"``: per-observation log-likelihoods;
+    ``"likelihood"``: the observed sites' distributions at every particle, which
+    :func:`~numpyro_pvi.scores.simulations` draws from and
+    :func:`~numpyro_pvi.scores.support_pmf` enumerates), ``min_particles``, and
+    implement :meth:`estimate`. ``mixture_is_quadratic`` says the score of a
+    mixture of predictives is quadratic in its weights (what stacking solves).
+    Particle ``j`` enters observation ``i`` with weight
+    ``exp(terms.weights.log_predictive[j, i])``; an estimator uses it or refuses
     stratified draws with :func:`~numpyro_pvi.particles.require_iid`.
 
-    **Example**: the (negated) interval score of the central
-    :math:`(1-\alpha)` prediction interval :math:`[l, u]` (Gneiting &
-    Raftery 2007, §6.2), :math:`l, u` the empirical quantiles of the
-    simulated observations:
+    **Example**: the (negated) interval score (Gneiting & Raftery 2007, §6.2):
 
     .. code-block:: python
 

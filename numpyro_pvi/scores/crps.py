@@ -71,72 +71,46 @@ class CRPS(Score):
         S_{\rm CRPS}(q, y_i) = -\mathbb{E}_q|Y - y_i|
         + \tfrac{1}{2}\mathbb{E}_q|Y - Y'|.
 
-    **From simulations** (``"all-pairs"``): reparameterised draws
-    :math:`x_j \sim p(y_i \mid \theta_j)`, :math:`\theta_j \sim q_\phi`,
-    and the *fair* estimator, unbiased for every :math:`M \ge 2`,
+    Estimators: ``"all-pairs"``, from reparameterised simulations
+    :math:`x_j \sim p(y_i \mid \theta_j)`, the fair estimator [3]
 
     .. math::
 
         \widehat{S}_i = -\frac{1}{M}\sum_{j} |x_j - y_i|
-        + \frac{1}{2M(M-1)} \sum_{j \ne k} |x_j - x_k|.
+        + \frac{1}{2M(M-1)} \sum_{j \ne k} |x_j - x_k|,
 
-    Gradients flow through the simulations, so every observed site needs a
-    reparameterised sampler (``numpyro_pvi.scores.simulation``, or a
-    :class:`~numpyro_pvi.distributions.Simulator` for likelihood-free
-    models); no likelihood is evaluated. ``"derangement"`` pairs each draw
-    with the next one only, :math:`\frac{1}{2M}\sum_j |x_j - x_{j+1}|`:
-    also unbiased, :math:`O(M)`, with more variance.
-
-    **In closed form** (``"closed-form"``): for the likelihoods of the
-    registry ``numpyro_pvi.scores.closed_forms`` (Normal, LogNormal,
-    Normal mixtures, Poisson, negative-binomial and geometric counts,
-    zero-inflated or not) both expectations given the particles are exact
-    and each particle is paired with the next: the derangement averaged
-    over its simulations, unbiased with less variance.
-
-    **From the pmf** (``"pmf"``): for a finite support of ordered values
-    (Bernoulli, Binomial, ``BetaBinomial``, ``OrderedLogistic``; the ranked
-    probability score), with :math:`F_j` the particles' cdfs,
-    :math:`-\sum_v [\widehat{\bar F(v)^2} - 2\bar F(v)\, 1\{y_i \le v\}
-    + 1\{y_i \le v\}]`, the square from distinct pairs of particles: the
-    all-pairs estimate averaged over its simulations.
-
-    ``"auto"`` (the default) takes the closed form where one is registered,
-    the pmf for ordered finite supports and all pairs otherwise; a
-    ``Categorical``'s categories need not be ordered, so it is refused with
-    ``estimator="pmf"`` as the remedy. Under stratified sampling (mixture
-    guides, ``M`` draws per component :math:`k`, :math:`v_j =
-    \omega_{k(j)}/M`) each estimator weights draw :math:`j` by :math:`v_j`
-    and pairs of one component by :math:`M/(M-1)`: still unbiased. For
-    vector observations use :class:`~numpyro_pvi.scores.EnergyScore`.
+    unbiased for every :math:`M \ge 2` (every observed site needs a
+    reparameterised sampler, or a :class:`~numpyro_pvi.distributions.Simulator`);
+    ``"derangement"``, each draw paired with the next [4]; ``"closed-form"``,
+    both expectations given the particles exact for the likelihoods registered
+    in ``numpyro_pvi.scores.closed_forms`` (Normal, LogNormal, Normal mixtures
+    [5], Poisson and negative-binomial counts [6, 7]); ``"pmf"``, the ranked
+    probability score of a finite ordered support (Bernoulli, Binomial,
+    ``BetaBinomial``, ``OrderedLogistic``). ``"auto"`` takes the closed form, then
+    the pmf, then all pairs; a ``Categorical`` is refused (its categories need
+    not be ordered). Under stratified sampling every estimator weights the draws
+    by :math:`v_j` and stays unbiased. For vectors use
+    :class:`~numpyro_pvi.scores.EnergyScore`.
 
     :param str estimator: ``"auto"`` (default), ``"all-pairs"``,
-        ``"derangement"``, ``"closed-form"`` (Normal, LogNormal,
-        Normal-mixture, Poisson and negative-binomial likelihoods only) or
-        ``"pmf"`` (likelihoods with a finite support).
+        ``"derangement"``, ``"closed-form"`` or ``"pmf"``.
 
     **References**
 
     1. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
-       predictively optimal posterior distribution*. Table 1, row 3;
-       appendix A.4.
+       predictively optimal posterior distribution*. arXiv:2410.14843.
     2. Gneiting, T. & Raftery, A. E. (2007). *Strictly proper scoring rules,
-       prediction, and estimation*. JASA 102(477), eq. 20-21.
-    3. Ferro, C. A. T. (2014). *Fair scores for ensemble forecasts*. QJRMS
-       140, 1917-1923.
+       prediction, and estimation*. JASA 102(477).
+    3. Ferro, C. A. T. (2014). *Fair scores for ensemble forecasts*. QJRMS 140.
     4. Zamo, M. & Naveau, P. (2018). *Estimation of the continuous ranked
        probability score with limited information and applications to
-       ensemble weather forecasts*. Mathematical Geosciences 50, 209-234
-       (the approximate kernel representation: the derangement's pairing).
+       ensemble weather forecasts*. Mathematical Geosciences 50.
     5. Grimit, E. P., Gneiting, T., Berrocal, V. J. & Johnson, N. A. (2006).
        *The continuous ranked probability score for circular variables and
-       its application to mesoscale forecast ensemble verification*. QJRMS
-       132(621C), 2925-2942, eq. 5 (the CRPS of a Normal mixture).
-    6. Wei, W. & Held, L. (2014). *Calibration tests for count data*. TEST
-       23, 787-805 (the CRPS of a Poisson distribution).
+       its application to mesoscale forecast ensemble verification*. QJRMS 132.
+    6. Wei, W. & Held, L. (2014). *Calibration tests for count data*. TEST 23.
     7. Mohamed, S., Rosca, M., Figurnov, M. & Mnih, A. (2020). *Monte Carlo
-       gradient estimation in machine learning*. JMLR 21(132), §6 (the
-       measure-valued derivative of a Poisson distribution).
+       gradient estimation in machine learning*. JMLR 21(132).
     """
 
     name = "crps"

@@ -34,14 +34,11 @@ class EnergyScore(Score):
     .. math::
 
         S_{\rm ES}(q, y_i) = -\mathbb{E}_q\|Y - y_i\|^\beta
-        + \tfrac{1}{2}\mathbb{E}_q\|Y - Y'\|^\beta, \qquad
-        0 < \beta < 2,
+        + \tfrac{1}{2}\mathbb{E}_q\|Y - Y'\|^\beta, \qquad 0 < \beta < 2,
 
-    strictly proper for :math:`\beta \in (0, 2)`; in one dimension with
-    :math:`\beta = 1` it is the CRPS. One observation is the vector of all
-    observed values at one index of the data plate (event dimensions of
-    every observed site, concatenated). Estimated with the fair all-pairs
-    estimator from reparameterised draws,
+    strictly proper. One observation is the vector of all observed values at
+    one index of the data plate. Estimated by the fair all-pairs estimator from
+    reparameterised draws,
 
     .. math::
 
@@ -49,27 +46,12 @@ class EnergyScore(Score):
         + \frac{1}{2M(M-1)} \sum_{j \ne k}
         \|y^{\rm sim}_j - y^{\rm sim}_k\|^\beta,
 
-    in :math:`O(M^2 b\, d)` time and :math:`O(M b\, d)` memory, its value
-    and gradient from one pass over the pairs
-    (``scores.pair_sums.pair_norm_sum``). Under
-    stratified sampling (mixture guides) the pairs are weighted as in
-    :class:`CRPS`: :math:`v_j v_l`, times :math:`M/(M-1)` within a component.
-
-    In one dimension with :math:`\beta = 1` the energy score is the CRPS,
-    and it is estimated as :class:`CRPS` estimates it: the all-pairs
-    estimate by sign sums (a comparison per pair in place of a square root
-    and a division), and with ``estimator="auto"`` (the default), where
-    every observed site is a :class:`~numpyro.distributions.Normal` (or
-    every one a :class:`~numpyro.distributions.LogNormal`, or the one
-    observed site a Normal mixture), the closed form
-    (both expectations over :math:`y` exact, no simulations),
-    so that ``PredictiveELBO("energy")`` and ``PredictiveELBO("crps")`` are
-    the same objective on scalar observations; where every observed site
-    has a finite support of ordered values, the CRPS from the pmf, as
-    ``CRPS()`` takes it. Otherwise ``"auto"`` is ``"all-pairs"``.
-
-    ``estimator="derangement"`` pairs each draw with the next one only, as
-    for :class:`CRPS`: unbiased, :math:`O(M b\, d)`, more variance.
+    in :math:`O(M b\, d)` memory; stratified draws are weighted as in
+    :class:`CRPS`. In one dimension with :math:`\beta = 1` it is the CRPS and is
+    estimated as :class:`CRPS` estimates it (``"auto"`` takes the closed form or
+    the pmf where :class:`CRPS` would), so ``PredictiveELBO("energy")`` and
+    ``PredictiveELBO("crps")`` are then the same objective.
+    ``estimator="derangement"`` pairs each draw with the next only.
 
     :param float beta: the exponent :math:`\beta \in (0, 2)`.
     :param str estimator: ``"auto"`` (default), ``"all-pairs"`` or

@@ -224,36 +224,16 @@ def _pair_norm_sum_jvp(
 def derangement_pair_mean(
     x: Any, pair: Callable[[Any, Any], jax.Array], omega: jax.Array | None = None
 ) -> jax.Array:
-    r"""Unbiased :math:`\mathbb{E}\, d(X, X')` from each draw paired with
-    the next one, :math:`O(M)`.
-
-    For ``M`` i.i.d. draws (``omega`` ``None``)
-
-    .. math::
-
-        \frac{1}{M} \sum_{j=1}^M d(x_j, x_{j+1 \bmod M}),
-
-    each term a pair of independent draws. The cyclic shift is one
-    derangement; a random one has the same distribution for exchangeable
-    draws when it is a single ``M``-cycle, and more variance otherwise (fewer
-    distinct pairs), so none is drawn. For ``K`` strata of ``M`` draws each
-    (leading axis ``K M``, stratum weights ``omega`` ``(K, b)``) the
-    predictive is the mixture :math:`\sum_k \omega_k F_k` and
-
-    .. math::
-
-        \sum_{k,l} \omega_k \omega_l \frac{1}{M} \sum_{m=1}^M
-        d(x_{k,m}, x_{l,m+1 \bmod M}),
-
-    unbiased since draw :math:`m` of stratum :math:`k` is independent of draw
-    :math:`m+1` of every stratum (:math:`O(K^2 M)`).
+    r"""Unbiased :math:`\mathbb{E}\, d(X, X')` from each draw paired with the next,
+    :math:`O(M)`: :math:`\frac{1}{M} \sum_j d(x_j, x_{j+1 \bmod M})` for i.i.d.
+    draws; for ``K`` strata,
+    :math:`\sum_{k,l} \omega_k \omega_l \frac{1}{M} \sum_m d(x_{k,m},
+    x_{l,m+1 \bmod M})` (:math:`O(K^2 M)`).
 
     :param x: the draws, an array or a tuple of arrays with the particle axis
         first: ``(M, b, ...)`` (``(K M, b, ...)`` with strata).
-    :param pair: ``d``, elementwise on two such draws (aligned particle by
-        particle), returning ``(M, b)``.
-    :param omega: ``(K, b)`` strata weights (each row sums to one over ``K``),
-        or ``None`` for i.i.d. draws.
+    :param pair: ``d``, elementwise on two such draws, returning ``(M, b)``.
+    :param omega: ``(K, b)`` strata weights, or ``None`` for i.i.d. draws.
     :return: ``(b,)``.
     """
     tree = jax.tree_util

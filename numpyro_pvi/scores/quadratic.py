@@ -163,59 +163,25 @@ class QuadraticScore(Score):
         S_{\rm quad}(q, y_i) = 2\, q(y_i) - \sum_{j} q(j)^2, \qquad
         q(j) = \mathbb{E}_{q_\phi(\theta)}\, p(j \mid \theta),
 
-    (the negated Brier score plus one), for observed sites with a finite
-    support (Bernoulli, Categorical, Binomial, ... via
-    ``enumerate_support``), from the pmf over the support as probabilities
-    (``terms.pmf``: for a Bernoulli likelihood the sigmoid of its logits, no
-    logarithm). With :math:`f_m(j) = p(j \mid \theta_m)`, :math:`q(y_i)` is
-    estimated by :math:`\frac{1}{M}\sum_m f_m(y_i)` (in probability space)
-    and :math:`q(j)^2` by the *unbiased* pair estimate
+    (the negated Brier score plus one) for observed sites with a finite support
+    (``enumerate_support``). With :math:`f_m(j) = p(j \mid \theta_m)`,
+    :math:`q(j)^2` is estimated by the unbiased pair estimate
 
     .. math::
 
-        \widehat{q(j)^2} = \frac{1}{M(M-1)} \sum_{m \ne k} f_m(j)\, f_k(j)
-        = \frac{(\sum_m f_m(j))^2 - \sum_m f_m(j)^2}{M(M-1)},
+        \widehat{q(j)^2} = \frac{(\sum_m f_m(j))^2 - \sum_m f_m(j)^2}{M(M-1)},
 
-    not the plug-in square :math:`(\frac{1}{M}\sum_m f_m(j))^2`, whose bias
-    :math:`\mathrm{Var}_q[f(j)]/M` rewards guides with a spread-out
-    predictive and so makes the estimated objective improper. The estimate
-    of :math:`S` is unbiased for every :math:`M \ge 2`. With one component
-    per observation :math:`\frac{1}{M}\sum_m f_m(y_i)` is the support total
-    :math:`\frac{1}{M}\sum_m f_m(j)` at :math:`j = y_i`, read from the same
-    sums (no separate pass over the log-likelihoods).
+    not the plug-in square, whose bias rewards spread-out predictives and makes
+    the estimated objective improper. An observation of several components
+    (independent given :math:`\theta`) multiplies their overlaps
+    :math:`\sum_j f_{m,l}(j) f_{k,l}(j)` without enumerating the product support.
+    Stratified draws enter with their weights, still unbiased.
+    ``estimator="derangement"`` pairs each draw with the next only (:math:`O(M)`,
+    more variance); ``"auto"`` takes it for one Binomial component per
+    observation, whose overlaps are in closed form
+    (``numpyro_pvi.scores.closed_forms.binomial``), and all pairs elsewhere.
 
-    When one observation has several components :math:`c` (several batch
-    elements of its observed sites at one index of the data plate, e.g. a
-    row of Bernoulli outcomes or several observed sites) its support is the
-    product of the component supports, and given :math:`\theta` the
-    components are independent (NumPyro's batch semantics), so
-
-    .. math::
-
-        \sum_{j_1..j_c} q(j)^2 \approx \frac{1}{M(M-1)} \sum_{m\ne k}
-        \prod_{l=1}^c \sum_{j} f_{m,l}(j) f_{k,l}(j),
-
-    computed in :math:`O(M^2 b\, c K)` without enumerating the product
-    support (:math:`O(M b K)` for one component). This assumes no observed
-    site's distribution depends on the observed value of another.
-
-    Under stratified sampling (mixture guides, ``M`` draws per component
-    :math:`k`, :math:`v_a = \omega_{k(a)}(x_i)/M`) :math:`q(y_i) \approx
-    \sum_a v_a f_a(y_i)` and the pair estimate weights :math:`\langle f_a,
-    f_b\rangle` by :math:`v_a v_b`, times :math:`M/(M-1)` when :math:`a \ne
-    b` are draws of one component; it stays unbiased.
-
-    With ``estimator="derangement"`` the pair term pairs each draw with the
-    next one only, :math:`\frac{1}{M} \sum_m \langle f_m, f_{m+1 \bmod M}
-    \rangle`: also unbiased, in :math:`O(M)` overlaps instead of
-    :math:`O(M^2)`, with more variance. For one Binomial component per
-    observation its overlaps are in closed form from the logits and counts
-    (``numpyro_pvi.scores.closed_forms.binomial``), with no pmf over the
-    support: ``estimator="auto"`` (the default) takes the derangement there
-    and all pairs elsewhere; pass ``estimator="all-pairs"`` for the smaller
-    variance.
-
-    :param str estimator: ``"auto"`` (default; above), ``"all-pairs"`` or
+    :param str estimator: ``"auto"`` (default), ``"all-pairs"`` or
         ``"derangement"``.
 
     **References**

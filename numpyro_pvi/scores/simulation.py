@@ -1,22 +1,11 @@
-r"""Simulated observations: one draw of every observed site at each particle,
-for the scores that compare simulations with the observations.
+r"""Simulated observations: one draw of every observed site at each particle.
 
-Each site is drawn by NumPyro's own sampler, except the laws registered
-here by the ``sample`` method they replace (:func:`register_sampler`),
-which draw the same law as array operations instead of a rejection loop per
-value (:func:`jax.random.gamma`'s): Student-t by Bailey's polar method,
-and the Gamma-based laws (Gamma, Beta, Dirichlet, multivariate Student-t)
-by Marsaglia and Tsang's method, with the implicit reparameterisation
-gradient in the shape,
-
-.. math::
-
-    \frac{\partial x}{\partial \alpha} = -\frac{\partial_\alpha
-    F(x; \alpha)}{f(x; \alpha)}.
-
-Bailey's method is the Box–Muller transform with a Student-t radius: for
-:math:`U_1, W` uniform, :math:`T = \cos(2\pi U_1) \sqrt{\nu (W^{-2/\nu} -
-1)}` is exactly :math:`t_\nu`, a reparameterisation in :math:`\nu`.
+Each site is drawn by NumPyro's own sampler, except the laws registered by
+type (:func:`register_sampler`) that draw the same law without a rejection
+loop per value: Student-t by Bailey's polar method, Gamma-based laws (Gamma,
+Beta, Dirichlet, multivariate Student-t) by Marsaglia and Tsang's method with
+the implicit reparameterisation gradient in the shape,
+:math:`\partial x / \partial \alpha = -\partial_\alpha F(x; \alpha) / f(x; \alpha)`.
 
 **References**
 

@@ -158,56 +158,26 @@ def cross_validate(
     cross-validation of the held-out predictive score.
 
     The observations of the data plate are dealt at random into ``num_folds``
-    folds (sizes differ by at most one). Every candidate objective is fitted
-    ``num_folds`` times with ``fit.num_steps`` steps of ``optim``, each time
-    without one fold (:class:`mask_observations`: the fold's observations are
-    masked out, so a fold-out observation's local latents are fitted by the
-    prior side of the objective only, and predicted from the guide's factor
-    for them), and the fold is scored with :func:`~numpyro_pvi.predictive_score`
-    (``fit.num_draws`` draws of the fit). Every observation thus gets one held-out
-    score :math:`s_{ci}` per candidate :math:`c`; the CV estimate is
+    folds. Every candidate is fitted once per fold without that fold (its
+    observations masked, :class:`mask_observations`) and the fold is scored
+    with :func:`~numpyro_pvi.predictive_score`. The CV estimate is
     :math:`\bar s_c = \frac1N\sum_i s_{ci}` with standard error
-    :math:`\mathrm{sd}_i(s_{ci})/\sqrt N`, and the paired difference to VI,
-    :math:`\bar s_c - \bar s_{\rm VI}`, has standard error
-    :math:`\mathrm{sd}_i(s_{ci} - s_{{\rm VI},i})/\sqrt N` [1]. All fits use
-    the same key, and all scores the same key, so the differences are paired.
+    :math:`\mathrm{sd}_i(s_{ci})/\sqrt N`; the paired difference to VI has
+    standard error :math:`\mathrm{sd}_i(s_{ci} - s_{{\rm VI},i})/\sqrt N` [1]
+    (all fits and scores share their keys).
 
-    By default the candidates are ``Trace_ELBO`` ("VI"; for a mixture guide
-    :class:`~numpyro_pvi.StratifiedELBO`, the VI of mixtures) and
-    :class:`~numpyro_pvi.PredictiveELBO` with ``score``, λ = 0, the prior
-    regularizer with λ ∈ {0.01, 0.1, 1} and the posterior regularizer with
-    λ ∈ {0.1, 1, 10} (tending to VI), each with 32 particles
-    (:func:`default_candidates` builds them with other particle counts).
-
-    **Selection.** ``rule="one_se"`` (default) takes the candidate with the
-    best mean unless VI is within one paired standard error of it, and then
-    VI: a predictive objective is chosen only when the data show it predicts
-    better. ``rule="best"`` takes the best mean.
-
-    **Cost.** Candidates that differ only in λ form one compiled program
-    (λ traced) of ``fit.num_steps`` steps for every λ and fold, run in
-    blocks with a progress bar; other candidates get one program each. A
-    program runs its fits one after another (small fits ``vmap``-ped in
-    batches), in as many calls at once as there are cores; each program's
-    fits start as soon as it is lowered, and the program that scores every
-    fit (at its held-out fold's observations only) compiles while they run.
-    An error, or an interrupt (Ctrl-C), stops every running fit after its
-    current block (a twentieth of the steps) and is raised at once. An
-    autoguide that has not run yet builds its prototype inside these
-    programs, on a copy, where ``SVI.init`` would build it eagerly, one
-    small compiled program per operation; the guide passed in is left as
-    it was.
-
-    The call shape is that of every procedure that fits, ``(rng_key, model,
-    guide, optim, *args)``; how each fit is run and read travels in
-    ``fit``.
+    The default candidates are VI (``Trace_ELBO``; :class:`~numpyro_pvi.StratifiedELBO`
+    for a mixture guide) and :class:`~numpyro_pvi.PredictiveELBO` with ``score``
+    at λ = 0, the prior regularizer with λ ∈ {0.01, 0.1, 1} and the posterior
+    regularizer with λ ∈ {0.1, 1, 10}, 32 particles each
+    (:func:`default_candidates`). ``rule="one_se"`` takes the best mean unless VI
+    is within one paired standard error of it, and then VI [3]; ``rule="best"``
+    the best mean. Candidates that differ only in λ share one compiled program
+    (λ traced); an error or Ctrl-C stops every fit after its current block.
 
     **Example**
 
     .. code-block:: python
-
-        from numpyro_pvi import FitRecipe
-        from numpyro_pvi.selection import cross_validate
 
         cv = cross_validate(key, model, guide, optax.adam(1e-2), x, y=y,
                             fit=FitRecipe(num_steps=2000))
@@ -219,21 +189,16 @@ def cross_validate(
     :param guide: the guide (e.g. an autoguide of ``model``).
     :param optim: the optimizer, as for :class:`~numpyro.infer.SVI`.
     :param args: model arguments (the full data).
-    :param fit: a :class:`~numpyro_pvi.FitRecipe`: SVI steps of each
-        fit, draws of each held-out score, progress bar (one per compiled
-        block).
-    :param candidates: label -> loss, or a sequence of losses (labelled by
-        objective and λ, and by score where PVI candidates differ in it);
-        ``None``: the default grid above.
+    :param fit: a :class:`~numpyro_pvi.FitRecipe`: SVI steps of each fit,
+        draws of each held-out score, progress bar.
+    :param candidates: label -> loss, or a sequence of losses; ``None``: the
+        default grid above.
     :param int num_folds: the number :math:`K \ge 2` of folds.
     :param score: the held-out score, a name or a
-        :class:`~numpyro_pvi.scores.Score`; also the score of the default
-        PVI candidates.
+        :class:`~numpyro_pvi.scores.Score`; also the default PVI candidates'.
     :param data_plate: the plate (or negative batch dimension) that indexes
-        observations, as for :class:`~numpyro_pvi.PredictiveELBO`; also the
-        default PVI candidates'. A PVI candidate that indexes observations
-        by another plate is refused (its fits would score other
-        observations than the folds hold out).
+        observations, as for :class:`~numpyro_pvi.PredictiveELBO`; a PVI
+        candidate with another data plate is refused.
     :param str rule: ``"one_se"`` or ``"best"``.
     :param kwargs: model keyword arguments.
     :return: a :class:`CrossValidation`.
@@ -242,11 +207,11 @@ def cross_validate(
 
     1. Vehtari, A., Gelman, A. & Gabry, J. (2017). *Practical Bayesian model
        evaluation using leave-one-out cross-validation and WAIC*. Statistics
-       and Computing 27, 1413–1432. §4 (K-fold) and §5 (paired differences).
+       and Computing 27, 1413–1432.
     2. Lai, J. & Yao, Y. (2024). *Predictive variational inference: Learn the
        predictively optimal posterior distribution*. arXiv:2410.14843.
     3. Hastie, T., Tibshirani, R. & Friedman, J. (2009). *The Elements of
-       Statistical Learning*, 2nd ed., §7.10 (the one-standard-error rule).
+       Statistical Learning*, 2nd ed., §7.10.
     """
     fit = check_recipe(fit, FitRecipe, "fit", _WHERE, kwargs)
     score, num_folds = _check_options(fit, num_folds, score, rule)

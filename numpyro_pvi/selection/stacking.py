@@ -1,41 +1,19 @@
 r"""Stacking of cross-validated candidates (Yao, Vehtari, Simpson & Gelman 2018).
 
-Choosing one candidate of :func:`~numpyro_pvi.selection.cross_validate`
-throws the others away. Stacking keeps them all: it chooses weights on the
-simplex that maximise the held-out score of the *mixture* of the
+Weights on the simplex maximise the held-out score of the mixture of the
 candidates' posterior predictives, :math:`\hat w = \arg\max_{w \in
-\Delta_C} \sum_{i=1}^n S(\sum_c w_c\, p_c(\cdot \mid y_{-k(i)}), y_i)`,
-where :math:`p_c(\cdot \mid y_{-k(i)})` is candidate :math:`c`'s predictive
-fitted without the fold :math:`k(i)` holding observation :math:`i`.
-
-**Log score.** The objective is :math:`\sum_i \log \sum_c w_c\,
-p_c(y_i \mid y_{-k(i)})`, concave in :math:`w`, from the candidates'
-pointwise held-out log densities.
-
-**CRPS, energy and quadratic scores** (``Score.mixture_is_quadratic``). The
-score of a mixture is quadratic in its weights: for a kernel score
-:math:`S(F, y) = -\mathbb{E}\rho(X, y) + \tfrac12\mathbb{E}\rho(X, X')`,
+\Delta_C} \sum_{i} S(\sum_c w_c\, p_c(\cdot \mid y_{-k(i)}), y_i)`. The log
+score's objective is concave in :math:`w`. The CRPS, energy and quadratic
+scores of a mixture are quadratic in its weights,
 
 .. math::
 
     S\Bigl(\sum_c w_c F_c, y\Bigr) = \sum_c w_c S(F_c, y)
     + \tfrac12 \sum_{c \ne d} w_c w_d\, G_{cd}(y),
-    \qquad G_{cd} = \mathbb{E}\rho(X_c, X_d) - \tfrac12\mathbb{E}\rho(X_c, X_c')
-    - \tfrac12\mathbb{E}\rho(X_d, X_d') \ge 0
 
-on the simplex (:math:`G_{cd}` is half the energy distance of :math:`F_c`
-and :math:`F_d`; the quadratic score likewise, with :math:`G_{cd} =
-\lVert f_c - f_d \rVert^2`). ``cross_validate`` estimates :math:`G_{cd}`
-at every observation from the same draws as the candidates' scores, as
-:math:`4[S(\tfrac12 F_c + \tfrac12 F_d) - \tfrac12 S(F_c) - \tfrac12
-S(F_d)]`, and stacking maximises the quadratic :math:`w^\top \bar s +
-\tfrac12 w^\top \bar G w` (means over observations): a concave quadratic
-programme on the simplex (:math:`G` is conditionally negative definite).
-
-Both are solved on the softmax logits by L-BFGS (SciPy) with the analytic
-gradient. The value at :math:`\hat w` is at least that of every single
-candidate (a vertex of the simplex), and more when the candidates err at
-different observations.
+with :math:`G_{cd} \ge 0` (half the energy distance of :math:`F_c` and
+:math:`F_d`), estimated from the same draws as the candidates' scores: a
+concave quadratic programme. Both are solved on softmax logits by L-BFGS.
 """
 
 from __future__ import annotations
@@ -270,36 +248,21 @@ def stacking_weights(cv: CrossValidation) -> Stacking:
 
 
 class StackedGuide:
-    r"""The stacked posterior: a mixture of the candidates' fitted guides,
+    r"""The stacked posterior :math:`q(\theta) = \sum_c w_c\, q_c(\theta)`, a
+    mixture of the candidates' fitted guides, with the mixture's density.
 
-    .. math::
+    Each call draws a candidate :math:`c` with probability :math:`w_c`, then
+    that candidate's guide with its fitted parameters; a factor
+    ``"_stacked_density"``, :math:`\log q(\theta) - \log q_c(\theta)`, makes the
+    trace's density the mixture's, so every function that reads a guide's
+    density reads the mixture's. Its parameter ``"stacked_params"`` holds every
+    candidate's parameters along a leading axis; those of the model (e.g. a
+    ``numpyro.module`` network) are registered at the drawn candidate's values.
+    NumPyro's :class:`~numpyro.infer.Predictive` reads a model's parameters from
+    ``params`` alone: read a stacked predictive through this package's
+    functions. ``targets_posterior`` is false.
 
-        q(\theta) = \sum_c w_c\, q_c(\theta),
-
-    with the density of that mixture. Each call draws a candidate :math:`c`
-    with probability :math:`w_c`, then the candidate's guide with its own
-    fitted parameters, so the posterior predictive of its draws is the
-    stacked predictive :math:`\sum_c w_c\, p_c(\tilde y \mid y)`; a factor
-    ``"_stacked_density"``, :math:`\log q(\theta) - \log q_c(\theta)`, makes
-    the log density of its trace the mixture's at the draw (every
-    candidate's density evaluated there), so every function that reads a
-    guide's density (moment matching, ``psis``, ``psis_resample``,
-    ``report``, the export's ``log_q``) reads the mixture's. Its one
-    parameter, ``"stacked_params"``, holds every candidate's fitted
-    parameters stacked along a leading axis (``StackedFit.params``); those
-    the guide does not read (the model's own, e.g. a ``numpyro.module``
-    network of the model) it registers with ``numpyro.param`` at the drawn
-    candidate's values, and the package runs the model with them. NumPyro's
-    own :class:`~numpyro.infer.Predictive` reads the model's parameters
-    from ``params`` alone: for a model with parameters of its own, read the
-    stacked predictive through this package's functions.
-
-    The mixture does not target the Bayesian posterior
-    (``targets_posterior = False``): its exported log-likelihood is kept out
-    of ArviZ's LOO.
-
-    :param guide: the candidates' guide (one guide, fitted once per
-        candidate).
+    :param guide: the candidates' guide (one guide, fitted once per candidate).
     :param weights: ``(C,)`` the stacking weights.
     """
 

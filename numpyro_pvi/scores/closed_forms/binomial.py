@@ -1,53 +1,20 @@
-r"""The pmf overlap of neighbouring particles' Binomial likelihoods in closed
-form: the pair term of the quadratic score's derangement estimator.
+r"""The pmf overlap of neighbouring particles' Binomial likelihoods in closed form.
 
 For :math:`f_a, f_b` the pmfs of :math:`\mathrm{Binomial}(n, \sigma(\ell_a))`
 and :math:`\mathrm{Binomial}(n, \sigma(\ell_b))`,
 
 .. math::
 
-    O_{ab} = \sum_{k=0}^n f_a(k) f_b(k)
-    = (q_a q_b)^n\, G(e^{\ell_a + \ell_b}), \qquad
-    G(z) = \sum_{k=0}^n \binom{n}{k}^2 z^k,
+    O_{ab} = \sum_{k=0}^n f_a(k) f_b(k) = A_{ab}\, G(y), \qquad
+    G(y) = \sum_{k=0}^n \binom{n}{k}^2 y^k,
 
-and since :math:`G(z) = z^n G(1/z)`, with :math:`y = e^{-|\ell_a + \ell_b|}
-\le 1`, :math:`O_{ab} = A_{ab}\, G(y)` where the anchor :math:`A_{ab}` is
-:math:`(q_a q_b)^n` when :math:`\ell_a + \ell_b \le 0` and :math:`(p_a
-p_b)^n` otherwise. With :math:`u = e^{-|\ell|}`, :math:`a = (1 + u)^{-n} =
-\max(p, q)^n` and :math:`c = a u^n = \min(p, q)^n` per particle, :math:`y =
-u_a u_b` and :math:`A = a_a a_b` when the two logits have the same sign;
-otherwise :math:`y = \min(u_a, u_b) / \max(u_a, u_b)` and :math:`A` is
-:math:`a_a c_b` or :math:`c_a a_b` (the particle with the smaller
-:math:`u` keeps its likelier end). One exponential per particle, no
-transcendental function per pair: :math:`a` and :math:`c` are integer powers
-(binary powering) and :math:`G` is a polynomial of degree :math:`n` (Horner's
-rule, all terms positive). The gradient is
-:math:`\partial O_{ab} / \partial \ell_a = O^{(1)}_{ab} - n p_a O_{ab}` with
-:math:`O^{(1)}_{ab} = \sum_k k f_a(k) f_b(k)`, which is :math:`A\, y\, G'(y)`
-when :math:`\ell_a + \ell_b \le 0` and :math:`n O_{ab} - A\, y\, G'(y)`
-otherwise (exact also where :math:`\ell_a + \ell_b = 0`).
-
-The polynomial's coefficients overflow single precision beyond about 63
-trials, so it takes at most :data:`POLYNOMIAL_SUPPORT` support values; longer
-supports take the three-term recurrence of
-:mod:`~numpyro_pvi.scores.closed_forms.binomial_recurrence` (any number of trials, no
-overflow). Either way the partial derivatives come out of the same pass as
-the overlaps (the polynomial's slope, the recurrence's second-to-last
-term), so the forward pass of the custom derivative computes them and the
-backward pass only multiplies by the cotangent.
-
-The pairs are evaluated block by block of particles inside a loop: XLA's
-CPU backend otherwise fuses the computation of the logits (e.g. a guide's
-draw of an intercept) into every pair's loop and repeats it for each
-observation; a loop's operands are materialised once (a loop of one
-iteration is removed by XLA, so there are always at least two blocks).
-
-Under stratified sampling (mixture guides) :func:`binomial_strata_overlaps`
-pairs draw :math:`m` of every stratum with draw :math:`m + 1` of every
-stratum and returns the sum over the pairs weighted by the strata's weights
-(the same for each of a stratum's draws), one pair of strata at a time
-inside the same blocks; its only array of the draws' size is the derivative
-in the logits, so that the step's temporaries stay small.
+with :math:`y = e^{-|\ell_a + \ell_b|} \le 1` and the anchor :math:`A_{ab}`
+the likelier end's :math:`(q_a q_b)^n` or :math:`(p_a p_b)^n`: one
+exponential per particle, a polynomial per pair. The polynomial overflows
+single precision beyond :data:`POLYNOMIAL_SUPPORT` support values; longer
+supports take the recurrence of
+:mod:`~numpyro_pvi.scores.closed_forms.binomial_recurrence`. The pairs run in
+blocks of particles inside a loop, so XLA materialises the logits once.
 """
 
 from __future__ import annotations

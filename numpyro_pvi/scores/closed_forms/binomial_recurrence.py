@@ -1,53 +1,18 @@
-r"""The pmf overlap of two Binomial likelihoods of many trials, by a
-three-term recurrence in the number of trials.
+r"""The pmf overlap of two Binomial likelihoods of many trials by a recurrence.
 
-For :math:`f_a, f_b` the pmfs of :math:`\mathrm{Binomial}(n, p_a)` and
-:math:`\mathrm{Binomial}(n, p_b)` (:math:`q = 1 - p`), the overlap
-:math:`O_n = \sum_k f_a(k) f_b(k) = P(K_a = K_b)` is a central coefficient:
-:math:`K_a + (n - K_b)` is a sum of :math:`n` independent variables on
-:math:`\{0, 1, 2\}`, so
-
-.. math::
-
-    O_n = [t^n]\,(\alpha + \beta t + \gamma t^2)^n, \qquad
-    \alpha = q_a p_b,\ \beta = q_a q_b + p_a p_b,\ \gamma = p_a q_b.
-
-Central coefficients of trinomial powers satisfy Legendre's recurrence,
-scaled: with :math:`\delta^2 = \beta^2 - 4 \alpha \gamma = (q_a q_b - p_a
-p_b)^2`,
+:math:`O_n = \sum_k f_a(k) f_b(k)` is the central coefficient
+:math:`[t^n](\alpha + \beta t + \gamma t^2)^n` with
+:math:`\alpha = q_a p_b`, :math:`\beta = q_a q_b + p_a p_b`,
+:math:`\gamma = p_a q_b`, and satisfies Legendre's scaled recurrence
 
 .. math::
 
     (k + 1)\, O_{k+1} = (2k + 1)\, \beta\, O_k - k\, \delta^2 O_{k-1},
-    \qquad O_0 = 1,\ O_1 = \beta,
+    \qquad \delta^2 = (q_a q_b - p_a p_b)^2,
 
-where :math:`O_k = \delta^k P_k(\beta / \delta)` and :math:`\beta / \delta
-\ge 1`: the recurrence's dominant solution, stable computed forward. Every
-:math:`O_k` is a probability, so nothing overflows at any :math:`n` (the
-polynomial of :mod:`~numpyro_pvi.scores.closed_forms.binomial` has coefficients
-:math:`\binom{n}{k}^2`, beyond single precision above 63 trials); the
-rounding error grows about linearly in :math:`n` (a few :math:`10^{-5}`
-absolute at :math:`n = 1000`, as single precision's pmf from log-gamma
-functions).
-
-The gradient needs :math:`O_{n-1}` only: each term of :math:`O_n` has as
-many factors :math:`\alpha` as :math:`\gamma`, so :math:`\alpha\,
-\partial_\alpha O_n = \gamma\, \partial_\gamma O_n`, and Euler's identity
-for the homogeneous :math:`O_n` (degree :math:`n`) with :math:`\partial_\beta
-O_n = n O_{n-1}` gives :math:`\alpha\, \partial_\alpha O_n = \tfrac{n}{2}
-(O_n - \beta O_{n-1})`; with :math:`\partial p_a / \partial \ell_a = p_a
-q_a`,
-
-.. math::
-
-    \frac{\partial O_n}{\partial \ell_a} = \frac{n}{2} (O_n - \beta
-    O_{n-1}) (q_a - p_a) + n\, p_a q_a (p_b - q_b)\, O_{n-1}.
-
-Per pair :math:`n` steps of a few multiplications, no transcendental
-function; per particle two sigmoids. Where the counts vary between
-observations each observation's :math:`O_n` is kept at its step; where
-every count is the support's largest (a fixed number of trials) a
-``lax.cond`` takes the loop without that selection, about half the work.
+stable forward (its dominant solution) with every :math:`O_k` a probability,
+so nothing overflows at any :math:`n`. The gradient in the logits needs only
+:math:`O_{n-1}` (Euler's identity for the homogeneous :math:`O_n`).
 """
 
 from __future__ import annotations

@@ -1,54 +1,24 @@
-r"""Poisson, negative-binomial and zero-inflated likelihoods of counts: their
-rates along the data plate and the CRPS's two expectations, the first in
-closed form and the second from one draw per particle, with unbiased
-gradients and no reparameterised sampler.
+r"""CRPS of Poisson, negative-binomial and zero-inflated likelihoods of counts.
 
-For :math:`Y \sim \mathrm{Poisson}(\lambda)` with cdf :math:`F_\lambda`
-and pmf :math:`p_\lambda`, and a real :math:`y` with :math:`n = \lfloor y
-\rfloor`,
+For :math:`Y \sim \mathrm{Poisson}(\lambda)` and :math:`n = \lfloor y \rfloor`,
 
 .. math::
 
     G(\lambda, y) = \mathbb{E}|Y - y|
-    = (y - \lambda)\bigl(2F_\lambda(n) - 1\bigr) + 2\lambda\, p_\lambda(n),
-    \qquad
-    \frac{\partial G}{\partial \lambda} = 1 - 2F_\lambda(n)
-    + 2p_\lambda(n)(n + 1 - y),
+    = (y - \lambda)\bigl(2F_\lambda(n) - 1\bigr) + 2\lambda\, p_\lambda(n)
 
-from :math:`k\, p_\lambda(k) = \lambda\, p_\lambda(k - 1)`, with
-:math:`F_\lambda(n) = Q(n + 1, \lambda)` (the regularised upper incomplete
-gamma function; both from
-:func:`~numpyro_pvi.scores.closed_forms.poisson_cdf.poisson_cdf_pmf`,
-accurate in float32 at any count). For independent
-:math:`Y \sim \mathrm{Poisson}(\lambda)` and
-:math:`Y' \sim \mathrm{Poisson}(\lambda')` the pair expectation is
-:math:`\mathbb{E}|Y - Y'| = \mathbb{E}_{Y}\, G(\lambda', Y)`: one draw of
-:math:`Y` per pair, the other variable integrated out exactly. Its gradient
-in :math:`\lambda'` is :math:`G`'s; in :math:`\lambda`, where the draw
-has no reparameterisation, the Poisson identity :math:`\partial_\lambda
-\mathbb{E} f(Y) = \mathbb{E}[f(Y + 1) - f(Y)]` gives
-:math:`\mathbb{E}[G(\lambda', Y + 1) - G(\lambda', Y)] =
-\mathbb{E}[2F_{\lambda'}(Y) - 1]`, carried by a surrogate whose value is
-zero. Both estimates are unbiased, value and gradient. A zero-inflated
-Poisson (zero with probability :math:`g`) mixes these with the point mass:
-:math:`g|y| + (1 - g)G(\lambda, y)`, and for a pair :math:`g(1 - g')\lambda'
-+ (1 - g)g'\lambda + (1 - g)(1 - g')\,\mathbb{E}|P - P'|` of their
-Poisson parts. A negative binomial (NumPyro's ``GammaPoisson``:
-``NegativeBinomial2``, ``NegativeBinomialProbs``, ``NegativeBinomialLogits``)
-is a Poisson of a Gamma rate: one reparameterised draw of that rate per
-particle and count (:func:`~numpyro_pvi.scores.simulation.standard_gamma`,
-its gradient in the shape implicit) makes both terms those of a Poisson,
-still unbiased, value and gradient; a geometric distribution is one with
-shape 1, its rate an exponential draw.
+(Wei & Held 2014). The pair term :math:`\mathbb{E}|Y - Y'| =
+\mathbb{E}_Y G(\lambda', Y)` takes one draw of :math:`Y`; its gradient in
+:math:`\lambda` comes from the measure-valued derivative
+:math:`\mathbb{E}[2F_{\lambda'}(Y) - 1]` (Mohamed et al. 2020, §6), so value
+and gradient are unbiased. A zero-inflated Poisson mixes these with the point
+mass; a negative binomial is a Poisson of one reparameterised Gamma rate draw.
 
 **References**
 
-1. Wei, W. & Held, L. (2014). *Calibration tests for count data*. TEST
-   23, 787-805 (the CRPS of a Poisson distribution).
+1. Wei, W. & Held, L. (2014). *Calibration tests for count data*. TEST 23.
 2. Mohamed, S., Rosca, M., Figurnov, M. & Mnih, A. (2020). *Monte Carlo
-   gradient estimation in machine learning*. JMLR 21(132), §6 (the
-   measure-valued derivative of a Poisson distribution: its positive part
-   the distribution shifted by one).
+   gradient estimation in machine learning*. JMLR 21(132).
 """
 
 from __future__ import annotations

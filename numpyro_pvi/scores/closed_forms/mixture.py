@@ -1,31 +1,20 @@
-r"""Normal-mixture likelihoods: their components along the data plate and
-the CRPS's two expectations in closed form, without simulations.
+r"""The CRPS of Normal-mixture likelihoods in closed form, without simulations.
 
-A likelihood :math:`p(y \mid \theta) = \sum_c w_c\, \mathcal{N}(y;
-\mu_c, \sigma_c^2)` (NumPyro's ``MixtureSameFamily`` of a ``Normal``, or
-``MixtureGeneral`` of ``Normal`` components, as a model writes a mixture
-whose component is summed out) has no reparameterised sampler: the
-component is a discrete draw. Its CRPS needs none. With
-:math:`A(\mu, \sigma) = \mathbb{E}|X|` for :math:`X \sim
-\mathcal{N}(\mu, \sigma^2)`
-(:func:`~numpyro_pvi.scores.closed_forms.normal.normal_abs_mean`),
+For :math:`p(y \mid \theta) = \sum_c w_c\, \mathcal{N}(y; \mu_c, \sigma_c^2)`
+(``MixtureSameFamily`` or ``MixtureGeneral`` of Normals) and
+:math:`A(\mu, \sigma) = \mathbb{E}|X|`, :math:`X \sim \mathcal{N}(\mu, \sigma^2)`,
 
 .. math::
 
     \mathbb{E}|Y - y| = \sum_c w_c\, A(y - \mu_c, \sigma_c), \qquad
     \mathbb{E}|Y - Y'| = \sum_{c, c'} w_c w'_{c'}\,
-    A\bigl(\mu_c - \mu'_{c'}, \sqrt{\sigma_c^2 + \sigma'^2_{c'}}\bigr)
-
-for independent :math:`Y, Y'` of two such mixtures: ``C`` and ``C²``
-evaluations of :math:`A` per particle and observation, differentiable in
-the weights as in the components.
+    A\bigl(\mu_c - \mu'_{c'}, \sqrt{\sigma_c^2 + \sigma'^2_{c'}}\bigr).
 
 **References**
 
 1. Grimit, E. P., Gneiting, T., Berrocal, V. J. & Johnson, N. A. (2006).
    *The continuous ranked probability score for circular variables and its
-   application to mesoscale forecast ensemble verification*. QJRMS
-   132(621C), 2925-2942, eq. 5 (the CRPS of a Normal mixture).
+   application to mesoscale forecast ensemble verification*. QJRMS 132.
 """
 
 from __future__ import annotations

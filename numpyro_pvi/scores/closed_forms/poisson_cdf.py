@@ -1,50 +1,29 @@
-r"""The Poisson pmf and cdf at any rate, accurate in float32, in a fixed
-number of elementwise operations.
+r"""The Poisson pmf and cdf at any rate, accurate in float32, in a fixed number
+of elementwise operations.
 
-XLA's incomplete gamma function and a pmf from ``n log λ − λ − log n!``
-lose the precision of their logarithms at large counts: in float32 the
-cdf and pmf at :math:`\lambda = n = 3000` are 0.2% off and at
-:math:`5 \cdot 10^4` 4–5% off, and the incomplete gamma function iterates
-until its slowest element converges (940 ns per value at rates in the
-thousands). Here:
+The pmf is Loader's saddle-point form [1],
+:math:`p_\lambda(n) = e^{-\delta(n) - D(n, \lambda)} / \sqrt{2\pi n}`. The cdf
+:math:`F_\lambda(n) = Q(n + 1, \lambda)` is a finite sum of the pmf for small
+:math:`n`, Temme's uniform asymptotic expansion [2, 3] where
+:math:`\lambda / (n + 1)` is near one,
 
-* **the pmf** is Loader's saddle-point form [1],
-  :math:`p_\lambda(n) = e^{-\delta(n) - D(n, \lambda)} / \sqrt{2\pi n}`,
-  with :math:`D(x, m) = x \log(x/m) + m - x` (by its series in
-  :math:`(x - m)/(x + m)` where :math:`x \approx m`) and Stirling's
-  remainder :math:`\delta(n) = \log n! - (n + \tfrac12)\log n + n -
-  \tfrac12\log 2\pi` (exact below 16, its series above);
-* **the cdf** :math:`F_\lambda(n) = Q(n + 1, \lambda)` is, for
-  :math:`n < J` (:math:`J` = 24 in float32, 48 in float64), the finite sum
-  of the pmf from 0 (counts above the rate) or down from :math:`n` to 0
-  (counts below it); for larger :math:`n` and :math:`\lambda / (n + 1)` between
-  0.45 and 2.2, Temme's uniform asymptotic expansion [2, 3]
+.. math::
 
-  .. math::
+    Q(a, x) = \tfrac12 \operatorname{erfc}\bigl(\eta\sqrt{a/2}\bigr)
+    + \frac{e^{-a\eta^2/2}}{\sqrt{2\pi a}} \sum_{k<K} c_k(\eta)\, a^{-k},
+    \qquad \tfrac12 \eta^2 = \tfrac{x}{a} - 1 - \log\tfrac{x}{a},
 
-      Q(a, x) = \tfrac12 \operatorname{erfc}\bigl(\eta\sqrt{a/2}\bigr)
-      + \frac{e^{-a\eta^2/2}}{\sqrt{2\pi a}}
-        \sum_{k<K} c_k(\eta)\, a^{-k},
-      \qquad \tfrac12 \eta^2 = \tfrac{x}{a} - 1 - \log\tfrac{x}{a},
-
-  with :math:`c_k` as power series in :math:`\eta` (:func:`temme_table`);
-  elsewhere :math:`p_\lambda(n)` times the :math:`J` terms of the sum down
-  from :math:`n` (ratio :math:`\le 0.46`) or one minus that of the sum up
-  (ratio :math:`\le 0.45`).
-
-Every branch is evaluated for every element and selected (no loop waits
-for a slow element). Not differentiable: callers give the derivatives in
-closed form (:mod:`~numpyro_pvi.scores.closed_forms.counts`). :func:`poisson_quantile`
-inverts the cdf: Poisson draws without a rejection loop.
+and a short sum of pmf ratios elsewhere. Every branch is evaluated and
+selected, so no loop waits for a slow element. Not differentiable: callers
+give the derivatives in closed form. :func:`poisson_quantile` inverts the cdf.
 
 **References**
 
 1. Loader, C. (2000). *Fast and accurate computation of binomial
-   probabilities*. Technical report (the algorithm of R's ``dpois``).
+   probabilities*. Technical report.
 2. Temme, N. M. (1979). *The asymptotic expansion of the incomplete gamma
    functions*. SIAM J. Math. Anal. 10(4), 757–766.
-3. NIST DLMF §8.12, equations 8.12.3–8.12.9 (the coefficients
-   :math:`c_k(\eta)` and their recursion).
+3. NIST DLMF §8.12 (the coefficients :math:`c_k(\eta)`).
 """
 
 from __future__ import annotations
