@@ -37,14 +37,16 @@ __all__ = ["PredictiveScore", "predictive_score"]
 
 
 @dataclasses.dataclass(frozen=True)
-class PointwiseEstimate:
-    """``score``'s per-observation estimate with its error, as a hashable
-    value (equal scores share one compiled program)."""
+class EstimateWithNear:
+    """``score``'s per-observation estimate with its error and, for the log
+    score, the draws near each observation (:func:`near_draws`), as a
+    hashable value (equal scores share one compiled program)."""
 
     score: Score
 
-    def __call__(self, terms: ParticleTerms) -> Pointwise:
-        return pointwise_estimate(self.score, terms)
+    def __call__(self, terms: ParticleTerms) -> tuple[Pointwise, jax.Array | None]:
+        near = near_draws(terms) if isinstance(self.score, LogScore) else None
+        return pointwise_estimate(self.score, terms), near
 
 
 @dataclasses.dataclass(frozen=True)

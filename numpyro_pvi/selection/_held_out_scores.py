@@ -1,5 +1,6 @@
-"""Cross-validation's held-out scores: the unreliable estimates moment
-matched (as :func:`~numpyro_pvi.predictive_score` does), named in a warning,
+"""Cross-validation's held-out scores: the unsettled estimates extended
+and the unreliable ones moment matched (as
+:func:`~numpyro_pvi.predictive_score` does), named in a warning,
 and gathered with the candidates' summaries into the result's
 :class:`xarray.Dataset`."""
 
@@ -20,13 +21,15 @@ from jax import random
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._trace.data_plate import DataPlate
+from numpyro_pvi._trace.particles import ParticleSpec
 from numpyro_pvi._trace.recipes import FitRecipe
-from numpyro_pvi.evaluation.draws import CONCRETE_VALUE_ERRORS
+from numpyro_pvi._trace.terms import LOG_LIK_SIM
+from numpyro_pvi.evaluation.draws import CONCRETE_VALUE_ERRORS, guide_draws
 from numpyro_pvi.evaluation.held_out import Pointwise
 from numpyro_pvi.evaluation.moment_matching import moment_matcher
 from numpyro_pvi.evaluation.psis import good_k
-from numpyro_pvi.evaluation.scoring import match_unreliable
-from numpyro_pvi.scores import LogScore, Score
+from numpyro_pvi.evaluation.scoring import Columns, extend_unsettled, match_unreliable
+from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._candidates import Grid, grids, lam_coordinates
 from numpyro_pvi.selection._programs import ModelData, compile_all, fit_grid, lower_grid
 from numpyro_pvi.selection._score_programs import (
@@ -42,23 +45,35 @@ from numpyro_pvi.selection._score_programs import (
 
 def reliable_scores(
     estimates: Pointwise,
+    near: np.ndarray | None,
     score: Score,
     num_draws: int,
     folds: np.ndarray,
     fold_params: list[Any],
-    model: Callable,
-    guide: Callable,
-    plate: DataPlate,
-    data: ModelData,
+    procedure: tuple[Callable, Callable, DataPlate, ModelData],
     rng_key: jax.Array,
-) -> tuple[Pointwise, np.ndarray]:
-    """One candidate's held-out estimates with those of k̂ ≥ ``good_k``
-    re-estimated by moment matching under the fit that held them out, and
-    which were."""
+) -> tuple[Pointwise, np.ndarray, np.ndarray]:
+    """One candidate's held-out log scores settled as
+    :func:`~numpyro_pvi.predictive_score` settles them, under the fit that
+    held each out: more draws where the first cannot settle them
+    (:func:`~numpyro_pvi.evaluation.scoring.extend_unsettled`), then moment
+    matching of those still unsettled or with k̂ ≥ ``good_k``. Returns the
+    estimates, which were moment matched, and which stay unsettled.
+    ``procedure`` is ``(model, guide, plate, data)``."""
+    model, guide, plate, data = procedure
     adapted = np.zeros(estimates.score.shape, bool)
-    if not isinstance(score, LogScore) or plate.subsample_size < plate.size:
-        return estimates, adapted
+    open_ = np.zeros(estimates.score.shape, bool)
+    if near is None or plate.subsample_size < plate.size:
+        return estimates, adapted, open_
     threshold = good_k(num_draws)
+    spec = ParticleSpec(
+        num_draws,
+        score.requires | {LOG_LIK_SIM},
+        plate.selector,
+        objective="cross_validate",
+        require_reparam=False,
+        held_out=True,
+    )
     for k, params in enumerate(fold_params):
         in_fold = folds == k
         sub = Pointwise(
@@ -67,12 +82,31 @@ def reliable_scores(
                 for x in estimates
             )
         )
+        draw = functools.partial(
+            guide_draws,
+            param_map=params,
+            model=model,
+            guide=guide,
+            args=data.args,
+            kwargs=data.kwargs,
+            spec=spec,
+            reduce=Columns(),
+        )
+        sub, _, settled, _ = extend_unsettled(
+            sub,
+            near,
+            threshold,
+            lambda key, index, draw=draw: draw(key, inputs=(index,)),
+            rng_key,
+            num_draws,
+            64 * num_draws,  # predictive_score's default max_draws
+        )
         matched, fold_adapted = match_unreliable(
             sub,
             threshold,
             functools.partial(
                 moment_matcher,
-                rng_key,
+                random.fold_in(rng_key, 1),
                 params,
                 model,
                 guide,
@@ -81,19 +115,23 @@ def reliable_scores(
                 num_draws=num_draws,
                 plate=plate.selector,
             ),
+            unsettled=~settled,
             stacklevel=5,  # match_unreliable, here, _held_out, cross_validate
         )
         estimates = Pointwise(
             *(np.where(in_fold, m, e) for m, e in zip(matched, estimates, strict=True))
         )
         adapted |= fold_adapted
-    return estimates, adapted
+        open_ |= in_fold & ~settled & ~fold_adapted
+    return estimates, adapted, open_
 
 
 def warn_unreliable(dataset: xr.Dataset, plate: str | None) -> None:
     """Warn of the held-out estimates that stay unreliable, naming them."""
     k = dataset["pareto_k"].values
-    bad = np.argwhere(~(k < dataset.attrs["good_k"]) & ~np.isnan(k))
+    bad = np.argwhere(
+        (~(k < dataset.attrs["good_k"]) & ~np.isnan(k)) | dataset["unsettled"].values
+    )
     if bad.size == 0:
         return
     labels = dataset.candidate.values
@@ -104,7 +142,8 @@ def warn_unreliable(dataset: xr.Dataset, plate: str | None) -> None:
     warnings.warn(
         f"cross_validate: {len(bad)} held-out score(s) are unreliable Monte Carlo "
         f"estimates (k̂ ≥ good_k = {dataset.attrs['good_k']:.2f} after moment "
-        f"matching): {shown}. These observations lie far in the tail of the "
+        f"matching, or far in the tail of every draw's predictive): {shown}. "
+        "These observations lie far in the tail of the "
         "fits' predictives; their scores are likely too low. Increase "
         "FitRecipe(num_draws=...).",
         UserWarning,
@@ -114,7 +153,7 @@ def warn_unreliable(dataset: xr.Dataset, plate: str | None) -> None:
 
 def scores_dataset(
     candidates: dict[str, ELBO],
-    held_out: dict[str, tuple[Pointwise, np.ndarray]],
+    held_out: dict[str, tuple[Pointwise, np.ndarray, np.ndarray]],
     final_loss: dict[str, np.ndarray],
     folds: np.ndarray,
     reference: str | None,
@@ -146,6 +185,10 @@ def scores_dataset(
         "adapted": (
             ("candidate", "observation"),
             np.stack([held_out[c][1] for c in labels]),
+        ),
+        "unsettled": (
+            ("candidate", "observation"),
+            np.stack([held_out[c][2] for c in labels]),
         ),
         "fold_score": (("candidate", "fold"), fold_score),
         "mean": ("candidate", kept.mean(1)),
@@ -219,7 +262,9 @@ def held_out_scores(
     fit: FitRecipe,
     keys: tuple[jax.Array, jax.Array],
 ) -> tuple[
-    dict[str, tuple[Pointwise, np.ndarray]], dict[str, np.ndarray], np.ndarray | None
+    dict[str, tuple[Pointwise, np.ndarray, np.ndarray]],
+    dict[str, np.ndarray],
+    np.ndarray | None,
 ]:
     """Every candidate's held-out score of every observation, the final
     loss of its fits and, for a score whose mixture score is quadratic in
@@ -255,7 +300,9 @@ def _held_out_scores(
     fit: FitRecipe,
     keys: tuple[jax.Array, jax.Array],
 ) -> tuple[
-    dict[str, tuple[Pointwise, np.ndarray]], dict[str, np.ndarray], np.ndarray | None
+    dict[str, tuple[Pointwise, np.ndarray, np.ndarray]],
+    dict[str, np.ndarray],
+    np.ndarray | None,
 ]:
     model, guide, optim, plate, data, init_params = procedure
     fit_key, score_key = keys
@@ -292,7 +339,7 @@ def _held_out_scores(
     )
     held_out, final_loss = {}, {}
     rows, cols = folds, held.position
-    for (grid, fitted, losses), scores in zip(fits, pointwise, strict=True):
+    for (grid, fitted, losses), (scores, near) in zip(fits, pointwise, strict=True):
         for g, label in enumerate(grid.labels):  # scores: (G, K, n)
             estimates = Pointwise(*(x[g][rows, cols] for x in scores))
             fold_params = [
@@ -301,15 +348,13 @@ def _held_out_scores(
             ]
             held_out[label] = reliable_scores(
                 estimates,
+                None if near is None else near[g][rows, cols],
                 score,
                 fit.num_draws,
                 rows,
                 fold_params,
-                model,
-                guide,
-                plate,
-                data,
-                random.fold_in(score_key, 1),
+                (model, guide, plate, data),
+                score_key,
             )
             final_loss[label] = losses[g]
     gains = None
