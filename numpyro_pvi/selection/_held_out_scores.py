@@ -96,7 +96,7 @@ def reliable_scores(
             sub,
             near,
             threshold,
-            lambda key, index, draw=draw: draw(key, inputs=(index,)),
+            functools.partial(_columns, draw),
             rng_key,
             num_draws,
             64 * num_draws,  # predictive_score's default max_draws
@@ -126,17 +126,21 @@ def reliable_scores(
     return estimates, adapted, open_
 
 
+def _columns(draw: Callable, key: jax.Array, index: jax.Array) -> Any:
+    """``draw``'s log contributions and nearness at the observations ``index``."""
+    return draw(key, inputs=(index,))
+
+
 def warn_unreliable(dataset: xr.Dataset, plate: str | None) -> None:
     """Warn of the held-out estimates that stay unreliable, naming them."""
-    k = dataset["pareto_k"].values
-    bad = np.argwhere(
-        (~(k < dataset.attrs["good_k"]) & ~np.isnan(k)) | dataset["unsettled"].values
-    )
+    k, far = dataset["pareto_k"].values, dataset["unsettled"].values
+    bad = np.argwhere((~(k < dataset.attrs["good_k"]) & ~np.isnan(k)) | far)
     if bad.size == 0:
         return
     labels = dataset.candidate.values
     shown = ", ".join(
-        f"{str(labels[c])!r} at {plate or 'observation'}[{i}] (k̂ {k[c, i]:.2f})"
+        f"{str(labels[c])!r} at {plate or 'observation'}[{i}] (k̂ {k[c, i]:.2f}"
+        + (", beyond every draw)" if far[c, i] else ")")
         for c, i in bad[:10]
     ) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
     warnings.warn(
