@@ -373,8 +373,8 @@ def extend_unsettled(
     open_ = observed & unsettled(near, k, num_draws, threshold)
     while open_.any() and 4 * max(batches, 1) * num_draws <= max_draws:
         index = [int(i) for i in np.flatnonzero(open_)]
-        # a few program shapes: at least 8 columns, else a power of two
-        padded = np.resize(index, max(8, 1 << max(0, len(index) - 1).bit_length()))
+        # a few program shapes: at least 64 columns, else a power of two
+        padded = np.resize(index, max(64, 1 << max(0, len(index) - 1).bit_length()))
         for batch in range(batches, 4 * max(batches, 1)):
             key = jax.random.fold_in(rng_key, 1000 + batch)
             contrib, is_near = (
