@@ -27,8 +27,11 @@ class SoftCVIELBO(ELBO):
     .. math::
 
         y = \operatorname{softmax}_k\big(\log p(\theta_k, x) -
-        \log p^-(\theta_k)\big), \quad
-        \hat z_k = \log q_\phi(\theta_k) - \log p^-(\theta_k), \quad
+        \log p^-(\theta_k)\big), \qquad
+        \hat z_k = \log q_\phi(\theta_k) - \log p^-(\theta_k),
+
+    .. math::
+
         \mathcal{L}(\phi) = -\sum_{k=1}^K y_k \log
         \operatorname{softmax}(\hat z)_k,
 
