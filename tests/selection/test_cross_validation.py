@@ -492,6 +492,7 @@ def test_summaries_of_scores_whose_squares_overflow_float32():
                 np.ones(n, bool),
             ),
             np.zeros(n, bool),
+            np.zeros(n, bool),
         )
         for c in labels
     }
