@@ -37,16 +37,14 @@ __all__ = ["PredictiveScore", "predictive_score"]
 
 
 @dataclasses.dataclass(frozen=True)
-class EstimateWithNear:
-    """``score``'s per-observation estimate with its error and, for the log
-    score, the draws near each observation (:func:`near_draws`), as a
-    hashable value (equal scores share one compiled program)."""
+class PointwiseEstimate:
+    """``score``'s per-observation estimate with its error, as a hashable
+    value (equal scores share one compiled program)."""
 
     score: Score
 
-    def __call__(self, terms: ParticleTerms) -> tuple[Pointwise, jax.Array | None]:
-        near = near_draws(terms) if isinstance(self.score, LogScore) else None
-        return pointwise_estimate(self.score, terms), near
+    def __call__(self, terms: ParticleTerms) -> Pointwise:
+        return pointwise_estimate(self.score, terms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,8 +371,8 @@ def extend_unsettled(
     open_ = observed & unsettled(near, k, num_draws, threshold)
     while open_.any() and 4 * max(batches, 1) * num_draws <= max_draws:
         index = [int(i) for i in np.flatnonzero(open_)]
-        # a few program shapes: at least 64 columns, else a power of two
-        padded = np.resize(index, max(64, 1 << max(0, len(index) - 1).bit_length()))
+        # a few program shapes: at least 8 columns, else a power of two
+        padded = np.resize(index, max(8, 1 << max(0, len(index) - 1).bit_length()))
         for batch in range(batches, 4 * max(batches, 1)):
             key = jax.random.fold_in(rng_key, 1000 + batch)
             contrib, is_near = (

@@ -21,10 +21,9 @@ from numpyro.handlers import substitute
 from numpyro_pvi._trace.autoguide_setup import traceable_guide
 from numpyro_pvi._trace.data_plate import DataPlate
 from numpyro_pvi._trace.particles import ParticleSpec, particle_terms
-from numpyro_pvi._trace.terms import LOG_LIK_SIM
 from numpyro_pvi.evaluation.held_out import Pointwise, observation_subset, pair_gain
-from numpyro_pvi.evaluation.scoring import EstimateWithNear
-from numpyro_pvi.scores import LogScore, Score
+from numpyro_pvi.evaluation.scoring import PointwiseEstimate
+from numpyro_pvi.scores import Score
 from numpyro_pvi.selection._programs import ModelData
 
 
@@ -56,13 +55,12 @@ def pointwise_scorer(
     num_draws: int,
     data: ModelData,
 ) -> Callable:
-    """``scorer(key, params, dynamic, index) -> (Pointwise, near)`` of
-    ``(n,)`` arrays: the score of the fit's posterior predictive at the
-    observations ``index`` ``(n,)`` of the data plate, with its error, and
-    the draws near each (:func:`~numpyro_pvi.evaluation.held_out.near_draws`)."""
+    """``scorer(key, params, dynamic, index) -> Pointwise`` of ``(n,)``
+    arrays: the score of the fit's posterior predictive at the observations
+    ``index`` ``(n,)`` of the data plate, with its error."""
     spec = ParticleSpec(
         num_draws,
-        score.requires | ({LOG_LIK_SIM} if isinstance(score, LogScore) else set()),
+        score.requires,
         plate.selector,
         objective="cross_validate",
         require_reparam=False,
@@ -72,7 +70,7 @@ def pointwise_scorer(
     def draw(key, params, model, guide, args, kwargs):  # noqa: ANN001, ANN202
         return (particle_terms(key, params, model, guide, args, kwargs, spec),)
 
-    return _at_observations(model, guide, plate, data, draw, EstimateWithNear(score))
+    return _at_observations(model, guide, plate, data, draw, PointwiseEstimate(score))
 
 
 def pair_gain_scorer(
@@ -309,15 +307,15 @@ def lower_pair_gains(
     return PairGains(lowered, pairs, meta, observations)
 
 
-def split_scores(scores: Any, params: list[Any]) -> list[Any]:
-    """:func:`lower_scores`'s output per grid, each array ``(G, K, N)``."""
+def split_scores(scores: Pointwise, params: list[Any]) -> list[Pointwise]:
+    """``Pointwise`` of ``(G, K, N)`` arrays per grid from
+    :func:`lower_scores`'s output."""
     sizes = [jax.tree.leaves(p)[0].shape[0] for p in params]
     k = jax.tree.leaves(params[0])[0].shape[1]
 
-    def split(x: jax.Array | np.ndarray, g: int) -> np.ndarray:
+    def split(x: jax.Array | np.ndarray) -> list[np.ndarray]:
         out = np.asarray(x).reshape((sum(sizes), k, -1))
-        return np.split(out, np.cumsum(sizes)[:-1])[g]
+        return np.split(out, np.cumsum(sizes)[:-1])
 
-    return [
-        jax.tree.map(functools.partial(split, g=g), scores) for g in range(len(sizes))
-    ]
+    fields = [split(x) for x in scores]
+    return [Pointwise(*parts) for parts in zip(*fields, strict=True)]

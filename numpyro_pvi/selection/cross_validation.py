@@ -46,10 +46,9 @@ class CrossValidation:
     :ivar scores: ``xarray.Dataset`` over ``candidate``, ``fold`` and
         ``observation``: ``pointwise`` (each observation's score when held
         out) with its Monte Carlo ``pointwise_se``, ``pareto_k`` (log score:
-        k̂ of its importance weights, NaN otherwise), ``adapted``
-        (re-estimated by moment matching) and ``unsettled`` (still far in the
-        tail of every draw's predictive: unreliable whatever its k̂), as
-        :func:`~numpyro_pvi.predictive_score` has them, ``fold_score`` (mean held-out
+        k̂ of its importance weights, NaN otherwise) and ``adapted``
+        (re-estimated by moment matching, see
+        :func:`~numpyro_pvi.predictive_score`), ``fold_score`` (mean held-out
         score of each fold), ``mean`` and ``se`` per candidate, ``diff`` and
         ``diff_se`` (paired difference to the reference, VI),
         ``final_loss`` (mean training loss over the last 5% of the steps of
