@@ -12,7 +12,8 @@ scores of a mixture are quadratic in its weights,
     + \tfrac12 \sum_{c \ne d} w_c w_d\, G_{cd}(y),
 
 with :math:`G_{cd} \ge 0` (half the energy distance of :math:`F_c` and
-:math:`F_d`), estimated from the same draws as the candidates' scores: a
+:math:`F_d` for the kernel scores, :math:`\lVert f_c - f_d \rVert^2` for the
+quadratic score), estimated from the same draws as the candidates' scores: a
 concave quadratic programme. Both are solved on softmax logits by L-BFGS.
 """
 
