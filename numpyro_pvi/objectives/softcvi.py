@@ -49,7 +49,8 @@ class SoftCVIELBO(ELBO):
     sites. With a subsampled plate the log joint is unbiased but the labels,
     a nonlinear function of it, are biased. The labels are self-normalised
     importance weights: from an initial guide far from the posterior one draw
-    takes all the mass and the fit can stall; start from a short ELBO fit (``svi.run(..., init_params=params)``).
+    takes all the mass and the fit can stall; start from a short ELBO fit
+    (``svi.run(..., init_params=params)``).
     The model's own ``numpyro.param`` sites are fitted by maximum marginal
     likelihood, as in reweighted wake-sleep [2].
 
