@@ -217,6 +217,18 @@ def _memory_maps() -> tuple[int, int] | None:
         return None
 
 
+def _resident_memory() -> tuple[int, int] | None:
+    """This process's resident memory and the machine's, in bytes (Linux),
+    or ``None`` where ``/proc`` does not say."""
+    try:
+        with open("/proc/self/statm") as statm:
+            resident = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+    return resident, total
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _bounded_memory_maps():
     """Each compiled program JAX keeps loaded holds about three memory maps
@@ -224,12 +236,15 @@ def _bounded_memory_maps():
     (``vm.max_map_count``, 65,530 by default) segfaults at the next load. A
     worker that has run many modules drops its compiled programs
     (``jax.clear_caches()``) at the end of a module once it holds more than
-    half the limit, and collects them at once (the collector runs seldom
-    here: ``tests/collector.py``); the next module loads what it needs from
-    the compilation cache."""
+    half the limit, or more than a quarter of the machine's memory, and
+    collects them at once (the collector runs seldom here:
+    ``tests/collector.py``); the next module loads what it needs from the
+    compilation cache."""
     yield
-    maps = _memory_maps()
-    if maps is not None and maps[0] > maps[1] // 2:
+    maps, memory = _memory_maps(), _resident_memory()
+    if (maps is not None and maps[0] > maps[1] // 2) or (
+        memory is not None and memory[0] > memory[1] // 4
+    ):
         jax.clear_caches()
         gc.collect()
 

@@ -1,13 +1,12 @@
-"""Discrete sites marked for enumeration (``infer={"enumerate": ...}``,
-``config_enumerate``), as in NumPyro's Gaussian-mixture notebook and its toy
-mixture example: ``TraceEnum_ELBO`` sums them out of the joint density.
-Replayed without enumeration, a site the guide does not draw is drawn from
-its prior and the observations are scored at that one value, so every
-objective and diagnostic refuses it, naming the site; the remedy it names
-(the mixture written in the model) is scored exactly."""
+"""Discrete sites marked for enumeration (``infer={"enumerate": "parallel"}``,
+``config_enumerate``), as NumPyro users write mixtures and HMMs for
+``TraceEnum_ELBO``: every objective and diagnostic sums them out within each
+observation of the data plate. Known answers: the mixture written with
+``MixtureSameFamily``, and an HMM's forward algorithm written by hand."""
 
 import warnings
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -15,36 +14,40 @@ import numpyro.distributions as dist
 import optax
 import pytest
 from jax import random
-from jax.scipy.special import logsumexp
-from numpyro.distributions.transforms import biject_to
-from numpyro.handlers import block
-from numpyro.infer import SVI
+from numpyro.contrib.control_flow import scan
+from numpyro.contrib.funsor import markov
+from numpyro.handlers import block, seed, trace
+from numpyro.infer import SVI, TraceEnum_ELBO
 from numpyro.infer.autoguide import AutoNormal
+from numpyro.ops.indexing import Vindex
 
 from numpyro_pvi import (
+    FitRecipe,
     PACmELBO,
     PredictiveELBO,
+    Replications,
     SNISForwardKL,
     SoftCVIELBO,
-    StratifiedELBO,
     diagnostics,
     predictive_score,
 )
+from numpyro_pvi._trace.enumeration import marginalized
+from numpyro_pvi.selection import cross_validate
 
 pytestmark = pytest.mark.py312
 
 K = 2
-DATA = jnp.array([0.0, 1.0, 10.0, 11.0, 12.0] * 4)
+DATA = jnp.array([0.0, 1.0, 10.0, 11.0, 12.0, 30.0] * 3)
 
 
-def enumerated(data, enumerate="parallel"):
+def enumerated(data):
     weights = numpyro.sample("weights", dist.Dirichlet(0.5 * jnp.ones(K)))
     scale = numpyro.sample("scale", dist.LogNormal(0.0, 2.0))
     with numpyro.plate("components", K):
         locs = numpyro.sample("locs", dist.Normal(0.0, 10.0))
     with numpyro.plate("data", len(data)):
         assignment = numpyro.sample(
-            "assignment", dist.Categorical(weights), infer={"enumerate": enumerate}
+            "assignment", dist.Categorical(weights), infer={"enumerate": "parallel"}
         )
         numpyro.sample("obs", dist.Normal(locs[assignment], scale), obs=data)
 
@@ -61,37 +64,9 @@ def summed_out(data):
         numpyro.sample("obs", mixture, obs=data)
 
 
-def global_guide(model):
-    return AutoNormal(block(model, hide=["assignment"]))
-
-
-OBJECTIVES = {
-    "PredictiveELBO-log": lambda: PredictiveELBO("log", num_particles=2),
-    "PredictiveELBO-crps": lambda: PredictiveELBO("crps", num_particles=2),
-    "PACmELBO": lambda: PACmELBO(num_particles=2),
-    "SoftCVIELBO": lambda: SoftCVIELBO(num_particles=2),
-    "SNISForwardKL": lambda: SNISForwardKL(num_particles=2),
-    "StratifiedELBO": lambda: StratifiedELBO(num_particles=2),
-}
-
-
-@pytest.mark.parametrize("enumerate", ["parallel", "sequential"])
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
-def test_objectives_refuse_an_enumerated_site_the_guide_does_not_draw(name, enumerate):
-    model = lambda data: enumerated(data, enumerate)  # noqa: E731
-    svi = SVI(model, global_guide(model), optax.adam(0.01), OBJECTIVES[name]())
-    with warnings.catch_warnings():  # NumPyro's SVI.init: "discrete latent"
-        warnings.simplefilter("ignore")
-        state = svi.init(random.PRNGKey(0), DATA)
-    with pytest.raises(ValueError, match=r"site 'assignment' is marked for enum") as e:
-        svi.update(state, DATA)
-    assert "MixtureSameFamily" in str(e.value)
-    assert "TraceEnum_ELBO" in str(e.value)
-
-
-def remedy_params(scale=0.1):
-    """Parameters of ``AutoNormal`` over the global sites (the same sites for
-    the enumerated model's guide and the remedy's)."""
+def mixture_params(scale=0.3):
+    """``AutoNormal`` parameters over the global sites (the same sites for
+    both models' guides); the outlier at 30 is far from both components."""
     return {
         "weights_auto_loc": jnp.array([0.3]),
         "weights_auto_scale": jnp.array([scale]),
@@ -102,42 +77,125 @@ def remedy_params(scale=0.1):
     }
 
 
-DIAGNOSTICS = {
-    "predictive_score": lambda k, p, m, g: predictive_score(k, p, m, g, DATA),
-    "psis": lambda k, p, m, g: diagnostics.psis(k, p, m, g, DATA, num_draws=100),
-    "to_inference_data": lambda k, p, m, g: diagnostics.to_inference_data(
-        k, p, m, g, DATA, num_draws=100
+def guides():
+    return AutoNormal(block(enumerated, hide=["assignment"])), AutoNormal(summed_out)
+
+
+OBJECTIVES = {
+    "PredictiveELBO-log": lambda: PredictiveELBO("log", num_particles=3),
+    "PredictiveELBO-log-prior": lambda: PredictiveELBO(
+        "log", num_particles=3, regularizer="prior", lam=0.5
     ),
-    "report": lambda k, p, m, g: diagnostics.report(
-        k, p, m, g, DATA, num_draws=100, show=False
-    ),
+    "PACmELBO": lambda: PACmELBO(num_particles=3),
+    "SoftCVIELBO": lambda: SoftCVIELBO(num_particles=3),
+    "SNISForwardKL": lambda: SNISForwardKL(num_particles=3),
 }
 
 
-@pytest.mark.parametrize("name", sorted(DIAGNOSTICS))
-def test_diagnostics_refuse_it_and_take_the_remedy(name):
-    key, params = random.PRNGKey(0), remedy_params()
-    with pytest.raises(ValueError, match=f"{name}: the model's discrete site 'assi"):
-        DIAGNOSTICS[name](key, params, enumerated, global_guide(enumerated))
-    DIAGNOSTICS[name](key, params, summed_out, AutoNormal(summed_out))
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_every_objective_equals_the_mixture_written_in_the_model(name):
+    """Loss and gradient at the same parameters and key."""
+    loss, params = OBJECTIVES[name](), mixture_params()
+    guide_enum, guide_sum = guides()
+    SVI(enumerated, guide_enum, optax.adam(0.01), loss).init(random.PRNGKey(0), DATA)
+    SVI(summed_out, guide_sum, optax.adam(0.01), loss).init(random.PRNGKey(0), DATA)
+
+    def value(p, model, guide):
+        return loss.loss(random.PRNGKey(1), p, model, guide, DATA)
+
+    a, ga = jax.value_and_grad(value)(params, enumerated, guide_enum)
+    b, gb = jax.value_and_grad(value)(params, summed_out, guide_sum)
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for k in params:
+        np.testing.assert_allclose(ga[k], gb[k], rtol=1e-4, atol=1e-4)
 
 
-def test_the_remedy_scores_the_mixture_summed_over_its_components():
-    """Known answer: a guide of negligible spread puts the predictive at the
-    mixture of its locations, whose log density is summed over the two
-    components by hand."""
-    params = remedy_params(scale=1e-6)
-    out = predictive_score(
-        random.PRNGKey(1), params, summed_out, AutoNormal(summed_out), DATA
+def test_a_pvi_fit_equals_the_mixture_s_and_differs_from_one_assignment():
+    guide_enum, guide_sum = guides()
+    runs = [
+        SVI(m, g, optax.adam(0.05), PredictiveELBO(num_particles=4)).run(
+            random.PRNGKey(2), 50, DATA, progress_bar=False
+        )
+        for m, g in [(enumerated, guide_enum), (summed_out, guide_sum)]
+    ]
+    np.testing.assert_allclose(runs[0].losses, runs[1].losses, rtol=1e-4)
+
+
+@pytest.mark.parametrize("score", ["crps", "energy"])
+def test_scores_that_differentiate_draws_refuse_naming_the_site(score):
+    guide_enum, _ = guides()
+    loss = PredictiveELBO(score, num_particles=2)
+    with pytest.raises(
+        ValueError, match=r"'obs'.*enumerated site\(s\) \['assignment'\]"
+    ):
+        loss.loss(random.PRNGKey(0), mixture_params(), enumerated, guide_enum, DATA)
+
+
+def test_predictive_score_and_psis_equal_the_mixture_s():
+    key, params = random.PRNGKey(3), mixture_params()
+    guide_enum, guide_sum = guides()
+    a = predictive_score(key, params, enumerated, guide_enum, DATA, num_draws=200)
+    b = predictive_score(key, params, summed_out, guide_sum, DATA, num_draws=200)
+    np.testing.assert_allclose(a.score, b.score, rtol=1e-5)
+    assert float(a.score[-1]) < -20  # the outlier: summed, not one assignment
+    ka = diagnostics.psis(key, params, enumerated, guide_enum, DATA, num_draws=200)
+    kb = diagnostics.psis(key, params, summed_out, guide_sum, DATA, num_draws=200)
+    np.testing.assert_allclose(
+        diagnostics.get_group(ka, "psis")["pareto_k"].values,
+        diagnostics.get_group(kb, "psis")["pareto_k"].values,
+        rtol=1e-4,
     )
-    weights = biject_to(dist.Dirichlet(jnp.ones(K)).support)(params["weights_auto_loc"])
-    locs, scale = params["locs_auto_loc"], jnp.exp(params["scale_auto_loc"])
-    by_hand = logsumexp(
-        jnp.log(weights) + dist.Normal(locs, scale).log_prob(DATA[:, None]), axis=-1
+
+
+def test_the_crps_simulates_the_assignments_within_monte_carlo_error():
+    """The held-out CRPS from ancestral draws equals the mixture's closed
+    form to a few of its reported standard errors."""
+    key, params = random.PRNGKey(4), mixture_params(scale=1e-3)
+    guide_enum, guide_sum = guides()
+    a = predictive_score(
+        key, params, enumerated, guide_enum, DATA, score="crps", num_draws=2000
     )
-    np.testing.assert_allclose(out.score, by_hand, rtol=1e-4)
-    by_assignment = dist.Normal(locs[0], scale).log_prob(DATA)
-    assert np.abs(np.asarray(out.score - by_assignment)).max() > 1.0
+    b = predictive_score(
+        key, params, summed_out, guide_sum, DATA, score="crps", num_draws=2000
+    )
+    gap = np.abs(np.asarray(a.score - b.score))
+    se = np.hypot(np.asarray(a.se), np.asarray(b.se))
+    assert np.all(gap < 5 * se + 1e-3), (gap, se)
+
+
+def test_diagnostics_export_and_report_the_summed_out_likelihood():
+    key, params = random.PRNGKey(5), mixture_params()
+    guide_enum, guide_sum = guides()
+    exported = diagnostics.to_inference_data(
+        key, params, enumerated, guide_enum, DATA, num_draws=50
+    )
+    reference = diagnostics.to_inference_data(
+        key, params, summed_out, guide_sum, DATA, num_draws=50
+    )
+    np.testing.assert_allclose(
+        diagnostics.get_group(exported, "log_likelihood")["obs"].values,
+        diagnostics.get_group(reference, "log_likelihood")["obs"].values,
+        rtol=1e-5,
+    )
+    diagnostics.report(
+        key, params, enumerated, guide_enum, DATA, num_draws=50, show=False
+    )
+    diagnostics.psis_resample(key, params, enumerated, guide_enum, DATA, num_draws=50)
+
+
+def test_a_global_enumerated_site_is_refused_naming_it():
+    def model(data):
+        z = numpyro.sample(
+            "regime", dist.Bernoulli(0.5), infer={"enumerate": "parallel"}
+        )
+        loc = numpyro.sample("loc", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", len(data)):
+            numpyro.sample("obs", dist.Normal(loc + 3 * z, 1.0), obs=data)
+
+    guide = AutoNormal(block(model, hide=["regime"]))
+    params = {"loc_auto_loc": jnp.array(0.0), "loc_auto_scale": jnp.array(1.0)}
+    with pytest.raises(ValueError, match="enumerated site 'regime' is outside every"):
+        predictive_score(random.PRNGKey(0), params, model, guide, DATA)
 
 
 def test_a_site_the_guide_draws_is_the_guide_s():
@@ -157,3 +215,316 @@ def test_a_site_the_guide_draws_is_the_guide_s():
     svi = SVI(enumerated, guide, optax.adam(0.05), SoftCVIELBO(num_particles=4))
     result = svi.run(random.PRNGKey(0), 20, DATA, progress_bar=False)
     assert np.isfinite(result.losses).all()
+
+
+# --------------------------------------------------------------------------
+# HMMs over a plate of sequences
+# --------------------------------------------------------------------------
+
+S, T, H = 4, 5, 2
+SEQUENCES = 2.0 * random.normal(random.PRNGKey(0), (S, T))
+
+
+def _globals():
+    trans = numpyro.sample("trans", dist.Dirichlet(jnp.ones(H)).expand([H]).to_event(1))
+    locs = numpyro.sample("locs", dist.Normal(0.0, 3.0).expand([H]).to_event(1))
+    return trans, locs
+
+
+def hmm_markov(ys):
+    trans, locs = _globals()
+    with numpyro.plate("sequences", S):
+        x = 0
+        for t in markov(range(T)):
+            x = numpyro.sample(
+                f"x_{t}", dist.Categorical(trans[x]), infer={"enumerate": "parallel"}
+            )
+            numpyro.sample(f"y_{t}", dist.Normal(locs[x], 1.0), obs=ys[:, t])
+
+
+def hmm_scan(ys):
+    trans, locs = _globals()
+
+    def transition(x, y):
+        with numpyro.plate("sequences", S):
+            x = numpyro.sample(
+                "x", dist.Categorical(trans[x]), infer={"enumerate": "parallel"}
+            )
+            numpyro.sample("y", dist.Normal(locs[x], 1.0), obs=y)
+        return x, None
+
+    scan(transition, jnp.zeros(S, int), ys.T)
+
+
+def forward(ys, trans, locs):
+    """Per sequence, log p(y) by the forward algorithm (state 0 before t=0)."""
+
+    def one(y):
+        def step(alpha, y_t):
+            alpha = jax.nn.logsumexp(alpha[:, None] + jnp.log(trans), 0)
+            return alpha + dist.Normal(locs, 1.0).log_prob(y_t), None
+
+        alpha0 = jnp.log(trans[0]) + dist.Normal(locs, 1.0).log_prob(y[0])
+        return jax.nn.logsumexp(jax.lax.scan(step, alpha0, y[1:])[0])
+
+    return jax.vmap(one)(ys)
+
+
+def hmm_by_hand(ys):
+    trans, locs = _globals()
+    with numpyro.plate("sequences", S):
+        numpyro.factor("forward", forward(ys, trans, locs))
+
+
+HMM_PARAMS = {
+    "trans_auto_loc": jnp.array([[1.0], [-0.5]]),
+    "trans_auto_scale": jnp.full((H, 1), 0.2),
+    "locs_auto_loc": jnp.array([-1.5, 1.5]),
+    "locs_auto_scale": jnp.full(H, 0.2),
+}
+
+
+@pytest.mark.parametrize("model", [hmm_markov, hmm_scan], ids=["markov", "scan"])
+def test_an_hmm_equals_the_forward_algorithm_per_sequence(model):
+    guide = AutoNormal(block(model, expose=["trans", "locs"]))
+    reference = AutoNormal(hmm_by_hand)
+    key = random.PRNGKey(6)
+    # the same draws (a factor's outcome cannot be simulated, so the reference
+    # would settle its scores differently)
+    options = {"num_draws": 100, "max_draws": 100, "moment_match": False}
+    a = predictive_score(key, HMM_PARAMS, model, guide, SEQUENCES, **options)
+    b = predictive_score(key, HMM_PARAMS, hmm_by_hand, reference, SEQUENCES, **options)
+    assert a.score.shape == (S,)
+    np.testing.assert_allclose(a.score, b.score, rtol=1e-5)
+    loss = PredictiveELBO(num_particles=3)
+    la = loss.loss(key, HMM_PARAMS, model, guide, SEQUENCES)
+    lb = loss.loss(key, HMM_PARAMS, hmm_by_hand, reference, SEQUENCES)
+    np.testing.assert_allclose(la, lb, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", [hmm_markov, hmm_scan], ids=["markov", "scan"])
+def test_the_summed_out_law_scores_other_sequences_than_the_data(model):
+    """The law's density at values that are not the model's data (held-out
+    and simulated observations), scan's first steps included."""
+    fixed = {
+        "trans": jnp.array([[0.8, 0.2], [0.3, 0.7]]),
+        "locs": jnp.array([-1.0, 1.0]),
+    }
+    tr = trace(seed(numpyro.handlers.substitute(marginalized(model), fixed), 0))
+    site = next(
+        s
+        for s in tr.get_trace(SEQUENCES).values()
+        if s["type"] == "sample" and s["is_observed"]
+    )
+    other = SEQUENCES[::-1] + 0.5
+    np.testing.assert_allclose(
+        site["fn"].log_prob(jnp.reshape(other, site["value"].shape)),
+        forward(other, fixed["trans"], fixed["locs"]),
+        rtol=1e-5,
+    )
+    draws = site["fn"].sample(random.PRNGKey(1), (3,))
+    assert draws.shape == (3,) + site["value"].shape
+
+
+# --------------------------------------------------------------------------
+# procedures: cross-validation against TraceEnum_ELBO, VSBC, calibration
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cross_validation_takes_trace_enum_elbo_as_vi_and_equals_the_mixture():
+    guide_enum, guide_sum = guides()
+    fit = FitRecipe(num_steps=30, num_draws=50, progress_bar=False)
+    candidates = {"pvi": PredictiveELBO(num_particles=4)}
+    cvs = [
+        cross_validate(
+            random.PRNGKey(7),
+            m,
+            g,
+            optax.adam(0.05),
+            DATA,
+            fit=fit,
+            candidates=candidates,
+            num_folds=3,
+            rule="best",
+        )
+        for m, g in [(enumerated, guide_enum), (summed_out, guide_sum)]
+    ]
+    np.testing.assert_allclose(
+        cvs[0].scores["pointwise"].values, cvs[1].scores["pointwise"].values, rtol=1e-4
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # NumPyro: discrete latent in SVI.init
+        cv = cross_validate(
+            random.PRNGKey(7),
+            enumerated,
+            guide_enum,
+            optax.adam(0.05),
+            DATA,
+            fit=fit,
+            num_folds=3,
+        )
+    assert cv.reference == "VI"
+    assert isinstance(cv.candidates["VI"], TraceEnum_ELBO)
+    assert np.isfinite(cv.scores["pointwise"].values).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procedure", ["vsbc", "predictive_calibration"])
+def test_replications_simulate_the_assignments_and_fit_the_continuous_sites(procedure):
+    guide_enum, _ = guides()
+    replications = Replications(
+        num_simulations=4, num_svi_steps=20, num_draws=20, progress_bar=False
+    )
+    run = getattr(diagnostics, procedure)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = run(
+            random.PRNGKey(8),
+            enumerated,
+            guide_enum,
+            optax.adam(0.05),
+            PredictiveELBO(num_particles=2),
+            DATA,
+            replications=replications,
+        )
+    assert out is not None
+
+
+# --------------------------------------------------------------------------
+# NumPyro's toy mixture example (examples/toy_mixture_model_discrete_
+# enumeration.py), as written: an observed site before the enumerated one
+# --------------------------------------------------------------------------
+
+TOY = {
+    "A": jnp.array([1.0, 0, 1, 1, 0, 1, 0, 0] * 2),
+    "C": jnp.array([1.0, 1, 0, 1, 0, 0, 1, 1] * 2),
+}
+
+
+def toy_model(obs):
+    p_A = numpyro.sample("p_A", dist.Beta(1, 1))
+    p_B = numpyro.sample("p_B", dist.Beta(jnp.ones(2), jnp.ones(2)).to_event(1))
+    p_C = numpyro.sample("p_C", dist.Beta(jnp.ones(2), jnp.ones(2)).to_event(1))
+    with numpyro.plate("data_plate", obs["A"].shape[0]):
+        A = numpyro.sample("A", dist.Bernoulli(p_A), obs=obs["A"])
+        B = numpyro.sample(
+            "B",
+            dist.Bernoulli(Vindex(p_B)[A.astype(int)]),
+            infer={"enumerate": "parallel"},
+        )
+        numpyro.sample("C", dist.Bernoulli(Vindex(p_C)[B.astype(int)]), obs=obs["C"])
+
+
+def toy_summed_out(obs):
+    p_A = numpyro.sample("p_A", dist.Beta(1, 1))
+    p_B = numpyro.sample("p_B", dist.Beta(jnp.ones(2), jnp.ones(2)).to_event(1))
+    p_C = numpyro.sample("p_C", dist.Beta(jnp.ones(2), jnp.ones(2)).to_event(1))
+    with numpyro.plate("data_plate", obs["A"].shape[0]):
+        A = numpyro.sample("A", dist.Bernoulli(p_A), obs=obs["A"])
+        p_b = p_B[A.astype(int)]
+        p_c = (1 - p_b) * p_C[0] + p_b * p_C[1]
+        numpyro.sample("C", dist.Bernoulli(p_c), obs=obs["C"])
+
+
+def toy_guide(obs):
+    a = numpyro.param("a", jnp.array([1.0, 10.0]), constraint=dist.constraints.positive)
+    numpyro.sample("p_A", dist.Beta(a[0], a[1]))
+    b = numpyro.param("b", jnp.ones((2, 2)), constraint=dist.constraints.positive)
+    numpyro.sample("p_B", dist.Beta(b[:, 0], b[:, 1]).to_event(1))
+    c = numpyro.param("c", jnp.ones((2, 2)), constraint=dist.constraints.positive)
+    numpyro.sample("p_C", dist.Beta(c[:, 0], c[:, 1]).to_event(1))
+
+
+def test_the_toy_example_fits_with_pvi_as_its_sum_written_by_hand():
+    runs = [
+        SVI(m, toy_guide, optax.adam(0.05), PACmELBO(num_particles=4)).run(
+            random.PRNGKey(0), 30, TOY, progress_bar=False
+        )
+        for m in (toy_model, toy_summed_out)
+    ]
+    np.testing.assert_allclose(runs[0].losses, runs[1].losses, rtol=1e-4)
+    scores = [
+        predictive_score(random.PRNGKey(1), runs[0].params, m, toy_guide, TOY)
+        for m in (toy_model, toy_summed_out)
+    ]
+    np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_the_toy_example_is_cross_validated_against_trace_enum_elbo():
+    candidates = {
+        "VI": TraceEnum_ELBO(num_particles=4),
+        "pvi": PredictiveELBO(num_particles=4),
+    }
+    cv = cross_validate(
+        random.PRNGKey(2),
+        toy_model,
+        toy_guide,
+        optax.adam(0.05),
+        TOY,
+        fit=FitRecipe(num_steps=40, num_draws=100, progress_bar=False),
+        candidates=candidates,
+        num_folds=2,
+    )
+    assert cv.reference == "VI"
+    assert np.isfinite(cv.scores["pointwise"].values).all()
+
+
+# --------------------------------------------------------------------------
+# an annotation model (examples/annotation.py's Dawid-Skene): the item plate
+# at dim -2, each item's annotations along an inner plate
+# --------------------------------------------------------------------------
+
+POSITIONS = jnp.array([0, 1, 2])
+ANNOTATIONS = jnp.array([[0, 0, 1], [1, 1, 1], [2, 0, 2], [1, 2, 2], [0, 0, 0]])
+
+
+def _annotation_globals():
+    with numpyro.plate("annotator", 3, dim=-2):
+        with numpyro.plate("class", 3):
+            beta = numpyro.sample("beta", dist.Dirichlet(jnp.ones(3)))
+    pi = numpyro.sample("pi", dist.Dirichlet(jnp.ones(3)))
+    return beta, pi
+
+
+def dawid_skene(positions, annotations):
+    beta, pi = _annotation_globals()
+    with numpyro.plate("item", annotations.shape[0], dim=-2):
+        c = numpyro.sample("c", dist.Categorical(pi), infer={"enumerate": "parallel"})
+        with numpyro.plate("position", annotations.shape[1]):
+            numpyro.sample(
+                "y", dist.Categorical(Vindex(beta)[positions, c, :]), obs=annotations
+            )
+
+
+def dawid_skene_by_hand(positions, annotations):
+    beta, pi = _annotation_globals()
+    # (items, classes): log pi_c + sum_j log beta[position_j, c, y_ij]
+    log_lik = jnp.log(beta[positions[None, :], :, annotations])  # (I, J, C)
+    per_class = jnp.log(pi) + jnp.sum(log_lik, axis=1)
+    with numpyro.plate("item", annotations.shape[0]):
+        numpyro.factor("y", jax.nn.logsumexp(per_class, axis=-1))
+
+
+def test_an_annotation_model_equals_its_sum_over_classes():
+    guide = AutoNormal(block(dawid_skene, hide=["c"]))
+    reference = AutoNormal(dawid_skene_by_hand)
+    args = (POSITIONS, ANNOTATIONS)
+    params = (
+        SVI(dawid_skene, guide, optax.adam(0.05), TraceEnum_ELBO())
+        .run(random.PRNGKey(0), 30, *args, progress_bar=False)
+        .params
+    )
+    options = {"num_draws": 100, "max_draws": 100, "moment_match": False}
+    a = predictive_score(
+        random.PRNGKey(1), params, dawid_skene, guide, *args, **options
+    )
+    SVI(dawid_skene_by_hand, reference, optax.adam(0.05), TraceEnum_ELBO()).init(
+        random.PRNGKey(0), *args
+    )
+    b = predictive_score(
+        random.PRNGKey(1), params, dawid_skene_by_hand, reference, *args, **options
+    )
+    assert a.shape == (ANNOTATIONS.shape[0],)
+    np.testing.assert_allclose(a, b, rtol=1e-5)

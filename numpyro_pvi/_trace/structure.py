@@ -18,7 +18,7 @@ import numpy as np
 import numpyro.distributions as dist
 from jax import random
 from numpyro.distributions import ExpandedDistribution, Independent, MaskedDistribution
-from numpyro.handlers import replay, seed, substitute, trace
+from numpyro.handlers import seed, substitute, trace
 
 from numpyro_pvi._trace.autoguide_setup import set_up_autoguide, traceable_guide
 from numpyro_pvi._trace.data_plate import simulation_law
@@ -28,7 +28,7 @@ from numpyro_pvi._trace.site_laws import (
     is_censored,
     sampler_failure,
 )
-from numpyro_pvi._trace.tracing import with_guide_params
+from numpyro_pvi._trace.tracing import replayed
 from numpyro_pvi._trace.validation import explained_failure
 
 
@@ -70,10 +70,7 @@ def replay_trace(
         seeded_guide = substitute(seed(traced, guide_key), data=params)
         with explained_failure(function, "guide"):
             guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
-        seeded = substitute(
-            replay(seed(model, model_key), guide_trace),
-            data=with_guide_params(params, guide_trace),
-        )
+        seeded = replayed(model, guide_trace, model_key, params)
         with explained_failure(function, "model"):
             tr = trace(seeded).get_trace(*args, **kwargs)
         captured["trace"] = {name: _static_site(site) for name, site in tr.items()}
@@ -145,6 +142,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
         "type": site["type"],
         "is_observed": site.get("is_observed", False),
         "cond_indep_stack": site.get("cond_indep_stack", []),
+        "infer": {k: v for k, v in site.get("infer", {}).items() if k == "enumerate"},
         # a read-only view of the shape and dtype, no memory; a pytree of
         # them for a parameter that is one (numpyro.module's network weights)
         "value": jax.tree.map(_stand_in, value)
@@ -351,12 +349,7 @@ def amortized_latents(
             guide_tr = trace(substitute(seed(guide, key), data=params)).get_trace(
                 *a, **k
             )
-            model_tr = trace(
-                substitute(
-                    replay(seed(model, key), guide_tr),
-                    data=with_guide_params(params, guide_tr),
-                )
-            ).get_trace(*a, **k)
+            model_tr = trace(replayed(model, guide_tr, key, params)).get_trace(*a, **k)
             for name, site in model_tr.items():
                 in_plate = plate in {f.name for f in site.get("cond_indep_stack", [])}
                 if site["type"] == "sample" and in_plate:

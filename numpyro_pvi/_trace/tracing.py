@@ -23,8 +23,9 @@ from numpyro.handlers import replay, seed, substitute, trace
 from numpyro.infer.util import is_identically_one
 from numpyro.util import check_model_guide_match
 
+from numpyro_pvi._trace.enumeration import marginalized
 from numpyro_pvi._trace.numpyro_private import without_rsample_stop_gradient
-from numpyro_pvi._trace.validation import explained_failure, require_guided_enumeration
+from numpyro_pvi._trace.validation import explained_failure
 
 
 def site_log_prob(site: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
@@ -218,12 +219,9 @@ def point_mass_sites(
         with explained_failure(function, "guide"):
             guide_trace = trace(seeded_guide).get_trace(*args, **kwargs)
         with explained_failure(function, "model"):
-            model_trace = trace(
-                substitute(
-                    replay(seed(model, key), guide_trace),
-                    data=with_guide_params(params, guide_trace),
-                )
-            ).get_trace(*args, **kwargs)
+            model_trace = trace(replayed(model, guide_trace, key, params)).get_trace(
+                *args, **kwargs
+            )
         latents = {s["name"]: s for s in latent_sites(model_trace)}
         guide_sites = list(latent_sites(guide_trace))
         draws = [s for s in guide_sites if is_sample_draw(s)]
@@ -322,6 +320,23 @@ def with_guide_params(
     return {**drawn, **params}
 
 
+def replayed(
+    model: Callable,
+    guide_trace: dict[str, Any],
+    key: jax.Array,
+    params: Mapping[str, Any],
+) -> Callable:
+    """``model`` replayed against a guide trace: seeded with ``key``, the
+    guide's draws and parameters (:func:`with_guide_params`) substituted,
+    and the enumerated sites the guide does not draw summed out
+    (:func:`~numpyro_pvi._trace.enumeration.marginalized`)."""
+    drawn = [n for n, s in guide_trace.items() if s["type"] == "sample"]
+    return substitute(
+        replay(seed(marginalized(model, drawn), key), guide_trace),
+        data=with_guide_params(params, guide_trace),
+    )
+
+
 def drawn_params(
     model: Callable,
     guide: Callable,
@@ -337,10 +352,9 @@ def drawn_params(
     def run(key: jax.Array) -> int:
         seeded = substitute(seed(guide, key), data=dict(params))
         guide_trace = trace(seeded).get_trace(*args, **kwargs)
-        drawn = with_guide_params(params, guide_trace)
-        model_trace = trace(
-            substitute(replay(seed(model, key), guide_trace), data=drawn)
-        ).get_trace(*args, **kwargs)
+        model_trace = trace(replayed(model, guide_trace, key, params)).get_trace(
+            *args, **kwargs
+        )
         names.extend(
             n
             for n, s in model_trace.items()
@@ -405,13 +419,9 @@ def trace_particle(
     if require_reparam:
         require_reparam_guide(guide_trace, objective)
     params = draw_params if model_params is None else model_params
-    seeded_model = substitute(
-        replay(seed(model, model_key), guide_trace),
-        data=with_guide_params(params, guide_trace),
-    )
+    seeded_model = replayed(model, guide_trace, model_key, params)
     with explained_failure(objective, "model"):
         model_trace = trace(seeded_model).get_trace(*args, **kwargs)
-    require_guided_enumeration(model_trace, guide_trace, objective)
     check_model_guide_match(model_trace, guide_trace)
     return guide_trace, model_trace
 

@@ -211,29 +211,3 @@ def explained_failure(objective: str, role: str) -> Iterator[None]:
             f"Check the {role} at these arguments (NumPyro's Trace_ELBO runs it "
             "the same way)."
         ) from err
-
-
-def require_guided_enumeration(
-    model_trace: dict[str, Any], guide_trace: dict[str, Any], objective: str
-) -> None:
-    """Raise for a latent site of the model marked for enumeration
-    (``infer={"enumerate": ...}``, ``config_enumerate``) that the guide does
-    not draw: ``TraceEnum_ELBO`` sums it out, while the replay here would
-    draw it from its prior and score the observations at that one value.
-    """
-    for name, site in model_trace.items():
-        latent = site["type"] == "sample" and not site["is_observed"]
-        if latent and site["infer"].get("enumerate") and name not in guide_trace:
-            raise ValueError(
-                f"{objective}: the model's discrete site '{name}' is marked for "
-                f"enumeration (infer={{'enumerate': "
-                f"{site['infer']['enumerate']!r}}}) and the guide does not draw "
-                "it. TraceEnum_ELBO sums such a site out of the joint density; "
-                "this package does not enumerate, and replaying the model would "
-                "draw it from its prior and score the observations at that one "
-                "value, a different objective. Sum it out in the model: write "
-                "the observations it selects as a mixture over its values "
-                "(dist.MixtureSameFamily or dist.MixtureGeneral, or the "
-                "marginal distribution in closed form), or fit this model with "
-                "TraceEnum_ELBO."
-            )

@@ -32,6 +32,7 @@ from numpyro_pvi._arviz.idata import (
     site_dims,
 )
 from numpyro_pvi._trace.data_plate import joint_log_likelihood
+from numpyro_pvi._trace.enumeration import enumerated_sites
 from numpyro_pvi._trace.numpyro_private import validate_latent_sites
 from numpyro_pvi._trace.recipes import Replications, check_recipe
 from numpyro_pvi._trace.structure import check_full_data, model_structure
@@ -91,6 +92,8 @@ def _setup(
         args=args,
         kwargs=kwargs,
     )
+    summed_out = enumerated_sites(model_trace)  # not drawn by the guide
+    latent_names = [n for n in latent_names if n not in summed_out]
     validate_latent_sites(model_trace, latent_names)
     inject = data_injector(
         model, observed, args, kwargs, r.simulated_data_to_args, model_trace, "vsbc"

@@ -118,6 +118,9 @@ class PredictiveELBO(ELBO):
     #: Whether the optimum is the Bayesian posterior (read by diagnostics:
     #: PSIS k̂ of a fit that does not target it measures a chosen distance).
     targets_posterior: bool = False
+    #: enumerated sites of the model are summed out within each observation
+    #: (a discrete site of the guide is refused where draws are differentiated)
+    can_infer_discrete = True
     #: A traced indicator of the posterior regularizer (set by
     #: cross-validation: one program for the grids of both regularizers).
     _posterior: jax.Array | None = None

@@ -57,6 +57,9 @@ class StratifiedELBO(ELBO):
     #: Whether the optimum is the Bayesian posterior (read by diagnostics:
     #: PSIS k̂ of a fit that does not target it measures a chosen distance).
     targets_posterior: bool = True
+    #: enumerated sites of the model are summed out within each observation
+    #: (a discrete site of the guide is refused where draws are differentiated)
+    can_infer_discrete = True
 
     def __init__(
         self, num_particles: int = 1, *, vectorize_particles: bool | Callable = True

@@ -285,7 +285,7 @@ def _refusal(site: dict[str, Any], reparam: bool) -> str | None:
         return (
             f"Observed site '{name}' ({describe(fn)}) has no reparameterised "
             "sampler, which this score needs to differentiate simulated "
-            "observations."
+            "observations." + getattr(innermost(fn), "reparam_remedy", "")
         )
     return None
 

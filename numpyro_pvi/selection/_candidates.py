@@ -10,7 +10,12 @@ from typing import Any, NamedTuple
 
 import jax
 import numpy as np
-from numpyro.infer import Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
+from numpyro.infer import (
+    Trace_ELBO,
+    TraceEnum_ELBO,
+    TraceGraph_ELBO,
+    TraceMeanField_ELBO,
+)
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._trace.tracing import StratifiedGuide
@@ -23,7 +28,13 @@ from numpyro_pvi.scores import Score
 #: prior regularizer up to λ = 1, the posterior one up to λ = 10 (near VI).
 DEFAULT_LAMS = {"prior": (0.0, 0.01, 0.1, 1.0), "posterior": (0.1, 1.0, 10.0)}
 #: The objectives of plain VI (the reference of the paired differences).
-VI_OBJECTIVES = (Trace_ELBO, TraceMeanField_ELBO, TraceGraph_ELBO, StratifiedELBO)
+VI_OBJECTIVES = (
+    Trace_ELBO,
+    TraceMeanField_ELBO,
+    TraceGraph_ELBO,
+    TraceEnum_ELBO,
+    StratifiedELBO,
+)
 
 
 def default_candidates(
@@ -32,13 +43,15 @@ def default_candidates(
     *,
     num_particles: int = 32,
     data_plate: str | int | None = None,
+    vi: type[ELBO] | None = None,
 ) -> dict[str, ELBO]:
     """The default candidates of :func:`~numpyro_pvi.selection.cross_validate`:
     :class:`~numpyro_pvi.PredictiveELBO` with ``score`` over λ = 0, the prior
     regularizer with λ ∈ {0.01, 0.1, 1} and the posterior regularizer with
     λ ∈ {0.1, 1, 10}, and VI: ``Trace_ELBO``, or
     :class:`~numpyro_pvi.StratifiedELBO` for a mixture guide (whose weights
-    ``Trace_ELBO`` cannot learn); each with ``num_particles`` particles.
+    ``Trace_ELBO`` cannot learn), or ``TraceEnum_ELBO`` for a model with
+    enumerated sites; each with ``num_particles`` particles.
 
     **Example**::
 
@@ -54,9 +67,13 @@ def default_candidates(
         observations in the PVI candidates, as for
         :class:`~numpyro_pvi.PredictiveELBO` (``cross_validate`` passes its
         own).
+    :param vi: the objective of the VI candidate (``None``: ``Trace_ELBO``,
+        or ``StratifiedELBO`` for a mixture guide; ``cross_validate`` passes
+        ``TraceEnum_ELBO`` for a model with enumerated sites).
     :return: label → objective.
     """
-    vi = StratifiedELBO if isinstance(guide, StratifiedGuide) else Trace_ELBO
+    if vi is None:
+        vi = StratifiedELBO if isinstance(guide, StratifiedGuide) else Trace_ELBO
     out: dict[str, ELBO] = {"VI": vi(num_particles=num_particles)}
     for reg, lams in DEFAULT_LAMS.items():
         for lam in lams:

@@ -10,10 +10,12 @@ import jax
 import numpy as np
 import xarray as xr
 from jax import random
+from numpyro.infer import TraceEnum_ELBO
 from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._trace.autoguide_setup import needs_prototype
 from numpyro_pvi._trace.data_plate import DataPlate, check_same_plate, plate_of
+from numpyro_pvi._trace.enumeration import enumerates, marginalized
 from numpyro_pvi._trace.recipes import FitRecipe, check_recipe
 from numpyro_pvi._trace.site_values import single_observation
 from numpyro_pvi._trace.structure import replay_trace
@@ -216,8 +218,11 @@ def cross_validate(
     fit = check_recipe(fit, FitRecipe, "fit", _WHERE, kwargs)
     score, num_folds = _check_options(fit, num_folds, score, rule)
     warn_laplace_held_out(guide, _WHERE)
+    vi = None
+    if enumerates(model, args, kwargs):  # fits and scores with them summed out
+        vi, model = TraceEnum_ELBO, marginalized(model)
     candidates = labelled(
-        default_candidates(guide, score, data_plate=data_plate)
+        default_candidates(guide, score, data_plate=data_plate, vi=vi)
         if candidates is None
         else candidates
     )
@@ -225,8 +230,8 @@ def cross_validate(
     if rule == "one_se" and reference is None:
         raise ValueError(
             "cross_validate: rule='one_se' moves toward VI, but no candidate is "
-            "plain VI (Trace_ELBO, or StratifiedELBO for a mixture guide); add "
-            "one, or pass rule='best'."
+            "plain VI (Trace_ELBO, TraceEnum_ELBO, or StratifiedELBO for a "
+            "mixture guide); add one, or pass rule='best'."
         )
     fold_key, fit_key, score_key = random.split(rng_key, 3)
     data = model_data(model, args, kwargs, fit_key)

@@ -66,10 +66,12 @@ def _smoke_param(path: Path):
     return pytest.param(path, marks=marks, id=path.stem)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def notebook_kernel(tutorial_runner):
     """One kernel per test process runs its notebooks in turn (each after
-    ``%reset -f``): the imports and the compilations are made once."""
+    ``%reset -f``): the imports and the compilations are made once. It is
+    shut down with this module (a kernel that has run the notebooks holds
+    gigabytes the rest of the session does not need)."""
     with tutorial_runner.shared_kernel() as km:
         yield km
 

@@ -1,0 +1,440 @@
+r"""Enumerated discrete latents, summed out within each observation.
+
+NumPyro users mark a model's discrete sites for enumeration
+(``infer={"enumerate": "parallel"}``, ``config_enumerate``), draw the
+continuous latents with the guide and fit with ``TraceEnum_ELBO``. Every
+objective and diagnostic here reads the model through :func:`marginalized`:
+the same program, in which the enumerated sites the guide does not draw and
+the observed sites of the data plate that follow them make one observed site
+of law :class:`EnumeratedObservations`. At an element :math:`i` of the data
+plate its density given the latents :math:`\theta` the guide draws is
+
+.. math::
+
+    p(y_i \mid \theta) = \sum_{z_i} p(z_i \mid \theta)\, p(y_i \mid z_i, \theta),
+
+the enumerated sites :math:`z_i` of that element (a mixture's assignment, an
+HMM's states along ``markov`` or ``scan``) summed out by NumPyro's
+enumeration and funsor's ``sum_product`` with the data plate kept [1, 2]; its
+draws simulate :math:`z_i` from :math:`p(z_i \mid \theta)`, then :math:`y_i`.
+A model without enumerated sites runs unchanged.
+
+**References**
+
+1. Obermeyer, F. et al. (2019). *Tensor variable elimination for plated
+   factor graphs*. ICML.
+2. Obermeyer, F. et al. (2020). *Functional tensors for probabilistic
+   programming*. arXiv:1910.10775.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections import defaultdict
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from numpyro import plate as numpyro_plate
+from numpyro import sample as numpyro_sample
+from numpyro.distributions import Distribution, constraints
+from numpyro.handlers import block, seed, substitute, trace
+from numpyro.primitives import Messenger
+
+__all__ = ["EnumeratedObservations", "enumerated_sites", "enumerates", "marginalized"]
+
+
+def _is_enumerated(msg: dict[str, Any]) -> bool:
+    return (
+        msg["type"] == "sample"
+        and not msg["is_observed"]
+        and msg["infer"].get("enumerate") == "parallel"
+    )
+
+
+def _plates(msg: dict[str, Any]) -> list[Any]:
+    return [f for f in msg["cond_indep_stack"] if f.dim is not None]
+
+
+@dataclass(frozen=True, eq=False)
+class _Program:
+    """What the law of the summed-out observations re-runs: the model, its
+    arguments, the data plate and the sites summed out or observed."""
+
+    model: Callable
+    args: tuple
+    kwargs: dict
+    plate: str
+    dim: int
+    size: int
+    enumerated: tuple[str, ...]
+    observed: tuple[tuple[str, tuple[int, ...], int], ...]  # name, shape, event
+    nesting: int
+
+    @property
+    def site(self) -> str:
+        """The name of the observed site: the model's, or for several
+        ``"{plate}_observations"``."""
+        if len(self.observed) == 1:
+            return self.observed[0][0]
+        return f"{self.plate}_observations"
+
+    def unpack(self, value: jax.Array) -> dict[str, jax.Array]:
+        """The observed sites' values from one packed value."""
+        rows = jnp.reshape(value, (self.size, -1))
+        out, start = {}, 0
+        for name, shape, event_ndim in self.observed:
+            axis = len(shape) + self.dim - event_ndim
+            moved = list(shape)
+            moved.insert(0, moved.pop(axis))
+            width = math.prod(moved[1:])
+            part = jnp.reshape(rows[:, start : start + width], moved)
+            out[name] = jnp.moveaxis(part, 0, axis)
+            start += width
+        return out
+
+    def pack(self, values: dict[str, jax.Array]) -> jax.Array:
+        """``(N, d)``: one row per element of the data plate."""
+        rows = []
+        for name, shape, event_ndim in self.observed:
+            axis = len(shape) + self.dim - event_ndim
+            x = jnp.moveaxis(jnp.broadcast_to(values[name], shape), axis, 0)
+            rows.append(jnp.reshape(x, (self.size, -1)))
+        return jnp.concatenate(rows, axis=1)
+
+    def log_lik(self, fixed: dict[str, jax.Array], value: jax.Array) -> jax.Array:
+        """``(N,)`` log-likelihood of each element, the enumerated sites summed
+        out (funsor's ``sum_product`` with the data plate kept)."""
+        import funsor
+        from numpyro.contrib.funsor import enum, plate_to_enum_plate
+        from numpyro.contrib.funsor.infer_util import (
+            compute_markov_factors,
+            packed_trace,
+        )
+
+        program = substitute(self.model, data=fixed)
+        with (
+            block(),
+            enum(first_available_dim=-self.nesting - 1),
+            plate_to_enum_plate(),
+        ):
+            tr = packed_trace(seed(program, 0)).get_trace(*self.args, **self.kwargs)
+        names = set(self.enumerated) | {n for n, _, _ in self.observed}
+        values = self.unpack(value)
+        factors: list[Any] = []
+        chains: dict[Any, list[Any]] = defaultdict(list)  # time -> factors
+        previous: dict[Any, frozenset] = defaultdict(frozenset)  # time -> _PREV_
+        sum_vars: frozenset[str] = frozenset()
+        prod_vars: frozenset[str] = frozenset()
+        for name, site in tr.items():
+            if site["type"] != "sample":
+                continue
+            dims = site["infer"].get("dim_to_name", {})
+            if name.replace("_PREV_", "") not in names:  # scan's first steps
+                _refuse_dependent(name, site, dims, self.enumerated)
+                continue
+            value = site["value"]
+            if site["is_observed"]:
+                value = _steps(name, value, values, tr)
+            log_prob = site["fn"].log_prob(value)
+            factor = funsor.to_funsor(log_prob, funsor.Real, dims)
+            time = next((n for n in dims.values() if n.startswith("_time")), None)
+            if time is None:
+                factors.append(factor)
+            else:
+                axis = next(d for d, n in dims.items() if n == time)
+                var = funsor.Variable(time, funsor.Bint[log_prob.shape[axis]])
+                chains[var].append(factor)
+                previous[var] |= {n for n in dims.values() if n.startswith("_PREV_")}
+            if not site["is_observed"]:
+                sum_vars |= {name}
+            prod_vars |= {f.name for f in _plates(site)}
+        if chains:
+            factors += compute_markov_factors(
+                chains,
+                previous,
+                {t: _markov_dims(tr, v) for t, v in previous.items()},
+                sum_vars,
+                prod_vars,
+                1,
+                funsor.ops.logaddexp,
+                funsor.ops.add,
+            )
+        eliminate = sum_vars | (prod_vars - {self.plate})
+        with funsor.interpretations.lazy:
+            lazy = funsor.sum_product.sum_product(
+                funsor.ops.logaddexp, funsor.ops.add, factors, eliminate, prod_vars
+            )
+        result = funsor.optimizer.apply_optimizer(lazy)
+        return jnp.broadcast_to(result.data, (self.size,))
+
+    def simulate(self, fixed: dict[str, jax.Array], key: jax.Array) -> jax.Array:
+        """One packed draw: the enumerated sites from their prior, then the
+        observations."""
+        names = {n for n, _, _ in self.observed}
+        program = _Unobserved(substitute(self.model, data=fixed), names)
+        with block():
+            tr = trace(seed(program, key)).get_trace(*self.args, **self.kwargs)
+        return self.pack({n: tr[n]["value"] for n in names})
+
+
+def _markov_dims(tr: dict[str, Any], previous: frozenset) -> frozenset:
+    """The dimensions of the sites a chain's ``_PREV_`` variables stand for."""
+    out: frozenset = frozenset()
+    for var in previous:
+        dims = tr[var.replace("_PREV_", "")]["infer"]["dim_to_name"]
+        if var in dims.values():
+            out |= frozenset(dims.values())
+    return out
+
+
+def _refuse_dependent(
+    name: str, site: dict[str, Any], dims: dict, enumerated: tuple[str, ...]
+) -> None:
+    """Raise for a site outside the summed-out set whose density depends on
+    an enumerated site."""
+    if any(d not in {f.dim for f in _plates(site)} for d in dims):
+        raise ValueError(
+            f"The model's site '{name}' depends on the enumerated site(s) "
+            f"{list(enumerated)} but is not an observed site of their data "
+            "plate: this package sums enumerated sites out within each "
+            "observation. Move the site into the data plate after them, or "
+            "draw the enumerated site in the guide."
+        )
+
+
+def _steps(
+    name: str, traced: jax.Array, values: dict[str, jax.Array], tr: dict[str, Any]
+) -> jax.Array:
+    """The value of observed site ``name`` of an enumerated trace taken from
+    ``values`` (by the model's site names), laid out as the trace holds it:
+    under enumeration ``scan`` records its first steps as sites ``_PREV_y``
+    (step 0 the most prefixed) and the others as ``y``."""
+    base = name.replace("_PREV_", "")
+    shift = (len(name) - len(base)) // len("_PREV_")
+    history = max(
+        (len(n) - len(base)) // len("_PREV_")
+        for n in tr
+        if n.replace("_PREV_", "") == base
+    )
+    value = values[base]
+    if history:  # steps along the leading (time) axis
+        first = history - shift
+        value = value[first : first + 1] if shift else value[history:]
+    return jnp.reshape(value, jnp.shape(traced))
+
+
+class _Unobserved(Messenger):
+    """Draw the named observed sites instead of observing them."""
+
+    def __init__(self, fn: Callable, names: set[str]) -> None:
+        self.names = names
+        super().__init__(fn)
+
+    def process_message(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "sample" and msg["name"] in self.names:
+            msg["value"], msg["is_observed"] = None, False
+
+
+class EnumeratedObservations(Distribution):
+    """The observations of each element of the data plate with the model's
+    enumerated sites summed out (see the module docstring): one row per
+    element, the observed sites' values of that element flattened and
+    concatenated in the order the model observes them."""
+
+    arg_constraints: dict = {}
+    has_rsample = False  # the enumerated sites are drawn, not reparameterised
+    pytree_data_fields = ("fixed",)
+    pytree_aux_fields = ("program",)
+
+    def __init__(self, program: _Program, fixed: dict[str, jax.Array]) -> None:
+        self.program, self.fixed = program, fixed
+        width = sum(
+            math.prod(s) // (s[len(s) + program.dim - e] if s else 1)
+            for _, s, e in program.observed
+        )
+        scalar = len(program.observed) == 1 and width == 1
+        batch = (program.size,) + (1,) * (-program.dim - 1)
+        super().__init__(batch, () if scalar else (width,))
+
+    @property
+    def reparam_remedy(self) -> str:
+        """What to do when a score needs reparameterised draws."""
+        return (
+            " Its draws simulate the enumerated site(s) "
+            f"{list(self.program.enumerated)}, discrete draws without a "
+            "gradient; a mixture written as dist.MixtureSameFamily has "
+            "reparameterised draws."
+        )
+
+    @constraints.dependent_property(is_discrete=False, event_dim=0)
+    def support(self) -> constraints.Constraint:
+        return constraints.real if not self.event_shape else constraints.real_vector
+
+    def log_prob(self, value: jax.Array) -> jax.Array:
+        extra = jnp.ndim(value) - len(self.batch_shape) - len(self.event_shape)
+        fn = functools.partial(self.program.log_lik, self.fixed)
+        for _ in range(extra):
+            fn = jax.vmap(fn)
+        return jnp.reshape(fn(value), jnp.shape(value)[:extra] + self.batch_shape)
+
+    def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
+        n = math.prod(sample_shape)
+        keys = jax.random.split(key, max(n, 1))
+        draws = jax.vmap(functools.partial(self.program.simulate, self.fixed))(keys)
+        shape = sample_shape + self.batch_shape + self.event_shape
+        return jnp.reshape(draws[:n] if sample_shape else draws[0], shape)
+
+
+class _SumOut(Messenger):
+    """Hide the enumerated sites (at a value of their support) and the
+    observed sites of their data plate that follow them; record the values
+    of the others."""
+
+    def __init__(self, fn: Callable, drawn: frozenset[str]) -> None:
+        self.drawn = drawn
+        self.enumerated: list[str] = []
+        self.observed: list[tuple[str, tuple[int, ...], int, jax.Array]] = []
+        self.frame: Any = None
+        self.sizes: dict[str, tuple[int, int]] = {}
+        self.fixed: dict[str, jax.Array] = {}
+        self.nesting = 0
+        super().__init__(fn)
+
+    def process_message(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "plate":
+            self.sizes[msg["name"]] = (msg["args"][0], msg["args"][1])
+            return
+        if msg["type"] != "sample":
+            return
+        frames = _plates(msg)
+        self.nesting = max(
+            [self.nesting, len(msg["fn"].batch_shape)] + [-f.dim for f in frames]
+        )
+        if _is_enumerated(msg) and msg["name"] not in self.drawn:
+            self._enumerate(msg, frames)
+        elif msg["is_observed"] and self.frame is not None:
+            if self.frame.name in {f.name for f in frames}:
+                value = msg["value"]
+                self.observed.append(
+                    (msg["name"], jnp.shape(value), msg["fn"].event_dim, value)
+                )
+                msg["stop"] = True
+
+    def _enumerate(self, msg: dict[str, Any], frames: list[Any]) -> None:
+        name = msg["name"]
+        if not frames:
+            raise ValueError(
+                f"The model's enumerated site '{name}' is outside every plate: "
+                "this package sums enumerated sites out within each observation "
+                "of a data plate, and a global discrete latent couples them all. "
+                "Draw it in the guide (e.g. a Categorical with learned "
+                "probabilities), or write the observations as a mixture over "
+                "its values (dist.MixtureSameFamily)."
+            )
+        outer = min(frames, key=lambda f: f.dim)
+        if self.frame is None:
+            self.frame = outer
+        elif self.frame.name not in {f.name for f in frames}:
+            raise ValueError(
+                f"The model's enumerated site '{name}' is outside the plate "
+                f"'{self.frame.name}' of the enumerated site '{self.enumerated[0]}': "
+                "this package sums enumerated sites out within the elements of "
+                "one data plate. Put them in one plate of observations."
+            )
+        support = msg["fn"].enumerate_support(expand=False)
+        msg["value"] = jnp.broadcast_to(
+            support[0], msg["fn"].shape(msg["kwargs"].get("sample_shape", ()))
+        )
+        msg["stop"] = True
+        self.enumerated.append(name)
+
+    def postprocess_message(self, msg: dict[str, Any]) -> None:
+        hidden = {n for n, *_ in self.observed} | set(self.enumerated)
+        if msg["type"] in ("sample", "param") and msg["name"] not in hidden:
+            if not msg.get("is_observed"):
+                self.fixed[msg["name"]] = msg["value"]
+
+    def program(self, model: Callable, args: tuple, kwargs: dict) -> _Program:
+        name = self.frame.name
+        size, subsample = self.sizes.get(name, (self.frame.size, self.frame.size))
+        if subsample is not None and subsample != size:
+            raise ValueError(
+                f"The data plate '{name}' of the enumerated site(s) "
+                f"{self.enumerated} is subsampled: this package sums "
+                "enumerated sites out on full data plates only. Use the "
+                "plate without subsample_size."
+            )
+        if not self.observed:
+            raise ValueError(
+                f"The model's enumerated site(s) {self.enumerated} select no "
+                f"observation of the plate '{name}' after them: nothing to "
+                "sum them out of. Observe data in that plate after them."
+            )
+        return _Program(
+            model,
+            args,
+            kwargs,
+            name,
+            self.frame.dim,
+            size,
+            tuple(self.enumerated),
+            tuple((n, s, e) for n, s, e, _ in self.observed),
+            self.nesting,
+        )
+
+
+def marginalized(model: Callable, drawn: Collection[str] = ()) -> Callable:
+    """``model`` with its enumerated sites summed out within each element
+    of the data plate (see the module docstring); as ``model`` where it has
+    none.
+
+    :param model: the NumPyro model.
+    :param drawn: the sites the guide draws (not summed out).
+    """
+    drawn = frozenset(drawn)
+
+    @functools.wraps(model)
+    def summed_out(*args: Any, **kwargs: Any) -> Any:
+        hider = _SumOut(model, drawn)
+        result = hider(*args, **kwargs)
+        if not hider.enumerated:
+            return result
+        program = hider.program(model, args, kwargs)
+        law = EnumeratedObservations(program, hider.fixed)
+        values = program.pack({n: v for n, _, _, v in hider.observed})
+        with numpyro_plate(program.plate, program.size, dim=program.dim):
+            numpyro_sample(
+                program.site,
+                law,
+                obs=jnp.reshape(values, law.batch_shape + law.event_shape),
+            )
+        return result
+
+    return summed_out
+
+
+def enumerated_sites(model_trace: dict[str, Any]) -> list[str]:
+    """The latent sites of a model trace marked for enumeration."""
+    return [n for n, s in model_trace.items() if _is_enumerated(s)]
+
+
+def enumerates(model: Callable, args: tuple, kwargs: dict) -> bool:
+    """Whether ``model`` has sites marked for enumeration, from one abstract
+    trace (``False`` where the model cannot be traced so: the programs that
+    run it say what is wrong)."""
+    found: list[str] = []
+
+    def run() -> int:
+        tr = trace(seed(model, 0)).get_trace(*args, **kwargs)
+        found.extend(enumerated_sites(tr))
+        return 0
+
+    try:
+        jax.eval_shape(run)
+    except Exception:  # noqa: BLE001 - reported where the model runs
+        return False
+    return bool(found)
