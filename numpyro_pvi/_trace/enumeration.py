@@ -42,9 +42,16 @@ from numpyro import plate as numpyro_plate
 from numpyro import sample as numpyro_sample
 from numpyro.distributions import Distribution, constraints
 from numpyro.handlers import block, seed, substitute, trace
+from numpyro.infer import Trace_ELBO, TraceEnum_ELBO
 from numpyro.primitives import Messenger
 
-__all__ = ["EnumeratedObservations", "enumerated_sites", "enumerates", "marginalized"]
+__all__ = [
+    "EnumeratedObservations",
+    "enumerated_sites",
+    "enumerates",
+    "marginalized",
+    "summed_out_loss",
+]
 
 
 def _is_enumerated(msg: dict[str, Any]) -> bool:
@@ -290,9 +297,9 @@ class EnumeratedObservations(Distribution):
 
 
 class _SumOut(Messenger):
-    """Hide the enumerated sites (at a value of their support) and the
-    observed sites of their data plate that follow them; record the values
-    of the others."""
+    """Hide the enumerated sites (at a value of their support), the observed
+    sites of their data plate and the deterministic sites that follow them
+    (which may read that stand-in value); record the values of the others."""
 
     def __init__(self, fn: Callable, drawn: frozenset[str]) -> None:
         self.drawn = drawn
@@ -307,6 +314,9 @@ class _SumOut(Messenger):
     def process_message(self, msg: dict[str, Any]) -> None:
         if msg["type"] == "plate":
             self.sizes[msg["name"]] = (msg["args"][0], msg["args"][1])
+            return
+        if msg["type"] == "deterministic" and self.frame is not None:
+            msg["stop"] = True  # may read the stand-in value of an enumerated site
             return
         if msg["type"] != "sample":
             return
@@ -438,3 +448,12 @@ def enumerates(model: Callable, args: tuple, kwargs: dict) -> bool:
     except Exception:  # noqa: BLE001 - reported where the model runs
         return False
     return bool(found)
+
+
+def summed_out_loss(loss: Any) -> Any:
+    """``loss`` for a model already :func:`marginalized`: ``TraceEnum_ELBO``
+    of the model is ``Trace_ELBO`` of it with its enumerated sites summed
+    out (and takes the per-observation scales that hold observations out)."""
+    if isinstance(loss, TraceEnum_ELBO):
+        return Trace_ELBO(num_particles=loss.num_particles)
+    return loss

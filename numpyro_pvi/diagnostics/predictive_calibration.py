@@ -36,6 +36,7 @@ from numpyro_pvi._trace.data_plate import (
     per_observation,
     plate_of,
 )
+from numpyro_pvi._trace.enumeration import marginalized, summed_out_loss
 from numpyro_pvi._trace.particles import ParticleSpec, particle_terms
 from numpyro_pvi._trace.recipes import Replications, check_recipe
 from numpyro_pvi._trace.site_values import single_observation
@@ -448,13 +449,17 @@ def pit_replication(
         keep = jnp.ones(plate.size).at[index].set(0.0)
         conditioned = condition(model, data)
         assert plate.selector is not None  # one observation is held out of a plate
-        masked = mask_observations(conditioned, keep=keep, data_plate=plate.selector)
+        # enumerated sites summed out before masking: TraceEnum_ELBO, the
+        # VI of such models, takes no per-observation scale
+        masked = mask_observations(
+            marginalized(conditioned), keep=keep, data_plate=plate.selector
+        )
         params, fit = fit_replication(
             key_svi,
             masked,
             guide,
             optim,
-            loss,
+            summed_out_loss(loss),
             args,
             kwargs,
             num_svi_steps=num_svi_steps,

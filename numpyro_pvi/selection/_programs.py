@@ -21,6 +21,7 @@ from numpyro.infer import SVI, Trace_ELBO
 
 from numpyro_pvi._trace.autoguide_setup import traceable_guide
 from numpyro_pvi._trace.data_plate import DataPlate
+from numpyro_pvi._trace.enumeration import summed_out_loss
 from numpyro_pvi._trace.structure import feasible_improper
 from numpyro_pvi.evaluation.draws import (
     CONCRETE_VALUE_ERRORS,
@@ -184,7 +185,9 @@ def lower_grid(
     def svi(value: jax.Array, fold: jax.Array, keeps: jax.Array, g: Callable) -> SVI:
         assert plate.selector is not None  # cross-validation has a data plate
         masked = mask_observations(model, keep=keeps[fold], data_plate=plate.selector)
-        return SVI(masked, g, optim, loss=grid.make_loss(value))
+        # an enumerated model is summed out here: its TraceEnum_ELBO fits
+        # the masked folds as Trace_ELBO
+        return SVI(masked, g, optim, loss=summed_out_loss(grid.make_loss(value)))
 
     def over_fits(one: Callable, xs: tuple) -> Any:
         batch = layout.batch if layout.batch > 1 else None

@@ -104,10 +104,18 @@ def _fit(program, loss, steps=STEPS, guide=None):
 FITS: dict = {}
 
 
+def _vi(program):
+    """The program's VI objective: ``Trace_ELBO``, or ``TraceEnum_ELBO`` for
+    a program with enumerated sites (its module's ``VI``)."""
+    return getattr(program, "VI", Trace_ELBO)()
+
+
 def _shared_fit(name, label):
     if (name, label) not in FITS:
+        program = PROGRAMS[name]
+        loss = _vi(program) if label == "Trace_ELBO" else OBJECTIVES[label]()
         try:
-            FITS[name, label] = _fit(PROGRAMS[name], OBJECTIVES[label]())
+            FITS[name, label] = _fit(program, loss)
         except ValueError as err:
             FITS[name, label] = err
     fit = FITS[name, label]
@@ -238,7 +246,7 @@ def test_procedures_that_fit_run_or_refuse_with_a_remedy(name):
             optim,
             *args,
             fit=FitRecipe(num_steps=10, num_draws=50, progress_bar=False),
-            candidates=[Trace_ELBO(), PredictiveELBO("log", num_particles=2)],
+            candidates=[_vi(program), PredictiveELBO("log", num_particles=2)],
             num_folds=2,
             **kwargs,
         )
@@ -248,7 +256,7 @@ def test_procedures_that_fit_run_or_refuse_with_a_remedy(name):
             def run(replications, function=function):
                 guide = program.make_guide(program.model)
                 return function(
-                    key, program.model, guide, optim, Trace_ELBO(), *args,
+                    key, program.model, guide, optim, _vi(program), *args,
                     replications=replications, **kwargs,
                 )  # fmt: skip
 

@@ -28,6 +28,7 @@ from tests.programs import (
     hmcecs_logistic,
     ordinal_regression,
     time_series_forecasting,
+    toy_mixture,
     ucbadmit,
     zero_inflated_poisson,
 )
@@ -47,5 +48,6 @@ PROGRAMS = {
         baseball,
         bayesian_imputation,
         time_series_forecasting,
+        toy_mixture,
     )
 }
