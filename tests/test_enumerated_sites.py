@@ -33,6 +33,7 @@ from numpyro_pvi import (
 )
 from numpyro_pvi._trace.enumeration import marginalized
 from numpyro_pvi.selection import cross_validate
+from tests.programs import toy_mixture
 
 pytestmark = pytest.mark.py312
 
@@ -40,7 +41,7 @@ K = 2
 DATA = jnp.array([0.0, 1.0, 10.0, 11.0, 12.0, 30.0] * 3)
 
 
-def enumerated(data):
+def enumerated(data, chosen_loc=False):
     weights = numpyro.sample("weights", dist.Dirichlet(0.5 * jnp.ones(K)))
     scale = numpyro.sample("scale", dist.LogNormal(0.0, 2.0))
     with numpyro.plate("components", K):
@@ -49,6 +50,8 @@ def enumerated(data):
         assignment = numpyro.sample(
             "assignment", dist.Categorical(weights), infer={"enumerate": "parallel"}
         )
+        if chosen_loc:  # a deterministic site of the enumerated value
+            numpyro.deterministic("chosen_loc", locs[assignment])
         numpyro.sample("obs", dist.Normal(locs[assignment], scale), obs=data)
 
 
@@ -188,16 +191,7 @@ def test_a_deterministic_site_of_an_enumerated_value_is_not_exported():
     many: left out, never a wrong number."""
 
     def with_chosen_loc(data):
-        weights = numpyro.sample("weights", dist.Dirichlet(0.5 * jnp.ones(K)))
-        scale = numpyro.sample("scale", dist.LogNormal(0.0, 2.0))
-        with numpyro.plate("components", K):
-            locs = numpyro.sample("locs", dist.Normal(0.0, 10.0))
-        with numpyro.plate("data", len(data)):
-            z = numpyro.sample(
-                "assignment", dist.Categorical(weights), infer={"enumerate": "parallel"}
-            )
-            numpyro.deterministic("chosen_loc", locs[z])
-            numpyro.sample("obs", dist.Normal(locs[z], scale), obs=data)
+        enumerated(data, chosen_loc=True)
 
     guide = AutoNormal(block(with_chosen_loc, hide=["assignment"]))
     exported = diagnostics.to_inference_data(
@@ -423,56 +417,33 @@ def test_replications_simulate_the_assignments_and_fit_the_continuous_sites(
 # enumeration.py), as written: an observed site before the enumerated one
 # --------------------------------------------------------------------------
 
-TOY = {
-    "A": jnp.array([1.0, 0, 1, 1, 0, 1, 0, 0] * 2),
-    "C": jnp.array([1.0, 1, 0, 1, 0, 0, 1, 1] * 2),
-}
 
-
-def toy_model(obs):
+def toy_summed_out(prior, obs, num_obs):
+    """The example's model with ``B`` summed out by hand."""
     p_A = numpyro.sample("p_A", dist.Beta(1, 1))
     p_B = numpyro.sample("p_B", dist.Beta(jnp.ones(2), jnp.ones(2)).to_event(1))
     p_C = numpyro.sample("p_C", dist.Beta(jnp.ones(2), jnp.ones(2)).to_event(1))
-    with numpyro.plate("data_plate", obs["A"].shape[0]):
+    with numpyro.plate("data_plate", num_obs):
         A = numpyro.sample("A", dist.Bernoulli(p_A), obs=obs["A"])
-        B = numpyro.sample(
-            "B",
-            dist.Bernoulli(Vindex(p_B)[A.astype(int)]),
-            infer={"enumerate": "parallel"},
-        )
-        numpyro.sample("C", dist.Bernoulli(Vindex(p_C)[B.astype(int)]), obs=obs["C"])
-
-
-def toy_summed_out(obs):
-    p_A = numpyro.sample("p_A", dist.Beta(1, 1))
-    p_B = numpyro.sample("p_B", dist.Beta(jnp.ones(2), jnp.ones(2)).to_event(1))
-    p_C = numpyro.sample("p_C", dist.Beta(jnp.ones(2), jnp.ones(2)).to_event(1))
-    with numpyro.plate("data_plate", obs["A"].shape[0]):
-        A = numpyro.sample("A", dist.Bernoulli(p_A), obs=obs["A"])
-        p_b = p_B[A.astype(int)]
+        p_b = p_B[A]
         p_c = (1 - p_b) * p_C[0] + p_b * p_C[1]
         numpyro.sample("C", dist.Bernoulli(p_c), obs=obs["C"])
 
 
-def toy_guide(obs):
-    a = numpyro.param("a", jnp.array([1.0, 10.0]), constraint=dist.constraints.positive)
-    numpyro.sample("p_A", dist.Beta(a[0], a[1]))
-    b = numpyro.param("b", jnp.ones((2, 2)), constraint=dist.constraints.positive)
-    numpyro.sample("p_B", dist.Beta(b[:, 0], b[:, 1]).to_event(1))
-    c = numpyro.param("c", jnp.ones((2, 2)), constraint=dist.constraints.positive)
-    numpyro.sample("p_C", dist.Beta(c[:, 0], c[:, 1]).to_event(1))
+TOY = toy_mixture.data()[0]
+toy_model, toy_guide = toy_mixture.model, toy_mixture.guide
 
 
 def test_the_toy_example_fits_with_pvi_as_its_sum_written_by_hand():
     runs = [
         SVI(m, toy_guide, optax.adam(0.05), PACmELBO(num_particles=4)).run(
-            random.PRNGKey(0), 30, TOY, progress_bar=False
+            random.PRNGKey(0), 30, *TOY, progress_bar=False
         )
         for m in (toy_model, toy_summed_out)
     ]
     np.testing.assert_allclose(runs[0].losses, runs[1].losses, rtol=1e-4)
     scores = [
-        predictive_score(random.PRNGKey(1), runs[0].params, m, toy_guide, TOY)
+        predictive_score(random.PRNGKey(1), runs[0].params, m, toy_guide, *TOY)
         for m in (toy_model, toy_summed_out)
     ]
     np.testing.assert_allclose(scores[0], scores[1], rtol=1e-5)
@@ -489,7 +460,7 @@ def test_the_toy_example_is_cross_validated_against_trace_enum_elbo():
         toy_model,
         toy_guide,
         optax.adam(0.05),
-        TOY,
+        *TOY,
         fit=FitRecipe(num_steps=40, num_draws=100, progress_bar=False),
         candidates=candidates,
         num_folds=2,
