@@ -176,6 +176,13 @@ class _Program:
                 funsor.ops.logaddexp, funsor.ops.add, factors, eliminate, prod_vars
             )
         result = funsor.optimizer.apply_optimizer(lazy)
+        if set(result.inputs) != {self.plate} and self.size != 1:
+            raise ValueError(  # never one total copied to every observation
+                f"The enumerated site(s) {list(self.enumerated)} summed out to "
+                f"a density over {sorted(result.inputs)}, not one per element "
+                f"of the plate '{self.plate}': observe the data inside that "
+                "plate, after the enumerated sites."
+            )
         return jnp.broadcast_to(result.data, (self.size,))
 
     def simulate(self, fixed: dict[str, jax.Array], key: jax.Array) -> jax.Array:
