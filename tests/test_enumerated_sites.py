@@ -41,7 +41,7 @@ K = 2
 DATA = jnp.array([0.0, 1.0, 10.0, 11.0, 12.0, 30.0] * 3)
 
 
-def enumerated(data, chosen_loc=False):
+def enumerated(data, chosen_loc=False, observed=True):
     weights = numpyro.sample("weights", dist.Dirichlet(0.5 * jnp.ones(K)))
     scale = numpyro.sample("scale", dist.LogNormal(0.0, 2.0))
     with numpyro.plate("components", K):
@@ -52,10 +52,11 @@ def enumerated(data, chosen_loc=False):
         )
         if chosen_loc:  # a deterministic site of the enumerated value
             numpyro.deterministic("chosen_loc", locs[assignment])
-        numpyro.sample("obs", dist.Normal(locs[assignment], scale), obs=data)
+        with numpyro.handlers.mask(mask=observed):
+            numpyro.sample("obs", dist.Normal(locs[assignment], scale), obs=data)
 
 
-def summed_out(data):
+def summed_out(data, observed=True):
     weights = numpyro.sample("weights", dist.Dirichlet(0.5 * jnp.ones(K)))
     scale = numpyro.sample("scale", dist.LogNormal(0.0, 2.0))
     with numpyro.plate("components", K):
@@ -64,7 +65,7 @@ def summed_out(data):
         mixture = dist.MixtureSameFamily(
             dist.Categorical(weights), dist.Normal(locs, scale)
         )
-        numpyro.sample("obs", mixture, obs=data)
+        numpyro.sample("obs", mixture.mask(observed), obs=data)
 
 
 def mixture_params(scale=0.3):
@@ -150,6 +151,28 @@ def test_predictive_score_and_psis_equal_the_mixture_s():
     )
 
 
+def test_masked_observations_score_zero_and_leave_the_others_alone():
+    key, params = random.PRNGKey(7), mixture_params()
+    guide_enum, guide_sum = guides()
+    observed = jnp.arange(len(DATA)) % 4 != 1
+    loss = PredictiveELBO(num_particles=3)
+    np.testing.assert_allclose(
+        loss.loss(key, params, enumerated, guide_enum, DATA, observed=observed),
+        loss.loss(key, params, summed_out, guide_sum, DATA, observed=observed),
+        rtol=1e-5,
+    )
+    for score in ("log", "crps"):
+        a, b = (
+            predictive_score(
+                key, params, m, g, DATA, observed=observed, score=score, num_draws=500
+            )
+            for m, g in [(enumerated, guide_enum), (summed_out, guide_sum)]
+        )
+        assert np.all(np.asarray(a.score)[~observed] == 0), score
+        gap = np.abs(np.asarray(a.score - b.score))
+        assert np.all(gap < 5 * np.hypot(a.se, b.se) + 1e-4), (score, gap)
+
+
 def test_the_crps_simulates_the_assignments_within_monte_carlo_error():
     """The held-out CRPS from ancestral draws equals the mixture's closed
     form to a few of its reported standard errors."""
@@ -213,6 +236,24 @@ def test_a_global_enumerated_site_is_refused_naming_it():
     guide = AutoNormal(block(model, hide=["regime"]))
     params = {"loc_auto_loc": jnp.array(0.0), "loc_auto_scale": jnp.array(1.0)}
     with pytest.raises(ValueError, match="enumerated site 'regime' is outside every"):
+        predictive_score(random.PRNGKey(0), params, model, guide, DATA)
+
+
+def test_a_local_latent_of_an_enumerated_site_is_refused_naming_it():
+    """``annotation.py``'s item-difficulty shape: a latent of the data plate
+    whose law depends on the enumerated class."""
+
+    def model(data):
+        with numpyro.plate("data", len(data)):
+            c = numpyro.sample(
+                "c", dist.Bernoulli(0.5), infer={"enumerate": "parallel"}
+            )
+            theta = numpyro.sample("theta", dist.Normal(3.0 * c, 1.0))
+            numpyro.sample("obs", dist.Normal(theta, 1.0), obs=data)
+
+    guide = AutoNormal(block(model, hide=["c"]))
+    params = {"theta_auto_loc": DATA, "theta_auto_scale": jnp.ones_like(DATA)}
+    with pytest.raises(ValueError, match="latent site 'theta' of the data plate"):
         predictive_score(random.PRNGKey(0), params, model, guide, DATA)
 
 
@@ -342,6 +383,129 @@ def test_the_summed_out_law_scores_other_sequences_than_the_data(model):
     )
     draws = site["fn"].sample(random.PRNGKey(1), (3,))
     assert draws.shape == (3,) + site["value"].shape
+
+
+LENGTHS = jnp.array([5, 3, 1, 4])
+
+
+def hmm_of_lengths(ys):
+    """``hmm_enum.py``'s padding: a mask on the steps past each length."""
+    trans, locs = _globals()
+
+    def transition(carry, y):
+        x, t = carry
+        with numpyro.plate("sequences", S), numpyro.handlers.mask(mask=t < LENGTHS):
+            x = numpyro.sample(
+                "x", dist.Categorical(trans[x]), infer={"enumerate": "parallel"}
+            )
+            numpyro.sample("y", dist.Normal(locs[x], 1.0), obs=y)
+        return (x, t + 1), None
+
+    scan(transition, (jnp.zeros(S, int), 0), ys.T)
+
+
+def forward_of_lengths(ys, trans, locs):
+    """The forward algorithm of each sequence up to its length."""
+    return jnp.stack(
+        [
+            forward(y[None, :n], trans, locs)[0]
+            for y, n in zip(ys, LENGTHS.tolist(), strict=True)
+        ]
+    )
+
+
+def lengths_by_hand(ys):
+    trans, locs = _globals()
+    with numpyro.plate("sequences", S):
+        numpyro.factor("forward", forward_of_lengths(ys, trans, locs))
+
+
+def second_order_hmm(ys):
+    """``hmm_enum.py``'s second-order HMM: ``scan(..., history=2)``."""
+    trans = numpyro.sample(
+        "trans", dist.Dirichlet(jnp.ones(H)).expand([H, H]).to_event(2)
+    )
+    locs = numpyro.sample("locs", dist.Normal(0.0, 3.0).expand([H]).to_event(1))
+
+    def transition(carry, y):
+        x_prev, x_curr = carry
+        with numpyro.plate("sequences", S):
+            x = numpyro.sample(
+                "x",
+                dist.Categorical(Vindex(trans)[x_prev, x_curr]),
+                infer={"enumerate": "parallel"},
+            )
+            numpyro.sample("y", dist.Normal(locs[x], 1.0), obs=y)
+        return (x_curr, x), None
+
+    scan(transition, (jnp.zeros(S, int), jnp.zeros(S, int)), ys.T, history=2)
+
+
+def second_order_forward(ys, trans, locs):
+    """Forward over the pairs (previous, current) state; both 0 before t=0."""
+
+    def one(y):
+        def step(alpha, y_t):  # alpha[p, c] -> alpha[c, n]
+            moved = jax.nn.logsumexp(alpha[:, :, None] + jnp.log(trans), 0)
+            return moved + dist.Normal(locs, 1.0).log_prob(y_t), None
+
+        first = jnp.log(trans[0, 0]) + dist.Normal(locs, 1.0).log_prob(y[0])
+        alpha0 = jnp.full((H, H), -jnp.inf).at[0].set(first)
+        return jax.nn.logsumexp(jax.lax.scan(step, alpha0, y[1:])[0])
+
+    return jax.vmap(one)(ys)
+
+
+@pytest.mark.parametrize(
+    "model, by_hand, trans",
+    [
+        (hmm_of_lengths, forward_of_lengths, [[0.8, 0.2], [0.3, 0.7]]),
+        (
+            second_order_hmm,
+            second_order_forward,
+            [[[0.9, 0.1], [0.4, 0.6]], [[0.2, 0.8], [0.5, 0.5]]],
+        ),
+    ],
+    ids=["masked-steps", "second-order"],
+)
+def test_hmms_as_hmm_enum_writes_them_equal_their_forward_algorithm(
+    model, by_hand, trans
+):
+    """A masked enumerated step keeps its transition (weighing each state by
+    one would add log K per padded step), and ``history=2`` chains pairs."""
+    fixed = {"trans": jnp.array(trans), "locs": jnp.array([-1.0, 1.0])}
+    tr = trace(seed(numpyro.handlers.substitute(marginalized(model), fixed), 0))
+    site = next(
+        s
+        for s in tr.get_trace(SEQUENCES).values()
+        if s["type"] == "sample" and s["is_observed"]
+    )
+    for ys in (SEQUENCES, SEQUENCES[::-1] + 0.5):
+        np.testing.assert_allclose(
+            site["fn"].log_prob(jnp.reshape(ys, site["value"].shape)),
+            by_hand(ys, fixed["trans"], fixed["locs"]),
+            rtol=1e-5,
+        )
+
+
+def test_distances_to_the_data_do_not_see_masked_steps():
+    """The energy score of padded sequences does not change with the values
+    at the padding; the log score is the forward algorithm's at any padding."""
+    guide = AutoNormal(block(hmm_of_lengths, expose=["trans", "locs"]))
+    padded = jnp.arange(T)[None, :] >= LENGTHS[:, None]
+    other = jnp.where(padded, 100.0, SEQUENCES)
+    key = random.PRNGKey(3)
+    options = {"num_draws": 100, "max_draws": 100, "moment_match": False}
+    energy = [
+        predictive_score(key, HMM_PARAMS, hmm_of_lengths, guide, ys, score="energy")
+        for ys in (SEQUENCES, other)
+    ]
+    np.testing.assert_allclose(energy[0].score, energy[1].score, rtol=1e-6)
+    assert np.all(np.isfinite(energy[0].score))
+    a = predictive_score(key, HMM_PARAMS, hmm_of_lengths, guide, other, **options)
+    reference = AutoNormal(lengths_by_hand)
+    b = predictive_score(key, HMM_PARAMS, lengths_by_hand, reference, other, **options)
+    np.testing.assert_allclose(a.score, b.score, rtol=1e-5)
 
 
 # --------------------------------------------------------------------------

@@ -40,8 +40,13 @@ import jax
 import jax.numpy as jnp
 from numpyro import plate as numpyro_plate
 from numpyro import sample as numpyro_sample
-from numpyro.distributions import Distribution, constraints
-from numpyro.handlers import block, seed, substitute, trace
+from numpyro.distributions import (
+    Distribution,
+    Independent,
+    MaskedDistribution,
+    constraints,
+)
+from numpyro.handlers import block, condition, seed, substitute, trace
 from numpyro.infer import Trace_ELBO, TraceEnum_ELBO
 from numpyro.primitives import Messenger
 
@@ -80,6 +85,14 @@ class _Program:
     enumerated: tuple[str, ...]
     observed: tuple[tuple[str, tuple[int, ...], int], ...]  # name, shape, event
     nesting: int
+    data: dict[str, jax.Array]  # values of the other observed sites
+
+    def base(self, fixed: dict[str, jax.Array]) -> Callable:
+        """The model at the latent values ``fixed``, its observed sites that
+        are not summed out conditioned on ``data``."""
+        hidden = {n for n, _, _ in self.observed}
+        data = {k: v for k, v in self.data.items() if k not in hidden}
+        return substitute(condition(self.model, data), data=fixed)
 
     @property
     def site(self) -> str:
@@ -122,7 +135,7 @@ class _Program:
             packed_trace,
         )
 
-        program = substitute(self.model, data=fixed)
+        program = self.base(fixed)
         with (
             block(),
             enum(first_available_dim=-self.nesting - 1),
@@ -136,25 +149,31 @@ class _Program:
         previous: dict[Any, frozenset] = defaultdict(frozenset)  # time -> _PREV_
         sum_vars: frozenset[str] = frozenset()
         prod_vars: frozenset[str] = frozenset()
+        history = 0
         for name, site in tr.items():
             if site["type"] != "sample":
                 continue
             dims = site["infer"].get("dim_to_name", {})
             if name.replace("_PREV_", "") not in names:  # scan's first steps
-                _refuse_dependent(name, site, dims, self.enumerated)
+                _refuse_dependent(name, site, dims, self)
                 continue
-            value = site["value"]
             if site["is_observed"]:
-                value = _steps(name, value, values, tr)
-            log_prob = site["fn"].log_prob(value)
+                log_prob = site["fn"].log_prob(_steps(name, site["value"], values, tr))
+            else:  # a law over the sums: a masked latent keeps its density
+                log_prob = _unmasked(site["fn"]).log_prob(site["value"])
             factor = funsor.to_funsor(log_prob, funsor.Real, dims)
             time = next((n for n in dims.values() if n.startswith("_time")), None)
             if time is None:
                 factors.append(factor)
-            else:
+            else:  # as NumPyro's TraceEnum_ELBO orders a scan's steps
+                history = max([history] + [_shift(n) for n in dims.values()])
                 axis = next(d for d, n in dims.items() if n == time)
                 var = funsor.Variable(time, funsor.Bint[log_prob.shape[axis]])
-                chains[var].append(factor)
+                if history == 0:
+                    factors.append(factor)
+                    prod_vars |= {time}
+                else:
+                    chains[var].append(factor)
                 previous[var] |= {n for n in dims.values() if n.startswith("_PREV_")}
             if not site["is_observed"]:
                 sum_vars |= {name}
@@ -166,7 +185,7 @@ class _Program:
                 {t: _markov_dims(tr, v) for t, v in previous.items()},
                 sum_vars,
                 prod_vars,
-                1,
+                history,
                 funsor.ops.logaddexp,
                 funsor.ops.add,
             )
@@ -189,10 +208,37 @@ class _Program:
         """One packed draw: the enumerated sites from their prior, then the
         observations."""
         names = {n for n, _, _ in self.observed}
-        program = _Unobserved(substitute(self.model, data=fixed), names)
+        program = _Unobserved(self.base(fixed), names)
         with block():
             tr = trace(seed(program, key)).get_trace(*self.args, **self.kwargs)
         return self.pack({n: tr[n]["value"] for n in names})
+
+
+def _shift(name: str) -> int:
+    """How many steps back a site of ``scan`` or ``markov`` is (its
+    ``_PREV_`` prefixes)."""
+    return (len(name) - len(name.replace("_PREV_", ""))) // len("_PREV_")
+
+
+def _unmasked(fn: Distribution) -> Distribution:
+    """``fn`` without the masks of ``handlers.mask``: a masked enumerated site
+    (an HMM's steps past a sequence's length) would otherwise weigh each of
+    its values by one, and the sum over them would not be a density."""
+    while isinstance(fn, MaskedDistribution):
+        fn = fn.base_dist
+    return fn
+
+
+def _observed_entries(fn: Distribution, shape: tuple[int, ...]) -> jax.Array | None:
+    """Where an observed site of law ``fn`` and value shape ``shape`` is not
+    masked (``handlers.mask``, ``.mask``, ``obs_mask``); ``None`` if nowhere."""
+    entries = None
+    while isinstance(fn, MaskedDistribution | Independent):
+        if isinstance(fn, MaskedDistribution):
+            mask = jnp.reshape(fn._mask, jnp.shape(fn._mask) + (1,) * fn.event_dim)
+            entries = mask if entries is None else entries & mask
+        fn = fn.base_dist
+    return None if entries is None else jnp.broadcast_to(entries, shape)
 
 
 def _markov_dims(tr: dict[str, Any], previous: frozenset) -> frozenset:
@@ -206,18 +252,30 @@ def _markov_dims(tr: dict[str, Any], previous: frozenset) -> frozenset:
 
 
 def _refuse_dependent(
-    name: str, site: dict[str, Any], dims: dict, enumerated: tuple[str, ...]
+    name: str, site: dict[str, Any], dims: dict, program: _Program
 ) -> None:
     """Raise for a site outside the summed-out set whose density depends on
     an enumerated site."""
-    if any(d not in {f.dim for f in _plates(site)} for d in dims):
+    if all(d in {f.dim for f in _plates(site)} for d in dims):
+        return
+    enumerated = list(program.enumerated)
+    if site["is_observed"] or program.plate not in {f.name for f in _plates(site)}:
         raise ValueError(
             f"The model's site '{name}' depends on the enumerated site(s) "
-            f"{list(enumerated)} but is not an observed site of their data "
-            "plate: this package sums enumerated sites out within each "
-            "observation. Move the site into the data plate after them, or "
-            "draw the enumerated site in the guide."
+            f"{enumerated} but is not an observed site of their data plate "
+            f"'{program.plate}': this package sums enumerated sites out "
+            "within each observation. Move the site into that plate after "
+            "them, or draw the enumerated site in the guide."
         )
+    raise ValueError(
+        f"The model's latent site '{name}' of the data plate '{program.plate}' "
+        f"depends on the enumerated site(s) {enumerated}: this package sums "
+        "enumerated sites out of the observations only, and the observations' "
+        f"law given a draw of '{name}' would need their posterior. Draw "
+        f"{enumerated} in the guide (a Categorical per element) and fit with "
+        "SoftCVIELBO or SNISForwardKL, which take discrete guide sites; or fit "
+        "this model with TraceEnum_ELBO."
+    )
 
 
 def _steps(
@@ -228,12 +286,8 @@ def _steps(
     under enumeration ``scan`` records its first steps as sites ``_PREV_y``
     (step 0 the most prefixed) and the others as ``y``."""
     base = name.replace("_PREV_", "")
-    shift = (len(name) - len(base)) // len("_PREV_")
-    history = max(
-        (len(n) - len(base)) // len("_PREV_")
-        for n in tr
-        if n.replace("_PREV_", "") == base
-    )
+    shift = _shift(name)
+    history = max(_shift(n) for n in tr if n.replace("_PREV_", "") == base)
     value = values[base]
     if history:  # steps along the leading (time) axis
         first = history - shift
@@ -261,11 +315,21 @@ class EnumeratedObservations(Distribution):
 
     arg_constraints: dict = {}
     has_rsample = False  # the enumerated sites are drawn, not reparameterised
-    pytree_data_fields = ("fixed",)
+    pytree_data_fields = ("fixed", "observed", "entries")
     pytree_aux_fields = ("program",)
 
-    def __init__(self, program: _Program, fixed: dict[str, jax.Array]) -> None:
+    def __init__(
+        self,
+        program: _Program,
+        fixed: dict[str, jax.Array],
+        observed: jax.Array | None = None,
+        entries: jax.Array | None = None,
+    ) -> None:
+        """:param observed: the packed observations, and ``entries`` where
+        they are not masked: a draw takes the observed value at a masked
+        entry, so that a distance between draws and data does not see it."""
         self.program, self.fixed = program, fixed
+        self.observed, self.entries = observed, entries
         width = sum(
             math.prod(s) // (s[len(s) + program.dim - e] if s else 1)
             for _, s, e in program.observed
@@ -299,6 +363,8 @@ class EnumeratedObservations(Distribution):
         n = math.prod(sample_shape)
         keys = jax.random.split(key, max(n, 1))
         draws = jax.vmap(functools.partial(self.program.simulate, self.fixed))(keys)
+        if self.entries is not None:
+            draws = jnp.where(self.entries, draws, self.observed)
         shape = sample_shape + self.batch_shape + self.event_shape
         return jnp.reshape(draws[:n] if sample_shape else draws[0], shape)
 
@@ -315,6 +381,7 @@ class _SumOut(Messenger):
         self.frame: Any = None
         self.sizes: dict[str, tuple[int, int]] = {}
         self.fixed: dict[str, jax.Array] = {}
+        self.masks: dict[str, jax.Array] = {}  # observed entries of masked sites
         self.nesting = 0
         super().__init__(fn)
 
@@ -339,6 +406,9 @@ class _SumOut(Messenger):
                 self.observed.append(
                     (msg["name"], jnp.shape(value), msg["fn"].event_dim, value)
                 )
+                entries = _observed_entries(msg["fn"], jnp.shape(value))
+                if entries is not None:
+                    self.masks[msg["name"]] = entries
                 msg["stop"] = True
 
     def _enumerate(self, msg: dict[str, Any], frames: list[Any]) -> None:
@@ -375,7 +445,9 @@ class _SumOut(Messenger):
             if not msg.get("is_observed"):
                 self.fixed[msg["name"]] = msg["value"]
 
-    def program(self, model: Callable, args: tuple, kwargs: dict) -> _Program:
+    def program(
+        self, model: Callable, args: tuple, kwargs: dict, data: dict
+    ) -> _Program:
         name = self.frame.name
         size, subsample = self.sizes.get(name, (self.frame.size, self.frame.size))
         if subsample is not None and subsample != size:
@@ -401,33 +473,47 @@ class _SumOut(Messenger):
             tuple(self.enumerated),
             tuple((n, s, e) for n, s, e, _ in self.observed),
             self.nesting,
+            data,
         )
 
 
-def marginalized(model: Callable, drawn: Collection[str] = ()) -> Callable:
+def marginalized(
+    model: Callable,
+    drawn: Collection[str] = (),
+    data: dict[str, jax.Array] | None = None,
+) -> Callable:
     """``model`` with its enumerated sites summed out within each element
     of the data plate (see the module docstring); as ``model`` where it has
     none.
 
     :param model: the NumPyro model.
     :param drawn: the sites the guide draws (not summed out).
+    :param data: values of observed sites to condition on, as
+        ``handlers.condition``; given here, not by wrapping ``model``, because
+        NumPyro's enumeration cannot condition a site inside ``scan``.
     """
-    drawn = frozenset(drawn)
+    drawn, data = frozenset(drawn), dict(data or {})
 
     @functools.wraps(model)
     def summed_out(*args: Any, **kwargs: Any) -> Any:
-        hider = _SumOut(model, drawn)
+        hider = _SumOut(condition(model, data) if data else model, drawn)
         result = hider(*args, **kwargs)
         if not hider.enumerated:
             return result
-        program = hider.program(model, args, kwargs)
-        law = EnumeratedObservations(program, hider.fixed)
+        program = hider.program(model, args, kwargs, data)
         values = program.pack({n: v for n, _, _, v in hider.observed})
+        fn: Distribution = EnumeratedObservations(program, hider.fixed)
+        if hider.masks:  # an element is masked where all its entries are
+            entries = program.pack(
+                {n: hider.masks.get(n, jnp.array(True)) for n, *_ in hider.observed}
+            )
+            fn = EnumeratedObservations(program, hider.fixed, values, entries)
+            fn = fn.mask(jnp.reshape(jnp.any(entries, axis=1), fn.batch_shape))
         with numpyro_plate(program.plate, program.size, dim=program.dim):
             numpyro_sample(
                 program.site,
-                law,
-                obs=jnp.reshape(values, law.batch_shape + law.event_shape),
+                fn,
+                obs=jnp.reshape(values, fn.batch_shape + fn.event_shape),
             )
         return result
 

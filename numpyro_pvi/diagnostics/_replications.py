@@ -28,6 +28,7 @@ from numpyro.primitives import Messenger
 
 from numpyro_pvi._arviz.idata import draws_dataset
 from numpyro_pvi._trace.data_plate import simulation_law
+from numpyro_pvi._trace.enumeration import marginalized, summed_out_loss
 from numpyro_pvi._trace.imputed import imputed_entries
 from numpyro_pvi._trace.numpyro_private import resolve_observed_sites
 from numpyro_pvi._trace.recipes import Replications
@@ -69,12 +70,13 @@ def replication_fn(
         key, data, theta = inputs
         key_svi, key_draw = random.split(key)
         args, kwargs = inject(data)
+        # enumerated sites summed out (TraceEnum_ELBO as Trace_ELBO of that)
         params, fit = fit_replication(
             key_svi,
-            condition(model, data),
+            marginalized(model, data=data),
             guide,
             optim,
-            loss,
+            summed_out_loss(loss),
             args,
             kwargs,
             num_svi_steps=num_svi_steps,

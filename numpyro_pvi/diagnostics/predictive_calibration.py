@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import random
-from numpyro.handlers import condition
 
 from numpyro_pvi._arviz.containers import ADAPTER, Container
 from numpyro_pvi._arviz.idata import component_labels, draws_dataset, root_attrs
@@ -36,7 +35,7 @@ from numpyro_pvi._trace.data_plate import (
     per_observation,
     plate_of,
 )
-from numpyro_pvi._trace.enumeration import marginalized, summed_out_loss
+from numpyro_pvi._trace.enumeration import enumerates, marginalized, summed_out_loss
 from numpyro_pvi._trace.particles import ParticleSpec, particle_terms
 from numpyro_pvi._trace.recipes import Replications, check_recipe
 from numpyro_pvi._trace.site_values import single_observation
@@ -262,7 +261,14 @@ def calibration_arrays(
     model_trace, observed = _observed_trace(
         model, key_trace, args, kwargs, observed_sites, r.data_generator is None
     )
-    plate = plate_of(model_trace, data_plate)
+    # the fits' observations: with enumerated sites, one summed-out site per
+    # element (its masked entries rank uniformly: draws equal the data there)
+    enumerated = enumerates(model, args, kwargs)
+    structure, scored = model_trace, observed
+    if enumerated:
+        structure = model_structure(marginalized(model), key_trace, args, kwargs)
+        scored = [n for n, s in structure.items() if s.get("is_observed")]
+    plate = plate_of(structure, data_plate)
     if plate.name is None:
         raise ValueError(single_observation(model_trace, _WHERE, "held out"))
     if isinstance(loss, PredictiveELBO):
@@ -296,7 +302,8 @@ def calibration_arrays(
             alternative=", or check the fits on data sets of your own "
             "(Replications(data_generator=...))",
         )
-    _refuse_masked(model_trace, observed, runs)
+    if not enumerated:
+        _refuse_masked(model_trace, observed, runs)
     index = random.randint(key_index, (r.num_simulations,), 0, plate.size)
     set_up_guide(guide, key_warmup, inject, data, _WHERE)
     one = pit_replication(
@@ -310,7 +317,7 @@ def calibration_arrays(
         desc="predictive calibration",
         function="predictive_calibration",
     )
-    columns = pit_columns(model_trace, in_plate(model_trace, observed, plate), plate)
+    columns = pit_columns(structure, in_plate(structure, scored, plate), plate)
     return CalibrationArrays(
         ranks=np.asarray(ranks),
         held_out=np.asarray(index),
@@ -447,13 +454,11 @@ def pit_replication(
         key_svi, key_pit = random.split(key)
         args, kwargs = inject(data)
         keep = jnp.ones(plate.size).at[index].set(0.0)
-        conditioned = condition(model, data)
-        assert plate.selector is not None  # one observation is held out of a plate
         # enumerated sites summed out before masking: TraceEnum_ELBO, the
         # VI of such models, takes no per-observation scale
-        masked = mask_observations(
-            marginalized(conditioned), keep=keep, data_plate=plate.selector
-        )
+        conditioned = marginalized(model, data=data)
+        assert plate.selector is not None  # one observation is held out of a plate
+        masked = mask_observations(conditioned, keep=keep, data_plate=plate.selector)
         params, fit = fit_replication(
             key_svi,
             masked,

@@ -26,6 +26,7 @@ from tests.programs import (
     german_credit,
     hierarchical_regression,
     hmcecs_logistic,
+    hmm_enum,
     ordinal_regression,
     time_series_forecasting,
     toy_mixture,
@@ -49,5 +50,6 @@ PROGRAMS = {
         bayesian_imputation,
         time_series_forecasting,
         toy_mixture,
+        hmm_enum,
     )
 }
