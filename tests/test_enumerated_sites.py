@@ -209,19 +209,40 @@ def test_diagnostics_export_and_report_the_summed_out_likelihood():
     diagnostics.psis_resample(key, params, enumerated, guide_enum, DATA, num_draws=50)
 
 
-def test_a_deterministic_site_of_an_enumerated_value_is_not_exported():
-    """Its value would be the stand-in of the summed-out site, one value of
-    many: left out, never a wrong number."""
+def test_the_export_draws_the_assignments_from_their_posterior():
+    """``infer_discrete``'s draws: each observation's assignment is drawn at
+    its posterior probability given the draw of the continuous sites (the
+    frequency within Monte Carlo error of the mean probability), and a
+    deterministic site of it takes the drawn value."""
 
     def with_chosen_loc(data):
         enumerated(data, chosen_loc=True)
 
     guide = AutoNormal(block(with_chosen_loc, hide=["assignment"]))
+    num_draws = 400
     exported = diagnostics.to_inference_data(
-        random.PRNGKey(0), mixture_params(), with_chosen_loc, guide, DATA, num_draws=20
+        random.PRNGKey(0),
+        mixture_params(scale=0.5),
+        with_chosen_loc,
+        guide,
+        DATA,
+        num_draws=num_draws,
     )
-    posterior = diagnostics.get_group(exported, "posterior")
-    assert "chosen_loc" not in posterior and "locs" in posterior
+    post = diagnostics.get_group(exported, "posterior")
+    z = post["assignment"].values[0]  # (S, N)
+    locs, scale = post["locs"].values[0], post["scale"].values[0]
+    weights = post["weights"].values[0]
+    np.testing.assert_array_equal(
+        post["chosen_loc"].values[0], np.take_along_axis(locs, z, axis=1)
+    )
+    log_joint = np.log(weights)[:, None, :] + dist.Normal(
+        locs[:, None, :], scale[:, None, None]
+    ).log_prob(np.asarray(DATA)[None, :, None])
+    prob = np.exp(log_joint[..., 1] - np.logaddexp(*np.moveaxis(log_joint, -1, 0)))
+    frequency, expected = z.mean(0), prob.mean(0)
+    se = np.sqrt(np.maximum(expected * (1 - expected), 1e-4) / num_draws)
+    np.testing.assert_array_less(np.abs(frequency - expected), 4 * se + 1e-6)
+    assert expected.min() < 0.05 and expected.max() > 0.95  # both components
 
 
 def test_a_global_enumerated_site_is_refused_naming_it():

@@ -363,7 +363,7 @@ class EnumeratedObservations(Distribution):
         n = math.prod(sample_shape)
         keys = jax.random.split(key, max(n, 1))
         draws = jax.vmap(functools.partial(self.program.simulate, self.fixed))(keys)
-        if self.entries is not None:
+        if self.entries is not None and self.observed is not None:
             draws = jnp.where(self.entries, draws, self.observed)
         shape = sample_shape + self.batch_shape + self.event_shape
         return jnp.reshape(draws[:n] if sample_shape else draws[0], shape)

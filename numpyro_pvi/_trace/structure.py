@@ -143,6 +143,7 @@ def _static_site(site: dict[str, Any]) -> dict[str, Any]:
         "is_observed": site.get("is_observed", False),
         "cond_indep_stack": site.get("cond_indep_stack", []),
         "infer": {k: v for k, v in site.get("infer", {}).items() if k == "enumerate"},
+        "in_scan": bool(site.get("_control_flow_done", False)),  # NumPyro's scan
         # a read-only view of the shape and dtype, no memory; a pytree of
         # them for a parameter that is one (numpyro.module's network weights)
         "value": jax.tree.map(_stand_in, value)

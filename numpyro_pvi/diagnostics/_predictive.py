@@ -18,8 +18,9 @@ from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
 from numpyro_pvi._arviz.containers import ADAPTER
-from numpyro_pvi._arviz.idata import draws_dataset
+from numpyro_pvi._arviz.idata import draws_dataset, site_dims
 from numpyro_pvi._trace.data_plate import simulation_law
+from numpyro_pvi._trace.enumeration import enumerated_sites
 from numpyro_pvi._trace.site_laws import describe, is_censored, sampler_failure
 from numpyro_pvi._trace.tracing import drawn_params
 
@@ -142,6 +143,57 @@ def deterministic_values(
         model, posterior_samples=dict(draws), params=dict(params), return_sites=names
     )(rng_key, *args, **kwargs)
     return {n: np.asarray(out[n]) for n in names if n in out}
+
+
+def discrete_values(
+    rng_key: jax.Array,
+    model: Callable,
+    draws: Mapping[str, Any],
+    structure: dict[str, Any],
+    args: tuple,
+    kwargs: dict,
+    *,
+    params: Mapping[str, Any],
+) -> tuple[dict[str, np.ndarray], dict[str, list[str]], str | None]:
+    """``(S, ...)`` draws of the sites summed out of the fits (the enumerated
+    sites the guide does not draw, and the deterministic sites after them)
+    from their posterior at each of the latent ``draws``, by NumPyro's
+    ``infer_discrete``; their dims; and where NumPyro cannot draw them
+    (sites inside ``scan``), no draws and the reason. ``structure``: the
+    model's own (not summed-out) structure."""
+    enumerated = [n for n in enumerated_sites(structure) if n not in draws]
+    if not enumerated:
+        return {}, {}, None
+    if any(structure[n]["in_scan"] for n in enumerated):
+        return (
+            {},
+            {},
+            (
+                f"the enumerated site(s) {enumerated} are not in the posterior "
+                "group: NumPyro's infer_discrete does not draw sites inside scan"
+            ),
+        )
+    drawn = Predictive(
+        model,
+        posterior_samples=dict(draws),
+        params=dict(params),
+        return_sites=enumerated,
+        infer_discrete=True,
+    )(rng_key, *args, **kwargs)
+    values = {n: np.asarray(drawn[n]) for n in enumerated}
+    order = list(structure)
+    after = order[order.index(enumerated[0]) :]
+    values |= deterministic_values(
+        rng_key,
+        model,
+        {**draws, **values},
+        [n for n in after if structure[n]["type"] == "deterministic"],
+        args,
+        kwargs,
+        params=params,
+    )
+    dims = site_dims(structure)
+    return values, {n: dims[n] for n in values}, None
 
 
 def model_inputs(

@@ -19,12 +19,15 @@ from numpyro_pvi._arviz.idata import (
     site_dims,
 )
 from numpyro_pvi._trace.data_plate import data_sites, observed_sites, plate_of
+from numpyro_pvi._trace.enumeration import enumerates
 from numpyro_pvi._trace.particles import ParticleSpec
 from numpyro_pvi._trace.reductions import log_joint
+from numpyro_pvi._trace.structure import model_structure
 from numpyro_pvi._trace.terms import LATENTS, LOG_LIK, OBSERVED, ParticleTerms, present
 from numpyro_pvi._trace.validation import check_data_plate, check_int, check_loss_target
 from numpyro_pvi.diagnostics._predictive import (
     deterministic_values,
+    discrete_values,
     predictive_groups,
     refuse_drawn_params,
 )
@@ -87,7 +90,9 @@ def to_inference_data(
     ``arviz.compare(cv.to_elpd())`` of :func:`~numpyro_pvi.selection.cross_validate`.
 
     Groups (dims ``(chain=1, draw=S, ...)``, plate axes named after the plate):
-    ``posterior`` (constrained guide draws); ``log_likelihood``;
+    ``posterior`` (constrained guide draws; a model's enumerated sites drawn
+    from their posterior at each draw by NumPyro's ``infer_discrete``, where
+    it runs); ``log_likelihood``;
     ``observed_data``; ``sample_stats`` (``lp`` and ``log_q`` of the draws, for
     ``arviz_stats.loo_approximate_posterior``, Magnusson et al. 2019);
     ``posterior_predictive`` (the observed sites simulated at each draw, for
@@ -162,7 +167,20 @@ def to_inference_data(
         kwargs,
         params=params,
     )
-    groups = export_groups(terms, tr, data_plate, targets, fixed)
+    structure = (
+        model_structure(model, rng_key, args, kwargs)
+        if enumerates(model, args, kwargs)
+        else {}
+    )
+    discrete, discrete_dims, not_drawn = discrete_values(
+        random.fold_in(rng_key, 3), model, latents, structure, args, kwargs,
+        params=params,
+    )  # fmt: skip
+    if not_drawn:
+        attrs["discrete_sites"] = not_drawn
+    groups = export_groups(
+        terms, tr, data_plate, targets, fixed | discrete, dims=discrete_dims
+    )
     if not observed_sites(tr):  # a target density: draws and their lp only
         return ADAPTER.build(groups, attrs)
     plate = plate_of(tr, data_plate)
@@ -195,6 +213,7 @@ def export_groups(
     data_plate: str | int | None,
     targets: bool | None,
     deterministic: dict[str, np.ndarray] | None = None,
+    dims: dict[str, list[str]] | None = None,
 ) -> dict[str, xr.Dataset]:
     """The groups of :func:`to_inference_data` from draws ``terms`` (with
     ``log_lik``, ``latents`` and ``observed``, at ``data_plate``) and the
@@ -203,8 +222,9 @@ def export_groups(
     (``log_likelihood``, or :data:`NOT_POSTERIOR_LOG_LIKELIHOOD` when
     ``targets`` is false), ``sample_stats`` (``lp`` and ``log_q``) and
     ``observed_data``; a model without an observed site (a target density)
-    has ``posterior`` and ``sample_stats`` only."""
-    dims = site_dims(tr)
+    has ``posterior`` and ``sample_stats`` only; ``dims`` names the axes of
+    sites that ``tr`` does not hold (those summed out of the fits)."""
+    dims = site_dims(tr) | (dims or {})
     latents = {**present(terms.latents, "latents"), **(deterministic or {})}
     groups = {
         "posterior": draws_dataset(
