@@ -32,7 +32,7 @@ from numpyro_pvi import (
     predictive_score,
 )
 from numpyro_pvi._trace.enumeration import marginalized
-from numpyro_pvi.selection import cross_validate
+from numpyro_pvi.selection import cross_validate, stack
 from tests.programs import toy_mixture
 
 pytestmark = pytest.mark.py312
@@ -204,7 +204,14 @@ def test_diagnostics_export_and_report_the_summed_out_likelihood():
         rtol=1e-5,
     )
     diagnostics.report(
-        key, params, enumerated, guide_enum, DATA, num_draws=50, show=False
+        key,
+        params,
+        enumerated,
+        guide_enum,
+        DATA,
+        loss=TraceEnum_ELBO(),
+        num_draws=50,
+        show=False,
     )
     diagnostics.psis_resample(key, params, enumerated, guide_enum, DATA, num_draws=50)
 
@@ -535,7 +542,7 @@ def test_distances_to_the_data_do_not_see_masked_steps():
 
 
 @pytest.mark.slow
-def test_cross_validation_takes_trace_enum_elbo_as_vi_and_equals_the_mixture():
+def test_cv_and_stacking_take_trace_enum_elbo_as_vi_and_equal_the_mixture():
     guide_enum, guide_sum = guides()
     fit = FitRecipe(num_steps=30, num_draws=50, progress_bar=False)
     candidates = {"pvi": PredictiveELBO(num_particles=4)}
@@ -556,20 +563,20 @@ def test_cross_validation_takes_trace_enum_elbo_as_vi_and_equals_the_mixture():
     np.testing.assert_allclose(
         cvs[0].scores["pointwise"].values, cvs[1].scores["pointwise"].values, rtol=1e-4
     )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # NumPyro: discrete latent in SVI.init
-        cv = cross_validate(
-            random.PRNGKey(7),
-            enumerated,
-            guide_enum,
-            optax.adam(0.05),
-            DATA,
-            fit=fit,
-            num_folds=3,
+    key = random.PRNGKey(7)
+    scores = []
+    for m, g in [(enumerated, guide_enum), (summed_out, guide_sum)]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # NumPyro: discrete latent in SVI.init
+            cv = cross_validate(key, m, g, optax.adam(0.05), DATA, fit=fit, num_folds=3)
+            stacked = stack(key, m, g, optax.adam(0.05), DATA, cv=cv, fit=fit)
+        scores.append(
+            predictive_score(key, stacked.params, m, stacked.guide, DATA, num_draws=50)
         )
-    assert cv.reference == "VI"
-    assert isinstance(cv.candidates["VI"], TraceEnum_ELBO)
-    assert np.isfinite(cv.scores["pointwise"].values).all()
+        if m is enumerated:  # TraceEnum_ELBO is the VI, and Trace_ELBO of the sum
+            assert cv.reference == "VI"
+            assert isinstance(cv.candidates["VI"], TraceEnum_ELBO)
+    np.testing.assert_allclose(scores[0].score, scores[1].score, rtol=1e-3)
 
 
 @pytest.mark.slow
