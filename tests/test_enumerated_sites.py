@@ -291,22 +291,60 @@ def test_a_global_enumerated_site_is_refused_naming_it():
         predictive_score(random.PRNGKey(0), params, model, guide, DATA)
 
 
-def test_a_local_latent_of_an_enumerated_site_is_refused_naming_it():
+def local_latent(data):
     """``annotation.py``'s item-difficulty shape: a latent of the data plate
-    whose law depends on the enumerated class."""
+    whose law depends on the enumerated class, the observation on both."""
+    shift = numpyro.sample("shift", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", len(data)):
+        c = numpyro.sample("c", dist.Bernoulli(0.3), infer={"enumerate": "parallel"})
+        theta = numpyro.sample("theta", dist.Normal(3.0 * c, 1.0))
+        numpyro.sample("obs", dist.Normal(theta + shift * c, 1.0), obs=data)
 
-    def model(data):
-        with numpyro.plate("data", len(data)):
-            c = numpyro.sample(
-                "c", dist.Bernoulli(0.5), infer={"enumerate": "parallel"}
-            )
-            theta = numpyro.sample("theta", dist.Normal(3.0 * c, 1.0))
-            numpyro.sample("obs", dist.Normal(theta, 1.0), obs=data)
 
-    guide = AutoNormal(block(model, hide=["c"]))
-    params = {"theta_auto_loc": DATA, "theta_auto_scale": jnp.ones_like(DATA)}
-    with pytest.raises(ValueError, match="latent site 'theta' of the data plate"):
-        predictive_score(random.PRNGKey(0), params, model, guide, DATA)
+def local_latent_by_hand(data):
+    """The same joint density: ``theta``'s the two-component mixture, the
+    observation's the mixture over ``c`` weighted by p(c | theta)."""
+    shift = numpyro.sample("shift", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", len(data)):
+        mixing = dist.Categorical(jnp.array([0.7, 0.3]))
+        theta = numpyro.sample(
+            "theta",
+            dist.MixtureSameFamily(mixing, dist.Normal(jnp.array([0.0, 3.0]), 1.0)),
+        )
+        joint = jnp.log(jnp.array([0.7, 0.3])) + dist.Normal(
+            jnp.array([0.0, 3.0]), 1.0
+        ).log_prob(theta[:, None])
+        posterior = jax.nn.log_softmax(joint, axis=-1)  # log p(c | theta)
+        log_lik = dist.Normal(theta[:, None] + shift * jnp.arange(2), 1.0).log_prob(
+            data[:, None]
+        )
+        numpyro.factor("obs", jax.nn.logsumexp(posterior + log_lik, -1))
+
+
+def test_a_latent_of_the_data_plate_after_an_enumerated_site_is_summed_with_it():
+    """Its density is the mixture over the enumerated site; each observation's
+    law given it weighs the enumerated values by their posterior given it."""
+    params = {
+        "shift_auto_loc": jnp.array(1.5),
+        "shift_auto_scale": jnp.array(0.2),
+        "theta_auto_loc": DATA / 2,
+        "theta_auto_scale": jnp.full_like(DATA, 0.5),
+    }
+    key = random.PRNGKey(8)
+    guide = AutoNormal(block(local_latent, hide=["c"]))
+    reference = AutoNormal(local_latent_by_hand)
+    options = {"num_draws": 100, "max_draws": 100, "moment_match": False}
+    a = predictive_score(key, params, local_latent, guide, DATA, **options)
+    b = predictive_score(key, params, local_latent_by_hand, reference, DATA, **options)
+    np.testing.assert_allclose(a.score, b.score, rtol=1e-5)
+    for loss in (PredictiveELBO(num_particles=3), SoftCVIELBO(num_particles=3)):
+        np.testing.assert_allclose(
+            loss.loss(key, params, local_latent, guide, DATA),
+            loss.loss(key, params, local_latent_by_hand, reference, DATA),
+            rtol=1e-5,
+        )
+    with pytest.raises(ValueError, match=r"'obs'.*cannot be simulated.*theta"):
+        predictive_score(key, params, local_latent, guide, DATA, score="crps")
 
 
 def test_a_site_the_guide_draws_is_the_guide_s():

@@ -86,6 +86,7 @@ class _Program:
     observed: tuple[tuple[str, tuple[int, ...], int], ...]  # name, shape, event
     nesting: int
     data: dict[str, jax.Array]  # values of the other observed sites
+    joined: tuple[str, ...] = ()  # latents of the data plate after them
 
     def base(self, fixed: dict[str, jax.Array]) -> Callable:
         """The model at the latent values ``fixed``, its observed sites that
@@ -126,8 +127,19 @@ class _Program:
         return jnp.concatenate(rows, axis=1)
 
     def log_lik(self, fixed: dict[str, jax.Array], value: jax.Array) -> jax.Array:
-        """``(N,)`` log-likelihood of each element, the enumerated sites summed
-        out (funsor's ``sum_product`` with the data plate kept)."""
+        r"""``(N,)`` log-likelihood of each element, the enumerated sites summed
+        out (funsor's ``sum_product`` with the data plate kept); given the
+        latents of the data plate after them, ``θ_i``, it is
+        :math:`\log \sum_z p(z, \theta_i, y_i) - \log \sum_z p(z, \theta_i)`."""
+        joint = self.sum_out(fixed, value)
+        return joint - self.sum_out(fixed, None) if self.joined else joint
+
+    def sum_out(
+        self, fixed: dict[str, jax.Array], value: jax.Array | None
+    ) -> jax.Array:
+        r"""``(N,)`` :math:`\log \sum_z` of the factors of the enumerated
+        sites, the joined latents and (unless ``value`` is ``None``) the
+        observations at ``value``."""
         import funsor
         from numpyro.contrib.funsor import enum, plate_to_enum_plate
         from numpyro.contrib.funsor.infer_util import (
@@ -142,8 +154,10 @@ class _Program:
             plate_to_enum_plate(),
         ):
             tr = packed_trace(seed(program, 0)).get_trace(*self.args, **self.kwargs)
-        names = set(self.enumerated) | {n for n, _, _ in self.observed}
-        values = self.unpack(value)
+        names = set(self.enumerated) | set(self.joined)
+        if value is not None:
+            names |= {n for n, _, _ in self.observed}
+            values = self.unpack(value)
         factors: list[Any] = []
         chains: dict[Any, list[Any]] = defaultdict(list)  # time -> factors
         previous: dict[Any, frozenset] = defaultdict(frozenset)  # time -> _PREV_
@@ -155,7 +169,8 @@ class _Program:
                 continue
             dims = site["infer"].get("dim_to_name", {})
             if name.replace("_PREV_", "") not in names:  # scan's first steps
-                _refuse_dependent(name, site, dims, self)
+                if not site["is_observed"] or value is not None:
+                    _refuse_dependent(name, site, dims, self)
                 continue
             if site["is_observed"]:
                 log_prob = site["fn"].log_prob(_steps(name, site["value"], values, tr))
@@ -258,23 +273,12 @@ def _refuse_dependent(
     an enumerated site."""
     if all(d in {f.dim for f in _plates(site)} for d in dims):
         return
-    enumerated = list(program.enumerated)
-    if site["is_observed"] or program.plate not in {f.name for f in _plates(site)}:
-        raise ValueError(
-            f"The model's site '{name}' depends on the enumerated site(s) "
-            f"{enumerated} but is not an observed site of their data plate "
-            f"'{program.plate}': this package sums enumerated sites out "
-            "within each observation. Move the site into that plate after "
-            "them, or draw the enumerated site in the guide."
-        )
     raise ValueError(
-        f"The model's latent site '{name}' of the data plate '{program.plate}' "
-        f"depends on the enumerated site(s) {enumerated}: this package sums "
-        "enumerated sites out of the observations only, and the observations' "
-        f"law given a draw of '{name}' would need their posterior. Draw "
-        f"{enumerated} in the guide (a Categorical per element) and fit with "
-        "SoftCVIELBO or SNISForwardKL, which take discrete guide sites; or fit "
-        "this model with TraceEnum_ELBO."
+        f"The model's site '{name}' depends on the enumerated site(s) "
+        f"{list(program.enumerated)} but is outside their data plate "
+        f"'{program.plate}': this package sums enumerated sites out within "
+        "each element of that plate. Move the site into that plate after "
+        "them, or draw the enumerated site in the guide."
     )
 
 
@@ -360,6 +364,14 @@ class EnumeratedObservations(Distribution):
         return jnp.reshape(fn(value), jnp.shape(value)[:extra] + self.batch_shape)
 
     def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
+        if self.program.joined:
+            raise ValueError(
+                f"The observations of the plate '{self.program.plate}' are not "
+                f"simulated: given the latent site(s) {list(self.program.joined)}, "
+                f"the enumerated site(s) {list(self.program.enumerated)} would "
+                "be drawn from their posterior, which is not done here. Score "
+                'this model with the log score (score="log").'
+            )
         n = math.prod(sample_shape)
         keys = jax.random.split(key, max(n, 1))
         draws = jax.vmap(functools.partial(self.program.simulate, self.fixed))(keys)
@@ -367,6 +379,39 @@ class EnumeratedObservations(Distribution):
             draws = jnp.where(self.entries, draws, self.observed)
         shape = sample_shape + self.batch_shape + self.event_shape
         return jnp.reshape(draws[:n] if sample_shape else draws[0], shape)
+
+
+class _JoinedLatent(Distribution):
+    r"""The law of a latent site of the data plate after enumerated sites
+    (drawn by the guide): the first one's density is that of all of them,
+    :math:`\log \sum_z p(z, \theta_i)` per element, the others' ``0``."""
+
+    pytree_data_fields = ("base",)
+    pytree_aux_fields = ("hider", "site")
+
+    def __init__(self, base: Distribution, hider: _SumOut, site: str) -> None:
+        self.base, self.hider, self.site = base, hider, site
+        super().__init__(base.batch_shape, base.event_shape)
+
+    @property
+    def support(self) -> constraints.Constraint:
+        return self.base.support
+
+    def log_prob(self, value: jax.Array) -> jax.Array:
+        program = self.hider.built
+        if program is None or self.site != program.joined[0]:
+            return jnp.zeros(jnp.shape(value)[: jnp.ndim(value) - self.event_dim])
+        fixed = {**self.hider.fixed, self.site: value}
+        shape = jnp.shape(value)[: jnp.ndim(value) - self.event_dim]
+        return jnp.reshape(program.sum_out(fixed, None), shape)
+
+    def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
+        raise ValueError(
+            f"The model's latent site '{self.site}' follows the enumerated "
+            f"site(s) {self.hider.enumerated} in their data plate and depends "
+            "on their values: draw it in the guide (its law given them is "
+            "not simulated here)."
+        )
 
 
 class _SumOut(Messenger):
@@ -382,6 +427,8 @@ class _SumOut(Messenger):
         self.sizes: dict[str, tuple[int, int]] = {}
         self.fixed: dict[str, jax.Array] = {}
         self.masks: dict[str, jax.Array] = {}  # observed entries of masked sites
+        self.joined: list[str] = []  # latents of the data plate after them
+        self.built: _Program | None = None  # once the model has returned
         self.nesting = 0
         super().__init__(fn)
 
@@ -400,16 +447,20 @@ class _SumOut(Messenger):
         )
         if _is_enumerated(msg) and msg["name"] not in self.drawn:
             self._enumerate(msg, frames)
-        elif msg["is_observed"] and self.frame is not None:
-            if self.frame.name in {f.name for f in frames}:
-                value = msg["value"]
-                self.observed.append(
-                    (msg["name"], jnp.shape(value), msg["fn"].event_dim, value)
-                )
-                entries = _observed_entries(msg["fn"], jnp.shape(value))
-                if entries is not None:
-                    self.masks[msg["name"]] = entries
-                msg["stop"] = True
+        elif self.frame is None or self.frame.name not in {f.name for f in frames}:
+            return
+        elif not msg["is_observed"]:  # its density is the sum's over the z
+            self.joined.append(msg["name"])
+            msg["fn"] = _JoinedLatent(msg["fn"], self, msg["name"])
+        else:
+            value = msg["value"]
+            self.observed.append(
+                (msg["name"], jnp.shape(value), msg["fn"].event_dim, value)
+            )
+            entries = _observed_entries(msg["fn"], jnp.shape(value))
+            if entries is not None:
+                self.masks[msg["name"]] = entries
+            msg["stop"] = True
 
     def _enumerate(self, msg: dict[str, Any], frames: list[Any]) -> None:
         name = msg["name"]
@@ -474,6 +525,7 @@ class _SumOut(Messenger):
             tuple((n, s, e) for n, s, e, _ in self.observed),
             self.nesting,
             data,
+            tuple(self.joined),
         )
 
 
@@ -501,6 +553,7 @@ def marginalized(
         if not hider.enumerated:
             return result
         program = hider.program(model, args, kwargs, data)
+        hider.built = program
         values = program.pack({n: v for n, _, _, v in hider.observed})
         fn: Distribution = EnumeratedObservations(program, hider.fixed)
         if hider.masks:  # an element is masked where all its entries are
