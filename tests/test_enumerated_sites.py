@@ -578,6 +578,25 @@ def test_hmms_as_hmm_enum_writes_them_equal_their_forward_algorithm(
         )
 
 
+def test_the_export_of_an_hmm_holds_the_model_s_own_observations():
+    """``observed_data`` and ``posterior_predictive`` as the model observes
+    them (time first along ``scan``, the plate of sequences named), the log
+    likelihood per sequence; ``infer_discrete`` does not draw in ``scan``."""
+    guide = AutoNormal(block(hmm_of_lengths, expose=["trans", "locs"]))
+    exported = diagnostics.to_inference_data(
+        random.PRNGKey(0), HMM_PARAMS, hmm_of_lengths, guide, SEQUENCES, num_draws=20
+    )
+    observed = diagnostics.get_group(exported, "observed_data")["y"]
+    np.testing.assert_array_equal(observed.values, SEQUENCES.T)
+    assert observed.dims == ("y_dim_0", "sequences")
+    simulated = diagnostics.get_group(exported, "posterior_predictive")["y"]
+    assert simulated.dims == ("chain", "draw", "y_dim_0", "sequences")
+    assert simulated.shape == (1, 20, T, S)
+    log_lik = diagnostics.get_group(exported, "log_likelihood")["y"]
+    assert log_lik.dims == ("chain", "draw", "sequences")
+    assert "infer_discrete" in exported.attrs["discrete_sites"]
+
+
 def test_distances_to_the_data_do_not_see_masked_steps():
     """The energy score of padded sequences does not change with the values
     at the padding; the log score is the forward algorithm's at any padding."""

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import numpy as np
 import xarray as xr
+from numpyro.handlers import seed, trace
 from numpyro.infer import Predictive
 from numpyro.primitives import Messenger
 
@@ -194,6 +195,18 @@ def discrete_values(
     )
     dims = site_dims(structure)
     return values, {n: dims[n] for n in values}, None
+
+
+def model_observations(
+    model: Callable, args: tuple, kwargs: dict
+) -> dict[str, np.ndarray]:
+    """The values of the model's observed sites, as it observes them."""
+    tr = trace(seed(model, 0)).get_trace(*args, **kwargs)
+    return {
+        n: np.asarray(s["value"])
+        for n, s in tr.items()
+        if s["type"] == "sample" and s["is_observed"]
+    }
 
 
 def model_inputs(

@@ -28,6 +28,7 @@ from numpyro_pvi._trace.validation import check_data_plate, check_int, check_los
 from numpyro_pvi.diagnostics._predictive import (
     deterministic_values,
     discrete_values,
+    model_observations,
     predictive_groups,
     refuse_drawn_params,
 )
@@ -184,18 +185,22 @@ def to_inference_data(
     if not observed_sites(tr):  # a target density: draws and their lp only
         return ADAPTER.build(groups, attrs)
     plate = plate_of(tr, data_plate)
-    observed = data_sites(observed_sites(tr), plate)[0]
     observed_values = present(terms.observed, "observed")
+    data: dict[str, Any] = {
+        site["name"]: observed_values[site["name"]]
+        for site in data_sites(observed_sites(tr), plate)[0]
+    }
+    dims = site_dims(tr)
+    if structure:  # the model's own observed sites, not the summed-out one
+        data, dims = model_observations(model, args, kwargs), site_dims(structure)
+        groups["observed_data"] = ADAPTER.dict_to_dataset(
+            data, dims={n: dims[n] for n in data}, sample_dims=()
+        )
     groups.update(
         predictive_groups(
             random.fold_in(rng_key, 1),
             model,
-            (
-                latents,
-                {site["name"]: observed_values[site["name"]] for site in observed},
-                site_dims(tr),
-                fixed,
-            ),
+            (latents | discrete, data, dims, fixed),
             (plate.name, plate.size),
             args,
             kwargs,

@@ -18,6 +18,7 @@ to its model is a defect of the package, not of the program.
 """
 
 from tests.programs import (
+    annotation,
     baseball,
     bayesian_imputation,
     bayesian_regression,
@@ -51,5 +52,6 @@ PROGRAMS = {
         time_series_forecasting,
         toy_mixture,
         hmm_enum,
+        annotation,
     )
 }
