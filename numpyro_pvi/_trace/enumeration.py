@@ -399,17 +399,23 @@ class _JoinedLatent(Distribution):
 
     def log_prob(self, value: jax.Array) -> jax.Array:
         program = self.hider.built
-        if program is None or self.site != program.joined[0]:
-            return jnp.zeros(jnp.shape(value)[: jnp.ndim(value) - self.event_dim])
-        fixed = {**self.hider.fixed, self.site: value}
+        if program is None:  # never a density read before the sum is known
+            raise ValueError(
+                f"The density of the model's latent site '{self.site}' is read "
+                "while the model runs: it is the sum over the enumerated "
+                f"site(s) {self.hider.enumerated}, known once the model returns."
+            )
         shape = jnp.shape(value)[: jnp.ndim(value) - self.event_dim]
+        if self.site != program.joined[0]:
+            return jnp.zeros(shape)
+        fixed = {**self.hider.fixed, self.site: value}
         return jnp.reshape(program.sum_out(fixed, None), shape)
 
     def sample(self, key: jax.Array, sample_shape: tuple[int, ...] = ()) -> jax.Array:
         raise ValueError(
             f"The model's latent site '{self.site}' follows the enumerated "
             f"site(s) {self.hider.enumerated} in their data plate and depends "
-            "on their values: draw it in the guide (its law given them is "
+            "on their values: its values come from the guide (its law is "
             "not simulated here)."
         )
 

@@ -23,6 +23,7 @@ from numpyro_pvi._arviz.idata import draws_dataset, site_dims
 from numpyro_pvi._trace.data_plate import simulation_law
 from numpyro_pvi._trace.enumeration import enumerated_sites
 from numpyro_pvi._trace.site_laws import describe, is_censored, sampler_failure
+from numpyro_pvi._trace.structure import feasible_improper
 from numpyro_pvi._trace.tracing import drawn_params
 
 
@@ -200,8 +201,10 @@ def discrete_values(
 def model_observations(
     model: Callable, args: tuple, kwargs: dict
 ) -> dict[str, np.ndarray]:
-    """The values of the model's observed sites, as it observes them."""
-    tr = trace(seed(model, 0)).get_trace(*args, **kwargs)
+    """The values of the model's observed sites, as it observes them (its
+    improper latent sites at a value of their support, which they cannot
+    draw)."""
+    tr = trace(seed(feasible_improper(model), 0)).get_trace(*args, **kwargs)
     return {
         n: np.asarray(s["value"])
         for n, s in tr.items()
