@@ -17,7 +17,10 @@ the enumerated sites :math:`z_i` of that element (a mixture's assignment, an
 HMM's states along ``markov`` or ``scan``) summed out by NumPyro's
 enumeration and funsor's ``sum_product`` with the data plate kept [1, 2]; its
 draws simulate :math:`z_i` from :math:`p(z_i \mid \theta)`, then :math:`y_i`.
-A model without enumerated sites runs unchanged.
+Where one enumerated site selects one observed site with one value per
+element, the law is that mixture, a ``MixtureGeneral`` (its CRPS has a
+closed form for Normal components). A model without enumerated sites runs
+unchanged.
 
 **References**
 
@@ -41,9 +44,11 @@ import jax.numpy as jnp
 from numpyro import plate as numpyro_plate
 from numpyro import sample as numpyro_sample
 from numpyro.distributions import (
+    CategoricalLogits,
     Distribution,
     Independent,
     MaskedDistribution,
+    MixtureGeneral,
     constraints,
 )
 from numpyro.handlers import block, condition, seed, substitute, trace
@@ -348,8 +353,9 @@ class EnumeratedObservations(Distribution):
         return (
             " Its draws simulate the enumerated site(s) "
             f"{list(self.program.enumerated)}, discrete draws without a "
-            "gradient; a mixture written as dist.MixtureSameFamily has "
-            "reparameterised draws."
+            "gradient, and its observations are no mixture over one of them "
+            "(one enumerated site selecting one observed site with one value "
+            "per element, whose CRPS has a closed form for Normal components)."
         )
 
     @constraints.dependent_property(is_discrete=False, event_dim=0)
@@ -434,6 +440,7 @@ class _SumOut(Messenger):
         self.fixed: dict[str, jax.Array] = {}
         self.masks: dict[str, jax.Array] = {}  # observed entries of masked sites
         self.joined: list[str] = []  # latents of the data plate after them
+        self.supports: dict[str, jax.Array] = {}  # of the enumerated sites
         self.built: _Program | None = None  # once the model has returned
         self.nesting = 0
         super().__init__(fn)
@@ -490,9 +497,9 @@ class _SumOut(Messenger):
                 "one data plate. Put them in one plate of observations."
             )
         support = msg["fn"].enumerate_support(expand=False)
-        msg["value"] = jnp.broadcast_to(
-            support[0], msg["fn"].shape(msg["kwargs"].get("sample_shape", ()))
-        )
+        shape = msg["fn"].shape(msg["kwargs"].get("sample_shape", ()))
+        self.supports[name] = jnp.broadcast_to(support, support.shape[:1] + shape)
+        msg["value"] = jnp.broadcast_to(support[0], shape)
         msg["stop"] = True
         self.enumerated.append(name)
 
@@ -562,7 +569,10 @@ def marginalized(
         hider.built = program
         values = program.pack({n: v for n, _, _, v in hider.observed})
         fn: Distribution = EnumeratedObservations(program, hider.fixed)
-        if hider.masks:  # an element is masked where all its entries are
+        mixture = _as_mixture(hider, program, fn.batch_shape)
+        if mixture is not None:
+            fn, values = mixture, hider.observed[0][3]
+        elif hider.masks:  # an element is masked where all its entries are
             entries = program.pack(
                 {n: hider.masks.get(n, jnp.array(True)) for n, *_ in hider.observed}
             )
@@ -577,6 +587,42 @@ def marginalized(
         return result
 
     return summed_out
+
+
+def _as_mixture(
+    hider: _SumOut, program: _Program, batch: tuple[int, ...]
+) -> Distribution | None:
+    r"""The summed-out law as the mixture it is where one enumerated site
+    selects one observed site with one value (or event) per element:
+    ``MixtureGeneral`` with weights :math:`p(z_i = k \mid \theta)` and
+    components :math:`p(y_i \mid z_i = k, \theta)`, the model run at each
+    value :math:`k` of the site's support; its scores are those of the
+    mixture written in the model (the CRPS of Normal components in closed
+    form). ``None`` for any other program."""
+    if len(program.enumerated) != 1 or len(hider.observed) != 1 or program.joined:
+        return None
+    (site,), (name, *_) = program.enumerated, hider.observed[0]
+    weights, components = [], []
+    for value in hider.supports[site]:
+        fixed = {**hider.fixed, site: value}
+        with block():
+            tr = trace(seed(program.base(fixed), 0)).get_trace(
+                *program.args, **program.kwargs
+            )
+        law, selected = _unmasked(tr[site]["fn"]), _unmasked(tr[name]["fn"])
+        if jnp.broadcast_shapes(selected.batch_shape, batch) != batch:
+            return None  # several values of the element (an inner plate, a chain)
+        log_w = jnp.broadcast_to(law.log_prob(tr[site]["value"]), batch)
+        weights.append(log_w)
+        components.append(selected.expand(batch))
+    if any(type(c.support) is not type(components[0].support) for c in components):
+        return None
+    mixing = CategoricalLogits(jnp.stack(weights, axis=-1))
+    mixture: Distribution = MixtureGeneral(mixing, components)
+    if name in hider.masks:  # an element is masked where all its entries are
+        entries = jnp.reshape(hider.masks[name], batch + (-1,))
+        mixture = mixture.mask(jnp.any(entries, axis=-1))
+    return mixture
 
 
 def enumerated_sites(model_trace: dict[str, Any]) -> list[str]:

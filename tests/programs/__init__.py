@@ -25,6 +25,7 @@ from tests.programs import (
     beta_bernoulli,
     bnn,
     german_credit,
+    gmm,
     hierarchical_regression,
     hmcecs_logistic,
     hmm_enum,
@@ -51,6 +52,7 @@ PROGRAMS = {
         bayesian_imputation,
         time_series_forecasting,
         toy_mixture,
+        gmm,
         hmm_enum,
         annotation,
     )
