@@ -358,6 +358,23 @@ def test_a_site_the_guide_draws_is_the_guide_s():
     svi = SVI(enumerated, guide, optax.adam(0.05), SoftCVIELBO(num_particles=4))
     result = svi.run(random.PRNGKey(0), 20, DATA, progress_bar=False)
     assert np.isfinite(result.losses).all()
+    # the folds of cross-validation keep it the guide's: summed out of the
+    # model, NumPyro would warn of a guide site the model does not have
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cv = cross_validate(
+            random.PRNGKey(1),
+            enumerated,
+            guide,
+            optax.adam(0.05),
+            DATA,
+            candidates={"softcvi": SoftCVIELBO(num_particles=4)},
+            fit=FitRecipe(num_steps=10, num_draws=20, progress_bar=False),
+            num_folds=2,
+            rule="best",
+        )
+    assert not [w for w in caught if "guide but not model" in str(w.message)]
+    assert np.all(np.isfinite(cv.scores["pointwise"].values))
 
 
 # --------------------------------------------------------------------------

@@ -32,6 +32,7 @@ unchanged.
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections import defaultdict
@@ -57,6 +58,7 @@ from numpyro.primitives import Messenger
 
 __all__ = [
     "EnumeratedObservations",
+    "drawn_by",
     "enumerated_sites",
     "enumerates",
     "marginalized",
@@ -646,6 +648,15 @@ def enumerates(model: Callable, args: tuple, kwargs: dict) -> bool:
     except Exception:  # noqa: BLE001 - reported where the model runs
         return False
     return bool(found)
+
+
+def drawn_by(guide: Callable, args: tuple, kwargs: dict) -> frozenset[str]:
+    """The sample sites ``guide`` draws (an enumerated one among them is the
+    guide's, not summed out), from one trace of a copy of it (an autoguide
+    sets itself up on its first call: that is left to its fit)."""
+    with block():
+        tr = trace(seed(copy.deepcopy(guide), 0)).get_trace(*args, **kwargs)
+    return frozenset(n for n, s in tr.items() if s["type"] == "sample")
 
 
 def summed_out_loss(loss: Any) -> Any:

@@ -54,9 +54,11 @@ def replication_fn(
     num_svi_steps: int,
     num_draws: int,
     quantities: Mapping[str, Callable] | None = None,
+    drawn: frozenset[str] = frozenset(),
 ) -> Callable:
     """``(key, data, θ*) -> (#{draws < θ*}, final loss, mean of the last 10%
-    losses, loss drift)``.
+    losses, loss drift)``; the enumerated sites not ``drawn`` by the guide
+    are summed out of the fits.
 
     The counts are integers: ``p = count / num_draws`` lies on an exact grid,
     which the symmetry test needs to recognise ties between ``p`` and ``1 - p``.
@@ -73,7 +75,7 @@ def replication_fn(
         # enumerated sites summed out (TraceEnum_ELBO as Trace_ELBO of that)
         params, fit = fit_replication(
             key_svi,
-            marginalized(model, data=data),
+            marginalized(model, drawn, data=data),
             guide,
             optim,
             summed_out_loss(loss),
@@ -555,16 +557,19 @@ def resolve_sites(
 
 def set_up_guide(
     guide: Callable, rng_key: jax.Array, inject: Callable, data: dict, function: str
-) -> None:
+) -> frozenset[str]:
     """Run ``guide`` once on the first simulated data set, outside any trace:
     an autoguide sets up its prototype on its first call, which must not
     happen under ``jit``/``vmap`` (it stores concrete initial values). A
     failure there is NumPyro's own (``SVI.init`` fails alike) and is
-    re-raised with the stage and what to try."""
+    re-raised with the stage and what to try.
+
+    :return: the sample sites the guide draws (an enumerated site among
+        them is not summed out of the fits)."""
     with simulators_without_density(), block():
         args, kwargs = inject({name: value[0] for name, value in data.items()})
         try:
-            seed(guide, rng_key)(*args, **kwargs)
+            tr = trace(seed(guide, rng_key)).get_trace(*args, **kwargs)
         except Exception as err:
             raise ValueError(
                 f"{function}: the guide's set-up on the first simulated data set "
@@ -576,6 +581,7 @@ def set_up_guide(
                 "the model robust there (a tighter prior, clipped values), or "
                 "pass another rng_key."
             ) from err
+    return frozenset(n for n, site in tr.items() if site["type"] == "sample")
 
 
 def refuse_imputed(

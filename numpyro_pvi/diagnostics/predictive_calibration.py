@@ -305,9 +305,9 @@ def calibration_arrays(
     if not enumerated:
         _refuse_masked(model_trace, observed, runs)
     index = random.randint(key_index, (r.num_simulations,), 0, plate.size)
-    set_up_guide(guide, key_warmup, inject, data, _WHERE)
+    drawn = set_up_guide(guide, key_warmup, inject, data, _WHERE)
     one = pit_replication(
-        model, guide, optim, loss, inject, plate, r.num_svi_steps, r.num_draws
+        model, guide, optim, loss, inject, plate, r.num_svi_steps, r.num_draws, drawn
     )
     keys = random.split(key_fit, r.num_simulations)
     ranks, final_loss, tail_loss, drift = run_replications(
@@ -445,9 +445,11 @@ def pit_replication(
     plate: DataPlate,
     num_svi_steps: int,
     num_draws: int,
+    drawn: frozenset[str] = frozenset(),
 ) -> Callable:
     """``(key, data, index) -> (ranks, final loss, tail loss, drift)``: fit
-    to the data without observation ``index``, rank that observation."""
+    to the data without observation ``index``, rank that observation (the
+    enumerated sites not ``drawn`` by the guide summed out)."""
 
     def one(inputs: tuple) -> tuple:
         key, data, index = inputs
@@ -456,7 +458,7 @@ def pit_replication(
         keep = jnp.ones(plate.size).at[index].set(0.0)
         # enumerated sites summed out before masking: TraceEnum_ELBO, the
         # VI of such models, takes no per-observation scale
-        conditioned = marginalized(model, data=data)
+        conditioned = marginalized(model, drawn, data=data)
         assert plate.selector is not None  # one observation is held out of a plate
         masked = mask_observations(conditioned, keep=keep, data_plate=plate.selector)
         params, fit = fit_replication(

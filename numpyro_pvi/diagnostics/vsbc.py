@@ -118,7 +118,7 @@ def _setup(
         eager_runs(key_warmup, model, args, kwargs, inject, _first(data)),
         function="vsbc",
     )
-    set_up_guide(guide, key_warmup, inject, data, "vsbc")
+    drawn = set_up_guide(guide, key_warmup, inject, data, "vsbc")
     one = replication_fn(
         model,
         guide,
@@ -129,6 +129,7 @@ def _setup(
         r.num_svi_steps,
         r.num_draws,
         quantities,
+        drawn,
     )
     keys = random.split(key_fit, r.num_simulations)
     true_values = {

@@ -15,7 +15,7 @@ from numpyro.infer.elbo import ELBO
 
 from numpyro_pvi._trace.autoguide_setup import needs_prototype
 from numpyro_pvi._trace.data_plate import DataPlate, check_same_plate, plate_of
-from numpyro_pvi._trace.enumeration import enumerates, marginalized
+from numpyro_pvi._trace.enumeration import drawn_by, enumerates, marginalized
 from numpyro_pvi._trace.recipes import FitRecipe, check_recipe
 from numpyro_pvi._trace.site_values import single_observation
 from numpyro_pvi._trace.structure import replay_trace
@@ -220,7 +220,7 @@ def cross_validate(
     warn_laplace_held_out(guide, _WHERE)
     vi = None
     if enumerates(model, args, kwargs):  # fits and scores with them summed out
-        vi, model = TraceEnum_ELBO, marginalized(model)
+        vi, model = TraceEnum_ELBO, marginalized(model, drawn_by(guide, args, kwargs))
     candidates = labelled(
         default_candidates(guide, score, data_plate=data_plate, vi=vi)
         if candidates is None
