@@ -49,7 +49,7 @@ $(VENV)/.installed-test: pyproject.toml | $(VPY)
 	touch $(VENV)/.installed $@
 
 demo: $(VENV)/.installed
-	$(VPY) -m numpyro_pvi.demo
+	$(VPY) tutorials/demo.py
 
 # JAX's persistent compilation cache of the test processes (xdist workers,
 # notebook kernels, device subprocesses, the doctests), kept between runs and

@@ -308,13 +308,13 @@ def _plot(
 
 
 def main(argv: Sequence[str] | None = None) -> list[FitResult]:
-    """Command-line entry point (``python -m numpyro_pvi.demo``).
+    """Command-line entry point (``python tutorials/demo.py``).
 
     :param argv: command-line arguments (default ``sys.argv[1:]``).
     :return: the :class:`FitResult` of each method.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m numpyro_pvi.demo",
+        prog="python tutorials/demo.py",
         description="Compare ELBO and predictive objectives on a misspecified "
         "regression: held-out log score, posterior scales, predictive bands.",
     )
