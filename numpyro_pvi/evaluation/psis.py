@@ -88,8 +88,11 @@ def psis_smooth(log_ratio: jax.Array) -> tuple[jax.Array, jax.Array]:
     x = log_ratio - jnp.where(jnp.isfinite(top), top, 0.0)
     # XLA's CPU compiler runs a top-k as a partial sort only when its results
     # reach their users whole: sliced (the cutoff, the tail) it becomes a
-    # sort of all S ratios
-    values, index = jax.lax.optimization_barrier(jax.lax.top_k(x, m + 1))
+    # sort of all S ratios. One barrier per result: a barrier of the pair
+    # aborts XLA's SPMD partitioner on sharded observations.
+    values, index = jax.lax.top_k(x, m + 1)
+    values = jax.lax.optimization_barrier(values)
+    index = jax.lax.optimization_barrier(index)
     cutoff = jnp.maximum(values[m], jnp.log(jnp.finfo(x.dtype).tiny))
     tail_x, tail_index = values[:m][::-1], index[:m][::-1]  # ascending
     valid = tail_x > cutoff
