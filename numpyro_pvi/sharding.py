@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -40,13 +41,24 @@ def shard_data(
     axis: int = 0,
     mesh: Mesh | None = None,
     axis_name: str | None = None,
+    pad: bool = False,
 ) -> tuple[jax.Array, ...] | jax.Array:
     """Split arrays along their data-plate axis across the devices of a mesh.
 
-    Observations are never padded: padding would add observations to the sum
-    that every objective computes. The data-plate size must therefore be a
-    multiple of the number of devices; drop or hold out the remainder (for
-    example use it as validation data) when it is not.
+    The number of observations must be a multiple of the number of devices,
+    unless ``pad=True``: then every array is padded to the next multiple by
+    repeating its last observation, and a last array ``keep`` (``True`` at
+    the observations, ``False`` at the padding) is returned with them. Mask
+    the padding out of the model, and every objective and diagnostic equals
+    the one on the unpadded data::
+
+        x, y, keep = shard_data(x, y, pad=True)
+        model = mask_observations(model, keep=keep, data_plate="data")
+
+    (:class:`~numpyro_pvi.selection.mask_observations`, or
+    ``numpyro.handlers.mask(mask=keep)`` inside the model's data plate).
+    Local latent sites of the padding keep their prior terms, which do not
+    involve the other sites.
 
     :param arrays: arrays whose ``axis`` indexes the observations (all of the
         same size along it).
@@ -55,7 +67,9 @@ def shard_data(
         over all devices by default.
     :param axis_name: the mesh axis to shard over; the mesh's only axis by
         default.
-    :return: the sharded arrays (a single array when one was given).
+    :param bool pad: pad to a multiple of the devices and return ``keep``.
+    :return: the sharded arrays (a single array when one was given and
+        ``pad`` is off), then ``keep`` when ``pad`` is on.
     """
     mesh = data_mesh() if mesh is None else mesh
     axis_name = _mesh_axis(mesh, axis_name, "shard_data", "the observations")
@@ -77,17 +91,26 @@ def shard_data(
                 f"axis {axis}."
             )
         size = np.shape(array)[axis]
-        if size % num_devices:
+        extra = -size % num_devices
+        if extra and not pad:
             raise ValueError(
                 f"shard_data: array {k} has {size} observations along axis {axis}, "
                 f"not a multiple of the {num_devices} devices of mesh axis "
-                f"'{axis_name}'. Padding would change every objective's sum over "
-                f"observations; use the first {size - size % num_devices} "
-                "observations (or a multiple of the device count) instead."
+                f"'{axis_name}'. Pass pad=True (padded observations, masked "
+                "out of the model by the keep array it returns), or use the "
+                f"first {size - size % num_devices} observations."
             )
+        if extra:  # the last observation again: finite terms, masked out
+            widths = [(0, 0)] * ndim
+            widths[axis % ndim] = (0, extra)
+            array = jnp.pad(array, widths, mode="edge")
         spec: list[str | None] = [None] * ndim
         spec[axis % ndim] = axis_name
         out.append(jax.device_put(array, NamedSharding(mesh, PartitionSpec(*spec))))
+    if pad:
+        size = sizes.pop()
+        keep = jnp.arange(size + -size % num_devices) < size
+        out.append(jax.device_put(keep, NamedSharding(mesh, PartitionSpec(axis_name))))
     return out[0] if len(out) == 1 else tuple(out)
 
 

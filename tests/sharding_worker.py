@@ -32,6 +32,8 @@ from numpyro_pvi import Replications
 from numpyro_pvi.sharding import data_mesh, shard_data
 
 N, D = 64, 3
+#: A data plate whose size is no multiple of the devices (padded).
+UNEVEN = 1001
 SVI_RUNS = ("pvi-log", "pvi-crps", "softcvi")
 
 
@@ -159,6 +161,53 @@ def check(loss, model, guide, x, y, run_svi: bool) -> dict:
         r1 = svi.run(random.PRNGKey(4), 5, x, y, progress_bar=False)
         r2 = svi.run(random.PRNGKey(4), 5, xs, ys, progress_bar=False)
         entry["svi_max_rel_diff"] = _max_rel_diff(r1.params, r2.params)
+    return entry
+
+
+def padded_check(loss, model, guide, x, y) -> dict:
+    """``shard_data(..., pad=True)`` of data whose size is no multiple of the
+    devices, masked by the ``keep`` it returns: the largest relative
+    difference of loss and gradient from the unpadded, unsharded objective
+    (and of a subsampled plate's from the padded, unsharded one), and of
+    the held-out log scores of the observations; the padding's scores."""
+    from numpyro_pvi.selection import mask_observations
+
+    svi = SVI(model, guide, optax.adam(0.05), loss)
+    params = svi.get_params(svi.init(random.PRNGKey(1), x, y))
+    xs, ys, keep = shard_data(x, y, pad=True)
+    masked = mask_observations(model, keep=keep, data_plate="data")
+
+    def f(p, m, xx, yy, sub=None):
+        return loss.loss(random.PRNGKey(3), p, m, guide, xx, yy, sub)
+
+    vg = jax.jit(jax.value_and_grad(f), static_argnums=(1, 4))
+    padded = jax.device_get((xs, ys, keep))
+    entry = {
+        "padded_size": int(xs.shape[0]),
+        "sharded_inputs": len(xs.sharding.device_set),
+        "max_rel_diff": _max_rel_diff(
+            vg(params, model, x, y, None), vg(params, masked, xs, ys, None)
+        ),
+        "max_rel_diff_sub16": _max_rel_diff(
+            vg(
+                params,
+                mask_observations(model, keep=padded[2], data_plate="data"),
+                padded[0],
+                padded[1],
+                16,
+            ),
+            vg(params, masked, xs, ys, 16),
+        ),
+    }
+    if isinstance(loss, numpyro_pvi.PredictiveELBO) and loss.score.name == "log":
+        key = random.PRNGKey(4)
+        a = numpyro_pvi.predictive_score(key, params, model, guide, x, y, num_draws=50)
+        b = numpyro_pvi.predictive_score(
+            key, params, masked, guide, xs, ys, num_draws=50
+        )
+        n = x.shape[0]
+        entry["score_max_rel_diff"] = _max_rel_diff(a.score, b.score[:n])
+        entry["padding_scores"] = [float(v) for v in b.score[n:]]
     return entry
 
 
@@ -332,6 +381,15 @@ def calibration_dispatch() -> dict:
     return out
 
 
+def by_model(model, y_cont):
+    """The observations of ``model`` from continuous ones."""
+    return {
+        logistic: (y_cont > 0).astype(jnp.float32),
+        binomial: jnp.clip(jnp.round(jnp.abs(y_cont)), 0, 5),
+        binomial_many: jnp.clip(jnp.round(6.0 * jnp.abs(y_cont)), 0, 60),
+    }.get(model, y_cont)
+
+
 def main():
     assert len(jax.devices()) == int(sys.argv[1]), jax.devices()
     if sys.argv[2] == "vsbc":
@@ -340,21 +398,22 @@ def main():
     kx, ky = random.split(random.PRNGKey(0))
     x = random.normal(kx, (N, D))
     y_cont = x @ jnp.arange(1.0, D + 1) + random.normal(ky, (N,))
-    y_bin = (y_cont > 0).astype(jnp.float32)
     y_counts = jnp.clip(jnp.round(jnp.abs(y_cont)), 0, 5)
+    kx, ky = random.split(random.PRNGKey(5))
+    x_uneven = random.normal(kx, (UNEVEN, D))
+    y_uneven = x_uneven @ jnp.arange(1.0, D + 1) + random.normal(ky, (UNEVEN,))
     results = {}
     for name, entry in objectives().items():
         if entry is None:
             results[name] = None
             continue
         loss, model = entry
-        y = {
-            logistic: y_bin,
-            binomial: y_counts,
-            binomial_many: jnp.clip(jnp.round(6.0 * jnp.abs(y_cont)), 0, 60),
-        }.get(model, y_cont)
+        y = by_model(model, y_cont)
         guide = _guide(name, model)
         results[name] = check(loss, model, guide, x, y, run_svi=name in SVI_RUNS)
+        # 1001 observations on 4 devices: padded by shard_data and masked
+        x_odd, y_odd = x_uneven, by_model(model, y_uneven)
+        results[name]["padded"] = padded_check(loss, model, guide, x_odd, y_odd)
     results["control_full_gathers"] = gathering_control(x)
     results["particles"] = particles_check(x, y_cont, y_counts)
     print(json.dumps(results))

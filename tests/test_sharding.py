@@ -46,6 +46,24 @@ def test_sharded_objective_matches_unsharded(four_devices, name):
 
 
 @on_four_devices
+@pytest.mark.parametrize("name", EXPECTED)
+def test_uneven_data_padded_and_masked_equals_the_unpadded(four_devices, name):
+    """1001 observations on 4 devices: shard_data(pad=True) pads 3 and
+    returns keep; masked by it, every objective's loss and gradient equal
+    the unsharded ones on the 1001 (with a subsampled plate, those on the
+    padded data unsharded), and so do the held-out log scores; the
+    padding scores zero."""
+    entry = four_devices[name]["padded"]
+    assert entry["padded_size"] == 1004
+    assert entry["sharded_inputs"] == 4
+    assert entry["max_rel_diff"] < 1e-5
+    assert entry["max_rel_diff_sub16"] < 1e-5
+    if "score_max_rel_diff" in entry:
+        assert entry["score_max_rel_diff"] < 1e-5
+        assert entry["padding_scores"] == [0.0, 0.0, 0.0]
+
+
+@on_four_devices
 def test_gather_detector_sees_a_gather(four_devices):
     assert four_devices["control_full_gathers"]
 
@@ -56,8 +74,13 @@ def test_shard_data_rejects_sizes_it_would_have_to_pad():
     x = jnp.ones((n, 2))
     assert shard_data(x, mesh=mesh).shape == (n, 2)
     if n > 1:
-        with pytest.raises(ValueError, match="not a multiple"):
+        with pytest.raises(ValueError, match="not a multiple.*pad=True"):
             shard_data(jnp.ones((n + 1, 2)), mesh=mesh)
+    xs, keep = shard_data(jnp.arange(2.0 * (n + 1)).reshape(n + 1, 2), pad=True)
+    padded = -(n + 1) % n
+    assert xs.shape == (n + 1 + padded, 2) and keep.shape == (n + 1 + padded,)
+    np.testing.assert_array_equal(keep, np.arange(n + 1 + padded) < n + 1)
+    np.testing.assert_array_equal(xs[n:], np.repeat(xs[n : n + 1], 1 + padded, 0))
     with pytest.raises(ValueError, match="different sizes"):
         shard_data(jnp.ones((n, 2)), jnp.ones(2 * n), mesh=mesh)
     with pytest.raises(ValueError, match="no axis 3"):
