@@ -15,6 +15,7 @@ from numpyro_pvi.objectives.rejection import RejectionStats
 from numpyro_pvi.objectives.snis import SNISForwardKL
 from numpyro_pvi.objectives.softcvi import SoftCVIELBO
 from numpyro_pvi.objectives.stratified import StratifiedELBO
+from numpyro_pvi.objectives.svi_scan import run_until_flat
 from numpyro_pvi.recipes import FitRecipe, Replications
 from numpyro_pvi.sharding import shard_data, shard_particles
 
@@ -33,6 +34,7 @@ __all__ = [
     "__version__",
     "guides",
     "predictive_score",
+    "run_until_flat",
     "scores",
     "selection",
     "shard_data",

@@ -41,9 +41,7 @@ def regression(x, y):
 def main() -> None:
     process_id, port = int(sys.argv[1]), sys.argv[2]
     jax.distributed.initialize(
-        coordinator_address=f"localhost:{port}",
-        num_processes=2,
-        process_id=process_id,
+        coordinator_address=f"localhost:{port}", num_processes=2, process_id=process_id
     )
     import jax.numpy as jnp
     import numpy as np

@@ -25,19 +25,24 @@ CHAIN_METHODS = ("sequential", "vectorized", "sharded")
 class FitRecipe:
     """How each SVI fit of a procedure is run and read.
 
-    :param num_steps: SVI steps of each fit (≥ 1).
+    :param num_steps: SVI steps of each fit (≥ 1); with ``stop_early`` the
+        most.
     :param num_draws: draws read from each fitted guide (≥ 1).
     :param progress_bar: show a progress bar over the fits.
+    :param stop_early: end the fits once their loss no longer falls (the
+        stopping rule of :mod:`numpyro_pvi.objectives.svi_scan`).
     """
 
     num_steps: int = 1000
     num_draws: int = 1000
     progress_bar: bool = True
+    stop_early: bool = False
 
     def __post_init__(self) -> None:
         check_int(self.num_steps, "num_steps", "FitRecipe", minimum=1)
         check_int(self.num_draws, "num_draws", "FitRecipe", minimum=1)
         check_bool(self.progress_bar, "progress_bar", "FitRecipe")
+        check_bool(self.stop_early, "stop_early", "FitRecipe")
 
 
 @dataclasses.dataclass(frozen=True)

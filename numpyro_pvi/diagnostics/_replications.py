@@ -37,7 +37,7 @@ from numpyro_pvi._trace.structure import latent_dependent_observations
 from numpyro_pvi._trace.tracing import obs_mask_site
 from numpyro_pvi._trace.validation import check_real
 from numpyro_pvi.distributions import simulators_without_density
-from numpyro_pvi.objectives.svi_scan import svi_scan
+from numpyro_pvi.objectives.svi_scan import drift, svi_scan
 
 #: Number of chunks the replications are split into when a progress bar is shown.
 _PROGRESS_CHUNKS = 10
@@ -158,11 +158,11 @@ def loss_drift(losses: jax.Array) -> jax.Array:
         return jnp.asarray(jnp.nan, losses.dtype)
     t = min(max(2, n // 10), n // 2)
     prev, last = losses[-2 * t : -t], losses[-t:]
-    var = (jnp.var(prev, ddof=1) + jnp.var(last, ddof=1)) / t
-    diff = jnp.mean(prev) - jnp.mean(last)
-    # a relative floor: a deterministic loss (a point-mass guide) has no noise
-    floor = 1e-5 * (1.0 + jnp.abs(jnp.mean(last)))
-    return diff / (jnp.sqrt(var) + floor)
+    return drift(
+        (jnp.mean(prev), jnp.var(prev, ddof=1)),
+        (jnp.mean(last), jnp.var(last, ddof=1)),
+        t,
+    )
 
 
 def dispatcher(one: Callable, chain_method: str | Callable) -> Callable:

@@ -198,6 +198,7 @@ def _fit_grids(
                 num_steps=fit.num_steps,
                 progress_bar=fit.progress_bar,
                 stop=stop,
+                stop_early=fit.stop_early,
             )
             for grid in grid_list
         ]

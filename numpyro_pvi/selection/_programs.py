@@ -28,6 +28,7 @@ from numpyro_pvi.evaluation.draws import (
     join_arrays,
     split_arrays,
 )
+from numpyro_pvi.objectives.svi_scan import StopRule
 from numpyro_pvi.selection._candidates import Grid
 from numpyro_pvi.selection._folds import mask_observations
 
@@ -213,12 +214,17 @@ def lower_grid(
             s.init(key, *args, **kwargs)  # sets s up; the result is unused
 
             def step(_: Any, carry: tuple) -> tuple:
-                state, total = carry
+                state, total, squares = carry
                 state, loss = s.update(state, *args, **kwargs)
-                return state, total + loss
+                return state, total + loss, squares + loss * loss
 
-            state, total = lax.fori_loop(0, n, step, (state, jnp.zeros(())))
-            return state, total / n, s.get_params(state)
+            zero = jnp.zeros(())
+            state, total, squares = lax.fori_loop(0, n, step, (state, zero, zero))
+            mean = total / n
+            var = (
+                jnp.maximum(squares / n - mean * mean, 0.0) * n / jnp.maximum(n - 1, 1)
+            )
+            return state, (mean, var), s.get_params(state)
 
         return over_fits(one, (values, folds, states))
 
@@ -256,11 +262,14 @@ def fit_grid(
     num_steps: int,
     progress_bar: bool,
     stop: threading.Event | None = None,
+    stop_early: bool = False,
 ) -> tuple[Grid, Any, np.ndarray] | None:
     """Compile a lowered :class:`GridProgram` and run its chunks at once for
     ``num_steps`` steps in blocks (the bar shows the steps every fit has
-    done). Once ``stop`` is set (the caller met an error, or an interrupt),
-    every chunk ends after its current block and the result is ``None``.
+    done); with ``stop_early``, a chunk ends once the losses of all its fits
+    are flat (:class:`~numpyro_pvi.objectives.svi_scan.StopRule`). Once
+    ``stop`` is set (the caller met an error, or an interrupt), every chunk
+    ends after its current block and the result is ``None``.
 
     :return: its grid, the fitted parameters with leading axes ``(G, K)``
         and the mean loss of each fit over its last block of steps (the last
@@ -277,18 +286,20 @@ def fit_grid(
 
         def one(c: int) -> tuple | None:
             states = init(*program.chunks[c], *program.shared)
-            while done[c] < num_steps and not (stop and stop.is_set()):
+            rule, flat = StopRule(num_steps), False
+            while done[c] < num_steps and not flat and not (stop and stop.is_set()):
                 n = min(block, num_steps - done[c])
-                states, losses, params = run(
+                states, (losses, var), params = run(
                     states,
                     jnp.asarray(n, jnp.int32),
                     *program.chunks[c],
                     *program.shared,
                 )
+                flat = stop_early and rule.update(losses, var, n, done[c] + n)
                 with lock:
-                    done[c] += n
+                    done[c] = num_steps if flat else done[c] + n
                     bar.update(min(done) - bar.n)
-            if done[c] < num_steps:  # stopped
+            if stop and stop.is_set():
                 return None
             return jax.device_get((params, losses))
 

@@ -20,6 +20,7 @@ concave quadratic programme. Both are solved on softmax logits by L-BFGS.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +37,7 @@ from scipy.special import logsumexp, softmax
 
 from numpyro_pvi._trace.recipes import FitRecipe, check_recipe
 from numpyro_pvi._trace.tracing import guide_latent_log_density, is_sample_draw
+from numpyro_pvi.objectives.svi_scan import run_until_flat
 from numpyro_pvi.selection.cross_validation import CrossValidation
 
 __all__ = [
@@ -372,9 +374,8 @@ def stack(
     fitted = {}
     for label, key in zip(labels, random.split(rng_key, len(labels)), strict=True):
         svi = SVI(model, guide, optim, loss=cv.candidates[label])
-        result = svi.run(
-            key, fit.num_steps, *args, progress_bar=fit.progress_bar, **kwargs
-        )
+        run = functools.partial(run_until_flat, svi) if fit.stop_early else svi.run
+        result = run(key, fit.num_steps, *args, progress_bar=fit.progress_bar, **kwargs)
         fitted[label] = result.params
     stacked = jax.tree.map(lambda *p: jnp.stack(p), *(fitted[c] for c in labels))
     return StackedFit(
