@@ -2,6 +2,7 @@
 trace read in blocks (``objectives/svi_scan.py``), in ``run_until_flat`` and
 behind ``FitRecipe(stop_early=True)`` in ``cross_validate`` and ``stack``."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -12,7 +13,13 @@ from numpyro.infer import SVI
 from numpyro.infer.autoguide import AutoNormal
 
 from numpyro_pvi import FitRecipe, PredictiveELBO, run_until_flat
-from numpyro_pvi.objectives.svi_scan import MIN_FRACTION, PATIENCE, StopRule
+from numpyro_pvi.objectives.svi_scan import (
+    MIN_FRACTION,
+    PATIENCE,
+    StopRule,
+    svi_scan,
+    svi_scan_until_flat,
+)
 from numpyro_pvi.selection import cross_validate, stack
 
 D = 3
@@ -105,3 +112,52 @@ def test_cross_validation_and_stacking_stop_early_with_the_same_scores():
     )
     for params in stacked.candidate_params.values():
         assert all(np.all(np.isfinite(v)) for v in params.values())
+
+
+def test_the_compiled_rule_stops_each_fit_of_a_vmap_on_its_own():
+    """``svi_scan_until_flat`` under ``vmap``: each fit takes the steps of
+    ``svi_scan`` until it stops (losses nan after), fewer than the most."""
+    x, y = data(300)
+    svi = SVI(regression, AutoNormal(regression), optax.adam(0.05), PredictiveELBO())
+    keys = random.split(random.PRNGKey(5), 2)
+    svi.init(keys[0], x, y)  # the autoguide sets itself up outside the vmap
+
+    def fit(key, until_flat):
+        state = svi.init(key, x, y)
+        if until_flat:
+            return svi_scan_until_flat(svi, state, num_steps=3000, args=(x, y))[1:3]
+        return svi_scan(svi, state, num_steps=3000, args=(x, y))[1]
+
+    losses, done = jax.jit(jax.vmap(lambda k: fit(k, True)))(keys)
+    whole = jax.jit(jax.vmap(lambda k: fit(k, False)))(keys)
+    for i in range(2):
+        n = int(done[i])
+        assert 0.2 * 3000 <= n < 3000 and n % 150 == 0
+        np.testing.assert_allclose(losses[i, :n], whole[i, :n], rtol=1e-5)
+        assert np.all(np.isnan(losses[i, n:]))
+
+
+def test_vsbc_with_the_rule_reads_the_fits_it_stopped():
+    from numpyro_pvi import Replications, diagnostics
+
+    x, y = data(50)
+    replications = Replications(
+        num_simulations=4,
+        num_svi_steps=2000,
+        num_draws=50,
+        stop_early=True,
+        progress_bar=False,
+    )
+    idata = diagnostics.vsbc(
+        random.PRNGKey(6),
+        regression,
+        AutoNormal(regression),
+        optax.adam(0.05),
+        PredictiveELBO(),
+        x,
+        y,
+        replications=replications,
+    )
+    stats = diagnostics.get_group(idata, "vsbc_fit_stats")
+    assert np.all(np.isfinite(stats["loss"].values))
+    assert np.all(stats["converged"].values)

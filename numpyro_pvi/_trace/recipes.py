@@ -73,6 +73,9 @@ class Replications:
         of one's own, for
         :func:`~numpyro_pvi.diagnostics.predictive_calibration` (VSBC needs
         the prior's :math:`θ^*` and refuses it).
+    :param stop_early: end each fit once its loss no longer falls (the
+        stopping rule of :mod:`numpyro_pvi.objectives.svi_scan`);
+        ``num_svi_steps`` is then the most.
     """
 
     num_simulations: int = 100
@@ -83,6 +86,7 @@ class Replications:
     progress_bar: bool = True
     simulated_data_to_args: Callable | None = None
     data_generator: Callable | None = None
+    stop_early: bool = False
 
     def __post_init__(self) -> None:
         where = "Replications"
@@ -97,6 +101,7 @@ class Replications:
         if self.chunk_size is not None:
             check_int(self.chunk_size, "chunk_size", where, minimum=1)
         check_bool(self.progress_bar, "progress_bar", where)
+        check_bool(self.stop_early, "stop_early", where)
         for name, shape in (
             ("simulated_data_to_args", "f(data, *args, **kwargs) -> (args, kwargs)"),
             ("data_generator", "f(rng_key) -> dict of observed values"),

@@ -37,7 +37,7 @@ from numpyro_pvi._trace.structure import latent_dependent_observations
 from numpyro_pvi._trace.tracing import obs_mask_site
 from numpyro_pvi._trace.validation import check_real
 from numpyro_pvi.distributions import simulators_without_density
-from numpyro_pvi.objectives.svi_scan import drift, svi_scan
+from numpyro_pvi.objectives.svi_scan import drift, svi_scan, svi_scan_until_flat
 
 #: Number of chunks the replications are split into when a progress bar is shown.
 _PROGRESS_CHUNKS = 10
@@ -55,6 +55,7 @@ def replication_fn(
     num_draws: int,
     quantities: Mapping[str, Callable] | None = None,
     drawn: frozenset[str] = frozenset(),
+    stop_early: bool = False,
 ) -> Callable:
     """``(key, data, θ*) -> (#{draws < θ*}, final loss, mean of the last 10%
     losses, loss drift)``; the enumerated sites not ``drawn`` by the guide
@@ -82,6 +83,7 @@ def replication_fn(
             args,
             kwargs,
             num_svi_steps=num_svi_steps,
+            stop_early=stop_early,
         )
         draws = Predictive(
             guide,
@@ -109,20 +111,30 @@ def fit_replication(
     kwargs: dict,
     *,
     num_svi_steps: int,
+    stop_early: bool = False,
 ) -> tuple[dict, tuple[jax.Array, jax.Array, jax.Array]]:
     """One replication's fit, from the guide's initial parameters:
-    ``num_svi_steps`` SVI steps in one ``lax.scan``.
+    ``num_svi_steps`` SVI steps in one ``lax.scan`` (with ``stop_early``, at
+    most that many, stopped by the stopping rule).
 
     :return: the fitted parameters and ``(final loss, mean of the last 10%
-        losses, loss drift)``.
+        losses, loss drift)`` (with ``stop_early``, of the steps taken, and
+        the drift of the rule's last two blocks).
     """
     svi = SVI(model, guide, optim, loss)
     state = svi.init(rng_key, *args, **kwargs)
-    state, losses = svi_scan(
+    tail = max(1, num_svi_steps // 10)
+    if not stop_early:
+        state, losses = svi_scan(
+            svi, state, num_steps=num_svi_steps, args=args, kwargs=kwargs
+        )
+        stats = (losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses))
+        return svi.get_params(state), stats
+    state, losses, done, last_drift = svi_scan_until_flat(
         svi, state, num_steps=num_svi_steps, args=args, kwargs=kwargs
     )
-    tail = max(1, num_svi_steps // 10)
-    stats = (losses[-1], jnp.mean(losses[-tail:]), loss_drift(losses))
+    tail_losses = lax.dynamic_slice(losses, (done - tail,), (tail,))
+    stats = (losses[done - 1], jnp.mean(tail_losses), last_drift)
     return svi.get_params(state), stats
 
 

@@ -307,7 +307,16 @@ def calibration_arrays(
     index = random.randint(key_index, (r.num_simulations,), 0, plate.size)
     drawn = set_up_guide(guide, key_warmup, inject, data, _WHERE)
     one = pit_replication(
-        model, guide, optim, loss, inject, plate, r.num_svi_steps, r.num_draws, drawn
+        model,
+        guide,
+        optim,
+        loss,
+        inject,
+        plate,
+        r.num_svi_steps,
+        r.num_draws,
+        drawn,
+        r.stop_early,
     )
     keys = random.split(key_fit, r.num_simulations)
     ranks, final_loss, tail_loss, drift = run_replications(
@@ -446,6 +455,7 @@ def pit_replication(
     num_svi_steps: int,
     num_draws: int,
     drawn: frozenset[str] = frozenset(),
+    stop_early: bool = False,
 ) -> Callable:
     """``(key, data, index) -> (ranks, final loss, tail loss, drift)``: fit
     to the data without observation ``index``, rank that observation (the
@@ -470,6 +480,7 @@ def pit_replication(
             args,
             kwargs,
             num_svi_steps=num_svi_steps,
+            stop_early=stop_early,
         )
         ranks = pit_ranks(
             key_pit,

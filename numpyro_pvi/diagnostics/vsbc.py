@@ -130,6 +130,7 @@ def _setup(
         r.num_draws,
         quantities,
         drawn,
+        r.stop_early,
     )
     keys = random.split(key_fit, r.num_simulations)
     true_values = {

@@ -35,6 +35,8 @@ FLAT_DRIFT = 2.0
 PATIENCE = 2
 #: The share of the steps every fit runs before it may stop.
 MIN_FRACTION = 0.2
+#: Blocks of steps the rule is read at: each a twentieth of the most steps.
+BLOCKS = 20
 
 
 def svi_scan(
@@ -61,6 +63,55 @@ def svi_scan(
         return svi.update(s, *args, **kwargs)
 
     return jax.lax.scan(step, state, None, length=num_steps)
+
+
+def svi_scan_until_flat(
+    svi: SVI,
+    state: Any,
+    *,
+    num_steps: int,
+    args: tuple = (),
+    kwargs: dict | None = None,
+) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
+    """At most ``num_steps`` updates of ``svi`` from ``state``, stopped by the
+    stopping rule (module docstring) read after each of :data:`BLOCKS`
+    blocks, in one ``lax.while_loop`` (traceable; under ``vmap`` the loop
+    runs until every fit has stopped, each fit's state frozen from its
+    stop on).
+
+    :return: the final state, the ``(num_steps,)`` losses (``nan`` after
+        the stop), the number of steps taken and the drift of the last two
+        blocks.
+    """
+    kwargs = {} if kwargs is None else kwargs
+    block = num_steps // BLOCKS
+    if block < 2:  # too few steps to read the rule: all of them
+        state, losses = svi_scan(
+            svi, state, num_steps=num_steps, args=args, kwargs=kwargs
+        )
+        return state, losses, jnp.asarray(num_steps), jnp.asarray(jnp.nan)
+    first = num_steps - BLOCKS * block  # the remainder, before the blocks
+    state, head = svi_scan(svi, state, num_steps=first, args=args, kwargs=kwargs)
+    losses = jnp.full((num_steps,), jnp.nan, head.dtype).at[:first].set(head)
+    zero = jnp.zeros((), head.dtype)
+
+    def going(carry: tuple) -> jax.Array:
+        k, flat = carry[1], carry[5]
+        done = first + k * block
+        return (k < BLOCKS) & ~((flat >= PATIENCE) & (done >= MIN_FRACTION * num_steps))
+
+    def one_block(carry: tuple) -> tuple:
+        state, k, losses, prev_mean, prev_var, flat, _ = carry
+        state, ls = svi_scan(svi, state, num_steps=block, args=args, kwargs=kwargs)
+        losses = jax.lax.dynamic_update_slice(losses, ls, (first + k * block,))
+        mean, var = jnp.mean(ls), jnp.var(ls, ddof=1)
+        d = drift((prev_mean, prev_var), (mean, var), block)
+        flat = jnp.where((k > 0) & (d <= FLAT_DRIFT), flat + 1, 0)
+        return state, k + 1, losses, mean, var, flat, jnp.where(k > 0, d, jnp.nan)
+
+    carry = (state, jnp.asarray(0), losses, zero, zero, jnp.asarray(0), zero * jnp.nan)
+    state, k, losses, *_, last_drift = jax.lax.while_loop(going, one_block, carry)
+    return state, losses, first + k * block, last_drift
 
 
 def drift(
@@ -94,10 +145,6 @@ class StopRule:
             self.flat_blocks = self.flat_blocks + 1 if flat else 0
         self.prev = last
         return self.flat_blocks >= PATIENCE and steps_done >= self.min_steps
-
-
-#: Blocks of steps :func:`run_until_flat` reads the stopping rule at.
-BLOCKS = 20
 
 
 def run_until_flat(
