@@ -30,7 +30,7 @@ class FitRecipe:
     :param num_draws: draws read from each fitted guide (≥ 1).
     :param progress_bar: show a progress bar over the fits.
     :param stop_early: end the fits once their loss no longer falls (the
-        stopping rule of :mod:`numpyro_pvi.objectives.svi_scan`).
+        stopping rule of :func:`~numpyro_pvi.run_until_flat`).
     """
 
     num_steps: int = 1000
@@ -74,7 +74,7 @@ class Replications:
         :func:`~numpyro_pvi.diagnostics.predictive_calibration` (VSBC needs
         the prior's :math:`θ^*` and refuses it).
     :param stop_early: end each fit once its loss no longer falls (the
-        stopping rule of :mod:`numpyro_pvi.objectives.svi_scan`);
+        stopping rule of :func:`~numpyro_pvi.run_until_flat`);
         ``num_svi_steps`` is then the most.
     """
 

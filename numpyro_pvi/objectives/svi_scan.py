@@ -155,9 +155,20 @@ def run_until_flat(
     progress_bar: bool = True,
     **kwargs: Any,
 ) -> SVIRunResult:
-    """``svi.run`` that stops once the loss no longer falls: at most
-    ``num_steps`` steps, in compiled blocks of a twentieth of them, ended
-    by the stopping rule of this module.
+    r"""``svi.run`` that stops once the loss no longer falls: at most
+    ``num_steps`` steps, in compiled blocks of :math:`t`, a twentieth of
+    them. With the means :math:`\bar L` and variances :math:`s^2` of the
+    losses of the last two blocks, the drift
+
+    .. math::
+
+        d = \frac{\bar L_{\rm prev} - \bar L_{\rm last}}
+        {\sqrt{(s^2_{\rm prev} + s^2_{\rm last}) / t}}
+
+    is the fall of the mean loss in standard errors; the run stops once
+    :math:`d \le 2` at two checks in a row, and not before a fifth of the
+    steps. The rule asks only that the expected loss no longer falls, which
+    holds for any objective SVI minimises, bound or not.
 
     **Example**::
 
