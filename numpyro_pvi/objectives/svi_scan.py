@@ -97,8 +97,7 @@ def svi_scan_until_flat(
 
     def going(carry: tuple) -> jax.Array:
         k, flat = carry[1], carry[5]
-        done = first + k * block
-        return (k < BLOCKS) & ~((flat >= PATIENCE) & (done >= MIN_FRACTION * num_steps))
+        return (k < BLOCKS) & ~stops(flat, first + k * block, num_steps)
 
     def one_block(carry: tuple) -> tuple:
         state, k, losses, prev_mean, prev_var, flat, _ = carry
@@ -126,6 +125,12 @@ def drift(
     return (prev[0] - last[0]) / (jnp.sqrt(var) + floor)
 
 
+def stops(flat_blocks: Any, steps_done: Any, num_steps: int) -> Any:
+    """Whether a fit stops: :data:`PATIENCE` flat blocks in a row, and at
+    least :data:`MIN_FRACTION` of ``num_steps`` done (traceable)."""
+    return (flat_blocks >= PATIENCE) & (steps_done >= MIN_FRACTION * num_steps)
+
+
 class StopRule:
     """The stopping rule (module docstring) fed block by block: ``update``
     takes the ``(mean, variance)`` of every fit's last block of ``t``
@@ -134,7 +139,7 @@ class StopRule:
     :data:`MIN_FRACTION` of ``num_steps``."""
 
     def __init__(self, num_steps: int) -> None:
-        self.min_steps = MIN_FRACTION * num_steps
+        self.num_steps = num_steps
         self.prev: tuple[Any, Any] | None = None
         self.flat_blocks = 0
 
@@ -144,7 +149,7 @@ class StopRule:
             flat = bool(jnp.all(drift(self.prev, last, t) <= FLAT_DRIFT))
             self.flat_blocks = self.flat_blocks + 1 if flat else 0
         self.prev = last
-        return self.flat_blocks >= PATIENCE and steps_done >= self.min_steps
+        return bool(stops(self.flat_blocks, steps_done, self.num_steps))
 
 
 def run_until_flat(

@@ -213,18 +213,19 @@ def lower_grid(
             s = svi(value, fold, keeps, g)
             s.init(key, *args, **kwargs)  # sets s up; the result is unused
 
-            def step(_: Any, carry: tuple) -> tuple:
-                state, total, squares = carry
+            def step(i: Any, carry: tuple) -> tuple:
+                state, total, running, m2 = carry
                 state, loss = s.update(state, *args, **kwargs)
-                return state, total + loss, squares + loss * loss
+                # Welford's update: no cancellation of large losses' squares
+                delta = loss - running
+                running = running + delta / (i + 1)
+                return state, total + loss, running, m2 + delta * (loss - running)
 
             zero = jnp.zeros(())
-            state, total, squares = lax.fori_loop(0, n, step, (state, zero, zero))
-            mean = total / n
-            var = (
-                jnp.maximum(squares / n - mean * mean, 0.0) * n / jnp.maximum(n - 1, 1)
-            )
-            return state, (mean, var), s.get_params(state)
+            carry = (state, zero, zero, zero)
+            state, total, _, m2 = lax.fori_loop(0, n, step, carry)
+            var = m2 / jnp.maximum(n - 1, 1)
+            return state, (total / n, var), s.get_params(state)
 
         return over_fits(one, (values, folds, states))
 
